@@ -1,0 +1,567 @@
+//! Checked tensor operations on every rsmpi communicator.
+//!
+//! [`TensorComm`] is implemented for every [`Communicator`]. Each method builds the specs
+//! (all checks of [`crate::spec`]), checks the local arguments against each other — ranks in
+//! the communicator, dtypes equal, counts consistent with the communicator size, reductions
+//! allowed for the dtype, vector blocks inside their tensors — and only then calls MPI. A
+//! mismatch is an `Err` on the rank that sees it; no MPI call has been made with the bad
+//! arguments, so MPI never aborts the job over them.
+//!
+//! What cannot be checked locally: that every rank passes matching counts and dtypes to a
+//! collective (MPI-4.1 §6.1 makes that the caller's obligation). For point-to-point receives
+//! the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the message is
+//! probed, and a size mismatch is [`Error::CountMismatch`] naming both counts, with the
+//! message left unreceived so that the job goes on and nothing is lost (C43).
+//!
+//! All counts and displacements are in DLPack elements.
+
+use mpi::datatype::{AsDatatype, Equivalence, Pointer, PointerMut};
+use mpi::point_to_point::{send_receive_into_with_tags, Status};
+use mpi::raw::AsRaw;
+use mpi::request::{Request, Scope};
+use mpi::topology::{Communicator, Rank};
+use mpi::traits::*;
+use mpi::Tag;
+
+use crate::dlpack::Tensor;
+use crate::dtype::ReduceOp;
+use crate::error::{Error, Result};
+use crate::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
+
+extern "C" {
+    /// `MPI_IN_PLACE`, from `src/shim.c`.
+    static dlpack_mpi_in_place: *mut std::ffi::c_void;
+}
+
+fn check_rank(rank: Rank, size: Rank) -> Result<()> {
+    if (0..size).contains(&rank) {
+        Ok(())
+    } else {
+        Err(Error::InvalidRank { rank, size })
+    }
+}
+
+fn check_same_dtype(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
+    if s.dtype() == r.dtype() {
+        Ok(())
+    } else {
+        Err(Error::DtypeMismatch {
+            what,
+            left: s.dtype(),
+            right: r.dtype(),
+        })
+    }
+}
+
+fn check_count(what: impl FnOnce() -> String, expected: i64, actual: i64) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::CountMismatch {
+            what: what(),
+            expected,
+            actual,
+        })
+    }
+}
+
+fn missing(what: &'static str) -> Error {
+    Error::CountMismatch {
+        what: format!("{what} (no buffer given at the root)"),
+        expected: 1,
+        actual: 0,
+    }
+}
+
+/// Checked tensor operations, for every rsmpi [`Communicator`].
+///
+/// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
+/// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
+/// required at the root and ignored elsewhere.
+pub trait TensorComm: Communicator {
+    /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`] and the errors of [`SendSpec::new`].
+    fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
+        check_rank(dest, self.size())?;
+        let spec = SendSpec::new(tensor)?;
+        self.process_at_rank(dest).send_with_tag(&spec, tag);
+        Ok(())
+    }
+
+    /// Blocking receive into `tensor` from `source` with `tag`. The incoming message is
+    /// probed first (`MPI_Probe`, §3.8.1) and received only when its size is exactly the
+    /// tensor's.
+    ///
+    /// # Errors
+    /// [`Error::CountMismatch`] naming the expected and arriving element counts (the
+    /// message stays unreceived: a later receive with a fitting tensor gets it);
+    /// [`Error::InvalidRank`]; the errors of [`RecvSpec::new`].
+    fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
+        check_rank(source, self.size())?;
+        let mut spec = RecvSpec::new(tensor)?;
+        let process = self.process_at_rank(source);
+        let status = process.probe_with_tag(tag);
+        check_incoming(&spec, &status)?;
+        Ok(process.receive_into_with_tag(&mut spec, tag))
+    }
+
+    /// Send `send` to `dest` and receive `recv` from `source` at once (`MPI_Sendrecv`
+    /// semantics, deadlock-free in a ring). The incoming size is checked as in
+    /// [`TensorComm::recv_tensor`] while the send is in flight.
+    ///
+    /// # Errors
+    /// As [`TensorComm::send_tensor`] and [`TensorComm::recv_tensor`].
+    #[allow(clippy::too_many_arguments)]
+    fn sendrecv_tensor(
+        &self,
+        send: &dyn Tensor,
+        dest: Rank,
+        send_tag: Tag,
+        recv: &mut dyn Tensor,
+        source: Rank,
+        recv_tag: Tag,
+    ) -> Result<Status> {
+        check_rank(dest, self.size())?;
+        check_rank(source, self.size())?;
+        let s = SendSpec::new(send)?;
+        let mut r = RecvSpec::new(recv)?;
+        let src = self.process_at_rank(source);
+        let dst = self.process_at_rank(dest);
+        if s.len_elems() == 0 && r.len_elems() == 0 {
+            // Nothing to size-check; MPI_Sendrecv directly.
+            return Ok(send_receive_into_with_tags(
+                &s, &dst, send_tag, &mut r, &src, recv_tag,
+            ));
+        }
+        mpi::request::scope(|scope| {
+            let req = dst.immediate_send_with_tag(scope, &s, send_tag);
+            let status = src.probe_with_tag(recv_tag);
+            let checked = check_incoming(&r, &status);
+            let result = checked.map(|()| src.receive_into_with_tag(&mut r, recv_tag));
+            req.wait();
+            result
+        })
+    }
+
+    /// Nonblocking send inside an rsmpi scope (`MPI_Isend`, §3.7.2). Build the spec before
+    /// the scope; the request borrows it, so the tensor outlives the request.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`].
+    fn immediate_send_tensor<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        spec: &'a SendSpec<'a>,
+        dest: Rank,
+        tag: Tag,
+    ) -> Result<Request<'a, SendSpec<'a>, Sc>> {
+        check_rank(dest, self.size())?;
+        Ok(self
+            .process_at_rank(dest)
+            .immediate_send_with_tag(scope, spec, tag))
+    }
+
+    /// Nonblocking receive inside an rsmpi scope (`MPI_Irecv`, §3.7.2). The size cannot be
+    /// probed before posting; a longer message is an MPI truncation error, so use it where
+    /// sizes are agreed (or use [`TensorComm::recv_tensor`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`].
+    fn immediate_recv_tensor<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        spec: &'a mut RecvSpec<'a>,
+        source: Rank,
+        tag: Tag,
+    ) -> Result<Request<'a, RecvSpec<'a>, Sc>> {
+        check_rank(source, self.size())?;
+        Ok(self
+            .process_at_rank(source)
+            .immediate_receive_into_with_tag(scope, spec, tag))
+    }
+
+    /// Broadcast `tensor` from `root` (`MPI_Bcast`, §6.4). At the root the tensor is only
+    /// read (it may be `READ_ONLY`); elsewhere it is received into.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`]; the errors of [`SendSpec::new`] at the root and of
+    /// [`RecvSpec::new`] elsewhere.
+    fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
+        check_rank(root, self.size())?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let spec = SendSpec::new(&*tensor)?;
+            // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); the spec
+            // describes `count` readable units of `datatype` inside the borrowed tensor.
+            unsafe {
+                mpi::ffi::MPI_Bcast(
+                    spec.pointer() as *mut std::ffi::c_void,
+                    spec.mpi_count(),
+                    spec.as_datatype().as_raw(),
+                    root,
+                    self.as_raw(),
+                );
+            }
+        } else {
+            let mut spec = RecvSpec::new(tensor)?;
+            process.broadcast_into(&mut spec);
+        }
+        Ok(())
+    }
+
+    /// Reduce `send` from every rank into `recv` at `root` (`MPI_Reduce`, §6.9.1).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`]
+    /// (also when the root has no `recv`), [`Error::InvalidRank`], spec errors.
+    fn reduce_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: Option<&mut dyn Tensor>,
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<()> {
+        check_rank(root, self.size())?;
+        let s = SendSpec::new(send)?;
+        s.element_type().check_reduction(op)?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let mut r = RecvSpec::new(recv.ok_or_else(|| missing("reduce receive buffer"))?)?;
+            check_same_dtype("reduce send vs receive", &s, &r)?;
+            check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())?;
+            process.reduce_into_root(&s, &mut r, op.system_operation());
+        } else {
+            process.reduce_into(&s, op.system_operation());
+        }
+        Ok(())
+    }
+
+    /// Element-wise reduction of `send` over all ranks into every rank's `recv`
+    /// (`MPI_Allreduce`, §6.9.6).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`],
+    /// spec errors.
+    fn all_reduce_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        s.element_type().check_reduction(op)?;
+        let mut r = RecvSpec::new(recv)?;
+        check_same_dtype("all-reduce send vs receive", &s, &r)?;
+        check_count(|| "all-reduce receive".into(), s.len_elems(), r.len_elems())?;
+        self.all_reduce_into(&s, &mut r, op.system_operation());
+        Ok(())
+    }
+
+    /// In-place all-reduce: `tensor` is both input and output (`MPI_IN_PLACE`, §6.9.6).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedReduction`], the errors of [`RecvSpec::new`].
+    fn all_reduce_tensor_in_place(&self, tensor: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+        let mut r = RecvSpec::new(tensor)?;
+        r.element_type().check_reduction(op)?;
+        // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write `r`, which
+        // describes `count` writable units of `datatype` in an exclusively borrowed tensor.
+        unsafe {
+            mpi::ffi::MPI_Allreduce(
+                dlpack_mpi_in_place,
+                r.pointer_mut(),
+                r.mpi_count(),
+                r.as_datatype().as_raw(),
+                op.system_operation().as_raw(),
+                self.as_raw(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Gather every rank's `send` into `recv` at `root`, rank order (`MPI_Gather`, §6.5).
+    /// `recv` has `size × send` elements.
+    ///
+    /// # Errors
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
+    /// errors.
+    fn gather_tensor(&self, send: &dyn Tensor, recv: Option<&mut dyn Tensor>, root: Rank) -> Result<()> {
+        check_rank(root, self.size())?;
+        let s = SendSpec::new(send)?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let mut r = RecvSpec::new(recv.ok_or_else(|| missing("gather receive buffer"))?)?;
+            check_same_dtype("gather send vs receive", &s, &r)?;
+            let size = self.size();
+            check_count(
+                || format!("gather receive (= send count × {size} ranks)"),
+                s.len_elems() * i64::from(size),
+                r.len_elems(),
+            )?;
+            process.gather_into_root(&s, &mut r);
+        } else {
+            process.gather_into(&s);
+        }
+        Ok(())
+    }
+
+    /// Gather blocks of varying size (`MPI_Gatherv`, §6.5). At the root, `recv` is the
+    /// tensor with `counts` and `displacements` (one per rank, in elements); its own block
+    /// must equal its `send` count.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`], [`Error::OutOfBounds`], [`Error::BlocksOverlap`],
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
+    /// errors.
+    fn gatherv_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
+        root: Rank,
+    ) -> Result<()> {
+        check_rank(root, self.size())?;
+        let s = SendSpec::new(send)?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let (t, counts, displs) = recv.ok_or_else(|| missing("gatherv receive buffer"))?;
+            let r = RecvSpec::new(t)?;
+            check_same_dtype("gatherv send vs receive", &s, &r)?;
+            let mut v = vector_recv(self, r, counts, displs)?;
+            check_count(
+                || format!("gatherv counts[{root}] (the root's own send)"),
+                counts[root as usize],
+                s.len_elems(),
+            )?;
+            process.gather_varcount_into_root(&s, &mut v);
+        } else {
+            process.gather_varcount_into(&s);
+        }
+        Ok(())
+    }
+
+    /// Scatter consecutive blocks of the root's `send` to every rank's `recv`
+    /// (`MPI_Scatter`, §6.6). `send` has `size × recv` elements.
+    ///
+    /// # Errors
+    /// As [`TensorComm::gather_tensor`].
+    fn scatter_tensor(&self, send: Option<&dyn Tensor>, recv: &mut dyn Tensor, root: Rank) -> Result<()> {
+        check_rank(root, self.size())?;
+        let mut r = RecvSpec::new(recv)?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let s = SendSpec::new(send.ok_or_else(|| missing("scatter send buffer"))?)?;
+            check_same_dtype("scatter send vs receive", &s, &r)?;
+            let size = self.size();
+            check_count(
+                || format!("scatter send (= receive count × {size} ranks)"),
+                r.len_elems() * i64::from(size),
+                s.len_elems(),
+            )?;
+            process.scatter_into_root(&s, &mut r);
+        } else {
+            process.scatter_into(&mut r);
+        }
+        Ok(())
+    }
+
+    /// Scatter blocks of varying size (`MPI_Scatterv`, §6.6).
+    ///
+    /// # Errors
+    /// As [`TensorComm::gatherv_tensor`].
+    fn scatterv_tensor(
+        &self,
+        send: Option<(&dyn Tensor, &[i64], &[i64])>,
+        recv: &mut dyn Tensor,
+        root: Rank,
+    ) -> Result<()> {
+        check_rank(root, self.size())?;
+        let mut r = RecvSpec::new(recv)?;
+        let process = self.process_at_rank(root);
+        if self.rank() == root {
+            let (t, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
+            let s = SendSpec::new(t)?;
+            check_same_dtype("scatterv send vs receive", &s, &r)?;
+            let v = vector_send(self, s, counts, displs)?;
+            check_count(
+                || format!("scatterv counts[{root}] (the root's own receive)"),
+                counts[root as usize],
+                r.len_elems(),
+            )?;
+            process.scatter_varcount_into_root(&v, &mut r);
+        } else {
+            process.scatter_varcount_into(&mut r);
+        }
+        Ok(())
+    }
+
+    /// Every rank gathers every rank's `send` into `recv` (`MPI_Allgather`, §6.7).
+    ///
+    /// # Errors
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], spec errors.
+    fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        let mut r = RecvSpec::new(recv)?;
+        check_same_dtype("all-gather send vs receive", &s, &r)?;
+        let size = self.size();
+        check_count(
+            || format!("all-gather receive (= send count × {size} ranks)"),
+            s.len_elems() * i64::from(size),
+            r.len_elems(),
+        )?;
+        self.all_gather_into(&s, &mut r);
+        Ok(())
+    }
+
+    /// All-gather with blocks of varying size (`MPI_Allgatherv`, §6.7): `counts` and
+    /// `displacements` (elements, one per rank) place each rank's block in `recv`;
+    /// `counts[rank]` must equal this rank's `send` count.
+    ///
+    /// # Errors
+    /// As [`TensorComm::gatherv_tensor`].
+    fn all_gatherv_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: &mut dyn Tensor,
+        counts: &[i64],
+        displacements: &[i64],
+    ) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        let r = RecvSpec::new(recv)?;
+        check_same_dtype("all-gatherv send vs receive", &s, &r)?;
+        let mut v = vector_recv(self, r, counts, displacements)?;
+        let rank = self.rank();
+        check_count(
+            || format!("all-gatherv counts[{rank}] (this rank's send)"),
+            counts[rank as usize],
+            s.len_elems(),
+        )?;
+        self.all_gather_varcount_into(&s, &mut v);
+        Ok(())
+    }
+
+    /// Personalized exchange: block `i` of `send` goes to rank `i`, block `j` of `recv`
+    /// comes from rank `j` (`MPI_Alltoall`, §6.8). Both have `size × block` elements.
+    ///
+    /// # Errors
+    /// [`Error::CountMismatch`] (counts differ or are not a multiple of the size),
+    /// [`Error::DtypeMismatch`], spec errors.
+    fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        let mut r = RecvSpec::new(recv)?;
+        check_same_dtype("all-to-all send vs receive", &s, &r)?;
+        check_count(|| "all-to-all receive".into(), s.len_elems(), r.len_elems())?;
+        let size = i64::from(self.size());
+        let n = s.len_elems();
+        check_count(
+            || format!("all-to-all send (a multiple of {size} ranks)"),
+            n - n % size,
+            n,
+        )?;
+        self.all_to_all_into(&s, &mut r);
+        Ok(())
+    }
+
+    /// All-to-all with blocks of varying size (`MPI_Alltoallv`, §6.8).
+    ///
+    /// # Errors
+    /// As [`TensorComm::gatherv_tensor`], for both sides.
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_allv_tensor(
+        &self,
+        send: &dyn Tensor,
+        send_counts: &[i64],
+        send_displacements: &[i64],
+        recv: &mut dyn Tensor,
+        recv_counts: &[i64],
+        recv_displacements: &[i64],
+    ) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        let r = RecvSpec::new(recv)?;
+        check_same_dtype("all-to-allv send vs receive", &s, &r)?;
+        let vs = vector_send(self, s, send_counts, send_displacements)?;
+        let mut vr = vector_recv(self, r, recv_counts, recv_displacements)?;
+        let rank = self.rank() as usize;
+        check_count(
+            || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),
+            send_counts[rank],
+            recv_counts[rank],
+        )?;
+        self.all_to_all_varcount_into(&vs, &mut vr);
+        Ok(())
+    }
+
+    /// Reduce `send` element-wise over all ranks and scatter equal blocks of the result
+    /// (`MPI_Reduce_scatter_block`, §6.10.1): `send` has `size × recv` elements.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedReduction`], [`Error::CountMismatch`], [`Error::DtypeMismatch`],
+    /// spec errors.
+    fn reduce_scatter_block_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+        let s = SendSpec::new(send)?;
+        s.element_type().check_reduction(op)?;
+        let mut r = RecvSpec::new(recv)?;
+        check_same_dtype("reduce-scatter-block send vs receive", &s, &r)?;
+        let size = self.size();
+        check_count(
+            || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
+            r.len_elems() * i64::from(size),
+            s.len_elems(),
+        )?;
+        self.reduce_scatter_block_into(&s, &mut r, op.system_operation());
+        Ok(())
+    }
+}
+
+impl<C: Communicator + ?Sized> TensorComm for C {}
+
+fn vector_recv<'t, C: Communicator + ?Sized>(
+    comm: &C,
+    r: RecvSpec<'t>,
+    counts: &[i64],
+    displs: &[i64],
+) -> Result<VectorRecvSpec<'t>> {
+    check_len(comm, counts, displs)?;
+    VectorRecvSpec::new(r, counts, displs)
+}
+
+fn vector_send<'t, C: Communicator + ?Sized>(
+    comm: &C,
+    s: SendSpec<'t>,
+    counts: &[i64],
+    displs: &[i64],
+) -> Result<VectorSendSpec<'t>> {
+    check_len(comm, counts, displs)?;
+    VectorSendSpec::new(s, counts, displs)
+}
+
+fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64]) -> Result<()> {
+    let size = comm.size() as usize;
+    for (what, list) in [("counts", counts), ("displacements", displs)] {
+        if list.len() != size {
+            return Err(Error::LengthMismatch {
+                what,
+                expected: size,
+                actual: list.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Compares a probed message with a receive spec, in elements.
+fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()> {
+    let bytes = i64::from(status.count(u8::equivalent_datatype()));
+    let elem = spec.element_type().size_bytes() as i64;
+    let expected = spec.len_elems();
+    if bytes == expected * elem {
+        return Ok(());
+    }
+    Err(Error::CountMismatch {
+        what: format!(
+            "incoming message from rank {} tag {} ({} bytes of {}-byte elements)",
+            status.source_rank(),
+            status.tag(),
+            bytes,
+            elem
+        ),
+        expected,
+        actual: bytes / elem,
+    })
+}

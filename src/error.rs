@@ -1,0 +1,257 @@
+//! The one error type of the crate.
+//!
+//! Every variant is a diagnosis: it names the DLPack field or MPI argument at fault and carries
+//! the offending values, so that a message such as
+//! `tensor is not C-contiguous: axis 1 has stride 3 elements, expected 1` can be acted on
+//! without a debugger. Every error is returned *before* any MPI call is made with the
+//! offending arguments, and a tensor involved in a failed import is still released exactly
+//! once (see [`crate::dlpack::ManagedTensor`]).
+
+use crate::dtype::{DType, ReduceOp};
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong between a DLPack producer and an MPI call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A pointer that DLPack requires to be non-NULL was NULL (`field` names it, e.g.
+    /// `"DLManagedTensorVersioned*"` or `"shape"`).
+    #[error("DLPack field `{field}` is NULL")]
+    NullPointer {
+        /// The field or argument that was NULL.
+        field: &'static str,
+    },
+
+    /// A `DLManagedTensorVersioned` whose major version is not 1 (DLPack header,
+    /// `DLPackVersion`: "the consumer must call the deleter ... It is not safe to access any
+    /// other fields"). The deleter has been called.
+    #[error("unsupported DLPack version {major}.{minor}: this consumer reads major version 1")]
+    UnsupportedVersion {
+        /// `version.major` as given by the producer.
+        major: u32,
+        /// `version.minor` as given by the producer.
+        minor: u32,
+    },
+
+    /// A `DLTensor` field holds a value DLPack does not allow (negative `ndim`, negative
+    /// extent, NULL `data` for a non-empty tensor, ...).
+    #[error("invalid DLTensor: `{field}` = {value}: {reason}")]
+    InvalidTensor {
+        /// The field, e.g. `"ndim"`, `"shape[1]"`, `"data"`.
+        field: String,
+        /// The offending value as given.
+        value: i128,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+
+    /// Checked arithmetic on sizes or addresses overflowed (e.g. the element count overflows
+    /// `i64`, or `data + byte_offset` overflows the address space).
+    #[error("overflow computing {quantity}: {lhs} {operator} {rhs} does not fit")]
+    Overflow {
+        /// What was being computed, e.g. `"element count"`, `"data + byte_offset"`.
+        quantity: &'static str,
+        /// Left operand.
+        lhs: i128,
+        /// `"*"` or `"+"`.
+        operator: &'static str,
+        /// Right operand.
+        rhs: i128,
+    },
+
+    /// The tensor is not C-contiguous (row-major compact) on `axis`. Strided layouts are sent
+    /// through derived datatypes once that support lands; until then they are refused.
+    #[error(
+        "tensor is not C-contiguous: axis {axis} has stride {stride_elems} elements, \
+         expected {expected_elems}"
+    )]
+    NonContiguous {
+        /// The first axis (0-based, outermost first) whose stride breaks contiguity.
+        axis: usize,
+        /// Its stride, in elements.
+        stride_elems: i64,
+        /// The stride a compact row-major tensor would have there, in elements.
+        expected_elems: i64,
+    },
+
+    /// A receive buffer whose elements overlap in memory (stride 0 on an axis of extent > 1,
+    /// or strides that alias): receiving into it would be undefined (MPI-4.1 §3.2.2: receive
+    /// buffers must not overlap).
+    #[error(
+        "receive buffer elements overlap: axis {axis} (extent {extent}) has stride {stride_elems} \
+         elements"
+    )]
+    Overlap {
+        /// The axis whose stride makes elements alias.
+        axis: usize,
+        /// Its extent.
+        extent: i64,
+        /// Its stride, in elements.
+        stride_elems: i64,
+    },
+
+    /// Blocks of a vector (v-variant) receive overlap each other.
+    #[error(
+        "receive blocks overlap: block {first} covers elements [{first_start}, {first_end}) \
+         and block {second} starts at {second_start}"
+    )]
+    BlocksOverlap {
+        /// Index (rank) of the first block.
+        first: usize,
+        /// First element of the first block.
+        first_start: i64,
+        /// One past its last element.
+        first_end: i64,
+        /// Index (rank) of the second block.
+        second: usize,
+        /// First element of the second block.
+        second_start: i64,
+    },
+
+    /// The DLPack dtype has no MPI type of exactly its size.
+    #[error("unsupported dtype {dtype}: {reason}")]
+    UnsupportedDtype {
+        /// The dtype as given by the producer.
+        dtype: DType,
+        /// Why it cannot be sent.
+        reason: &'static str,
+    },
+
+    /// The reduction is not correct for the dtype (e.g. `sum` on bool, `max` on complex).
+    #[error("reduction {op} is not supported for dtype {dtype} (allowed: {allowed})")]
+    UnsupportedReduction {
+        /// The reduction asked for.
+        op: ReduceOp,
+        /// The dtype it was asked for.
+        dtype: DType,
+        /// The reductions this dtype allows, comma separated (may be empty).
+        allowed: String,
+    },
+
+    /// Two tensors that must have the same dtype do not.
+    #[error("dtype mismatch: {what}: {left} vs {right}")]
+    DtypeMismatch {
+        /// Which pair of arguments, e.g. `"send vs receive"`.
+        what: &'static str,
+        /// Dtype of the first.
+        left: DType,
+        /// Dtype of the second.
+        right: DType,
+    },
+
+    /// A count does not match what the operation requires. All counts are in elements.
+    #[error("count mismatch: {what}: expected {expected} elements, got {actual}")]
+    CountMismatch {
+        /// Which count, e.g. `"incoming message"` or `"receive (= send count × 4 ranks)"`.
+        what: String,
+        /// The count the operation requires, in elements.
+        expected: i64,
+        /// The count given or arriving, in elements.
+        actual: i64,
+    },
+
+    /// A per-rank argument list (counts or displacements) has the wrong length.
+    #[error("{what} has {actual} entries, expected one per rank ({expected})")]
+    LengthMismatch {
+        /// `"counts"` or `"displacements"`.
+        what: &'static str,
+        /// Communicator size.
+        expected: usize,
+        /// Entries given.
+        actual: usize,
+    },
+
+    /// An element range `[displacement, displacement + count)` reaches outside the tensor.
+    #[error(
+        "{what}: elements [{displacement}, {displacement} + {count}) are outside the tensor of \
+         {len} elements"
+    )]
+    OutOfBounds {
+        /// Which range, e.g. `"range"` or `"block 2"`.
+        what: String,
+        /// First element, in elements.
+        displacement: i64,
+        /// Number of elements.
+        count: i64,
+        /// Elements in the tensor.
+        len: i64,
+    },
+
+    /// A message count does not fit MPI's `int` count (MPI-4.1 §2.5.8; large counts come with
+    /// their own support).
+    #[error("count {count} (in MPI datatype units) exceeds the MPI int limit {}", i32::MAX)]
+    CountTooLarge {
+        /// The count that was needed.
+        count: u64,
+    },
+
+    /// The tensor's memory is `READ_ONLY` (DLPack `DLPACK_FLAG_BITMASK_READ_ONLY`) and cannot
+    /// receive data.
+    #[error("tensor is READ_ONLY and cannot be used as a receive buffer")]
+    ReadOnly,
+
+    /// The tensor is `IS_COPIED` (DLPack `DLPACK_FLAG_BITMASK_IS_COPIED`): data received into
+    /// it would land in a copy nobody sees.
+    #[error("tensor is IS_COPIED: data received into it would land in a copy the producer never sees")]
+    IsCopied,
+
+    /// The device cannot be used on this path (e.g. a GPU tensor in a build without GPU
+    /// support).
+    #[error("unsupported device (device_type {device_type}, device_id {device_id}): {reason}")]
+    UnsupportedDevice {
+        /// `DLDevice::device_type`.
+        device_type: u32,
+        /// `DLDevice::device_id`.
+        device_id: i32,
+        /// Why.
+        reason: &'static str,
+    },
+
+    /// The device the producer reported (`dlpack_device`) differs from the device in the
+    /// tensor it returned.
+    #[error(
+        "device mismatch: producer reported ({reported_type}, {reported_id}), tensor is on \
+         ({actual_type}, {actual_id})"
+    )]
+    DeviceMismatch {
+        /// `device_type` the exporter reported.
+        reported_type: u32,
+        /// `device_id` the exporter reported.
+        reported_id: i32,
+        /// `device_type` of the returned tensor.
+        actual_type: u32,
+        /// `device_id` of the returned tensor.
+        actual_id: i32,
+    },
+
+    /// [`crate::dlpack::DeviceQuery::Required`] was asked for and the exporter does not
+    /// implement the device query (`__dlpack_device__` / `Exporter::dlpack_device`).
+    #[error("exporter does not implement the device query (`dlpack_device`), which DeviceQuery::Required demands")]
+    MissingDeviceQuery,
+
+    /// A rank argument is outside the communicator.
+    #[error("rank {rank} is outside the communicator of size {size}")]
+    InvalidRank {
+        /// The rank given.
+        rank: i32,
+        /// Communicator size.
+        size: i32,
+    },
+
+    /// A shape or dtype given to a constructor does not match the data it describes.
+    #[error("shape/data mismatch: {what}: shape needs {expected} bytes, data has {actual}")]
+    ShapeMismatch {
+        /// What was being built.
+        what: &'static str,
+        /// Bytes the shape and dtype need.
+        expected: u64,
+        /// Bytes available.
+        actual: u64,
+    },
+
+    /// The producer failed to export (its own message).
+    #[error("exporter failed: {0}")]
+    Export(String),
+}

@@ -1,0 +1,37 @@
+//! # dlpack-mpi
+//!
+//! Any DLPack tensor, from any producer, becomes a correct MPI message: zero-copy where the
+//! hardware allows, with the producer's memory provably alive until MPI is done with it.
+//!
+//! Data flows one way:
+//!
+//! ```text
+//! producer ──► acquire ──► describe ──► place ──► spec ──► rsmpi call ──► release
+//! (Exporter)   (dlpack)    (dtype,      (device)  (spec)   (comm, or any   (deleter, once,
+//!                          layout)                          rsmpi op)       on drop)
+//! ```
+//!
+//! - [`dlpack`]: the owning import guard [`dlpack::ManagedTensor`] (legacy and versioned
+//!   structs), the non-owning [`dlpack::TensorView`], the [`dlpack::Exporter`] protocol and
+//!   built-in exporters.
+//! - [`dtype`]: the DLPack dtype → MPI datatype table and the reductions each allows.
+//! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
+//! - [`device`]: `DLDevice` → memory kind and routing.
+//! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
+//! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
+//!   every rsmpi communicator.
+//!
+//! Every error is an [`Error`] naming the field and value, returned before any MPI call.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod comm;
+pub mod device;
+pub mod dlpack;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod spec;
+
+pub use error::{Error, Result};
