@@ -244,7 +244,12 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`],
     /// spec errors.
-    fn all_reduce_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+    fn all_reduce_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: &mut dyn Tensor,
+        op: ReduceOp,
+    ) -> Result<()> {
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let mut r = RecvSpec::new(recv)?;
@@ -282,7 +287,12 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
     /// errors.
-    fn gather_tensor(&self, send: &dyn Tensor, recv: Option<&mut dyn Tensor>, root: Rank) -> Result<()> {
+    fn gather_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: Option<&mut dyn Tensor>,
+        root: Rank,
+    ) -> Result<()> {
         check_rank(root, self.size())?;
         let s = SendSpec::new(send)?;
         let process = self.process_at_rank(root);
@@ -341,7 +351,12 @@ pub trait TensorComm: Communicator {
     ///
     /// # Errors
     /// As [`TensorComm::gather_tensor`].
-    fn scatter_tensor(&self, send: Option<&dyn Tensor>, recv: &mut dyn Tensor, root: Rank) -> Result<()> {
+    fn scatter_tensor(
+        &self,
+        send: Option<&dyn Tensor>,
+        recv: &mut dyn Tensor,
+        root: Rank,
+    ) -> Result<()> {
         check_rank(root, self.size())?;
         let mut r = RecvSpec::new(recv)?;
         let process = self.process_at_rank(root);
@@ -493,7 +508,12 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::UnsupportedReduction`], [`Error::CountMismatch`], [`Error::DtypeMismatch`],
     /// spec errors.
-    fn reduce_scatter_block_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter_block_tensor(
+        &self,
+        send: &dyn Tensor,
+        recv: &mut dyn Tensor,
+        op: ReduceOp,
+    ) -> Result<()> {
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let mut r = RecvSpec::new(recv)?;

@@ -153,6 +153,9 @@ impl MemoryKind {
     /// Whether the DLPack stream protocol applies (CUDA and ROCm device/managed memory):
     /// the consumer passes a stream to `__dlpack__` and orders its work after the producer's.
     pub fn uses_streams(self) -> bool {
-        matches!(self, MemoryKind::Cuda | MemoryKind::CudaManaged | MemoryKind::Rocm)
+        matches!(
+            self,
+            MemoryKind::Cuda | MemoryKind::CudaManaged | MemoryKind::Rocm
+        )
     }
 }

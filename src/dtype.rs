@@ -294,7 +294,9 @@ impl Reductions {
 
     /// The members, in [`ReduceOp::ALL`] order.
     pub fn iter(self) -> impl Iterator<Item = ReduceOp> {
-        ReduceOp::ALL.into_iter().filter(move |op| self.contains(*op))
+        ReduceOp::ALL
+            .into_iter()
+            .filter(move |op| self.contains(*op))
     }
 }
 
@@ -442,8 +444,18 @@ pub const TABLE: &[Row] = &[
     row(code::FLOAT, 64, MpiUnit::Double, Reductions::FLOAT),
     raw(code::BFLOAT, 16, MpiUnit::Uint16),
     raw(code::COMPLEX, 32, MpiUnit::Uint32),
-    row(code::COMPLEX, 64, MpiUnit::CFloatComplex, Reductions::COMPLEX),
-    row(code::COMPLEX, 128, MpiUnit::CDoubleComplex, Reductions::COMPLEX),
+    row(
+        code::COMPLEX,
+        64,
+        MpiUnit::CFloatComplex,
+        Reductions::COMPLEX,
+    ),
+    row(
+        code::COMPLEX,
+        128,
+        MpiUnit::CDoubleComplex,
+        Reductions::COMPLEX,
+    ),
     row(code::BOOL, 8, MpiUnit::CBool, Reductions::LOGICAL),
     raw(7, 8, MpiUnit::Uint8),
     raw(8, 8, MpiUnit::Uint8),
@@ -586,7 +598,22 @@ macro_rules! any_bits {
     )*};
 }
 
-any_bits!(i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, Complex32, Complex64, half::f16, half::bf16);
+any_bits!(
+    i8,
+    i16,
+    i32,
+    i64,
+    u8,
+    u16,
+    u32,
+    u64,
+    f32,
+    f64,
+    Complex32,
+    Complex64,
+    half::f16,
+    half::bf16
+);
 
 #[cfg(target_pointer_width = "64")]
 any_bits!(isize, usize);

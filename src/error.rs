@@ -181,7 +181,10 @@ pub enum Error {
 
     /// A message count does not fit MPI's `int` count (MPI-4.1 §2.5.8; large counts come with
     /// their own support).
-    #[error("count {count} (in MPI datatype units) exceeds the MPI int limit {}", i32::MAX)]
+    #[error(
+        "count {count} (in MPI datatype units) exceeds the MPI int limit {}",
+        i32::MAX
+    )]
     CountTooLarge {
         /// The count that was needed.
         count: u64,
@@ -194,7 +197,9 @@ pub enum Error {
 
     /// The tensor is `IS_COPIED` (DLPack `DLPACK_FLAG_BITMASK_IS_COPIED`): data received into
     /// it would land in a copy nobody sees.
-    #[error("tensor is IS_COPIED: data received into it would land in a copy the producer never sees")]
+    #[error(
+        "tensor is IS_COPIED: data received into it would land in a copy the producer never sees"
+    )]
     IsCopied,
 
     /// The device cannot be used on this path (e.g. a GPU tensor in a build without GPU

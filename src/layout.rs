@@ -7,7 +7,12 @@
 
 use crate::error::{Error, Result};
 
-fn overflow(quantity: &'static str, lhs: impl Into<i128>, op: &'static str, rhs: impl Into<i128>) -> Error {
+fn overflow(
+    quantity: &'static str,
+    lhs: impl Into<i128>,
+    op: &'static str,
+    rhs: impl Into<i128>,
+) -> Error {
     Error::Overflow {
         quantity,
         lhs: lhs.into(),
@@ -159,7 +164,12 @@ pub fn byte_span(count_elems: i64, elem_size_bytes: usize) -> Result<usize> {
 /// # Errors
 /// [`Error::OutOfBounds`] naming `what` and the numbers when the range is negative or reaches
 /// past `len`.
-pub fn check_range(what: impl FnOnce() -> String, displacement: i64, count: i64, len: i64) -> Result<()> {
+pub fn check_range(
+    what: impl FnOnce() -> String,
+    displacement: i64,
+    count: i64,
+    len: i64,
+) -> Result<()> {
     let ok = displacement >= 0
         && count >= 0
         && displacement
@@ -246,8 +256,14 @@ mod tests {
         assert_eq!(num_elements(&[]), Ok(1));
         assert_eq!(num_elements(&[2, 3, 4]), Ok(24));
         assert_eq!(num_elements(&[0, i64::MAX, i64::MAX]), Ok(0));
-        assert!(matches!(num_elements(&[i64::MAX, 2]), Err(Error::Overflow { .. })));
-        assert!(matches!(num_elements(&[2, -1]), Err(Error::InvalidTensor { .. })));
+        assert!(matches!(
+            num_elements(&[i64::MAX, 2]),
+            Err(Error::Overflow { .. })
+        ));
+        assert!(matches!(
+            num_elements(&[2, -1]),
+            Err(Error::InvalidTensor { .. })
+        ));
     }
 
     #[test]
@@ -280,7 +296,11 @@ mod tests {
         assert_eq!(check_no_overlap(&[3], Some(&[-2])), Ok(()));
         assert!(matches!(
             check_no_overlap(&[6], Some(&[0])),
-            Err(Error::Overlap { axis: 0, extent: 6, stride_elems: 0 })
+            Err(Error::Overlap {
+                axis: 0,
+                extent: 6,
+                stride_elems: 0
+            })
         ));
         assert!(matches!(
             check_no_overlap(&[2, 2], Some(&[1, 1])),

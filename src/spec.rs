@@ -130,8 +130,16 @@ impl<'t> SendSpec<'t> {
     ///
     /// # Errors
     /// As [`SendSpec::new`], plus [`Error::OutOfBounds`] when the range leaves the tensor.
-    pub fn range<T: Tensor + ?Sized>(tensor: &'t T, displacement_elems: i64, count_elems: i64) -> Result<Self> {
-        Self::from_described(Described::of(tensor)?.range("range", displacement_elems, count_elems)?)
+    pub fn range<T: Tensor + ?Sized>(
+        tensor: &'t T,
+        displacement_elems: i64,
+        count_elems: i64,
+    ) -> Result<Self> {
+        Self::from_described(Described::of(tensor)?.range(
+            "range",
+            displacement_elems,
+            count_elems,
+        )?)
     }
 
     fn from_described(d: Described) -> Result<Self> {
@@ -358,7 +366,11 @@ impl<'t> VectorSendSpec<'t> {
     /// [`Error::LengthMismatch`] when the two lists differ in length;
     /// [`Error::OutOfBounds`] naming the block that leaves the tensor (C45);
     /// [`Error::CountTooLarge`].
-    pub fn new(spec: SendSpec<'t>, counts_elems: &[i64], displacements_elems: &[i64]) -> Result<Self> {
+    pub fn new(
+        spec: SendSpec<'t>,
+        counts_elems: &[i64],
+        displacements_elems: &[i64],
+    ) -> Result<Self> {
         let (counts, displs) = blocks(
             counts_elems,
             displacements_elems,
@@ -420,7 +432,11 @@ impl<'t> VectorRecvSpec<'t> {
     /// # Errors
     /// As [`VectorSendSpec::new`], plus [`Error::BlocksOverlap`] when two non-empty blocks
     /// share an element.
-    pub fn new(spec: RecvSpec<'t>, counts_elems: &[i64], displacements_elems: &[i64]) -> Result<Self> {
+    pub fn new(
+        spec: RecvSpec<'t>,
+        counts_elems: &[i64],
+        displacements_elems: &[i64],
+    ) -> Result<Self> {
         let (counts, displs) = blocks(
             counts_elems,
             displacements_elems,

@@ -509,13 +509,18 @@ impl<T: AnyBits> Owned<T> {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// The storage, writable, through `&mut self` so that no exported tensor is alive.
+    pub fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in as_slice; T accepts any bit pattern written through the slice.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
     /// Gives the storage back.
     pub fn into_vec(self) -> Vec<T> {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: rebuilds the Box<[T]> leaked in `new`; ManuallyDrop prevents a double free.
-        let boxed = unsafe {
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len))
-        };
+        let boxed =
+            unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len)) };
         // SAFETY: read the layout out of the ManuallyDrop so its Vecs are freed.
         drop(unsafe { std::ptr::read(&me.layout) });
         boxed.into_vec()
@@ -530,7 +535,10 @@ impl<T: AnyBits> Drop for Owned<T> {
     fn drop(&mut self) {
         // SAFETY: rebuilds the Box<[T]> leaked in `new`, once.
         drop(unsafe {
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len))
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ))
         });
     }
 }
@@ -627,7 +635,10 @@ mod tests {
         let cuda = Some(Device::new(device_type::CUDA, 0));
         let rocm = Some(Device::new(device_type::ROCM, 0));
         assert_eq!(sync.stream_for(Some(Device::CPU)), Ok(None));
-        assert_eq!(sync.stream_for(Some(Device::new(device_type::CUDA_HOST, 0))), Ok(None));
+        assert_eq!(
+            sync.stream_for(Some(Device::new(device_type::CUDA_HOST, 0))),
+            Ok(None)
+        );
         assert_eq!(sync.stream_for(None), Ok(None));
         assert_eq!(sync.stream_for(cuda), Ok(Some(1)));
         assert_eq!(unsync.stream_for(cuda), Ok(Some(-1)));
@@ -653,11 +664,21 @@ mod tests {
 
     #[test]
     fn owned_layout_bounds() {
-        assert!(Owned::new(vec![0f32; 6]).with_layout(&[3], Some(&[2]), 0).is_ok());
-        assert!(Owned::new(vec![0f32; 5]).with_layout(&[3], Some(&[2]), 4).is_err());
-        assert!(Owned::new(vec![0f32; 3]).with_layout(&[3], Some(&[-1]), 8).is_ok());
-        assert!(Owned::new(vec![0f32; 3]).with_layout(&[3], Some(&[-1]), 4).is_err());
+        assert!(Owned::new(vec![0f32; 6])
+            .with_layout(&[3], Some(&[2]), 0)
+            .is_ok());
+        assert!(Owned::new(vec![0f32; 5])
+            .with_layout(&[3], Some(&[2]), 4)
+            .is_err());
+        assert!(Owned::new(vec![0f32; 3])
+            .with_layout(&[3], Some(&[-1]), 8)
+            .is_ok());
+        assert!(Owned::new(vec![0f32; 3])
+            .with_layout(&[3], Some(&[-1]), 4)
+            .is_err());
         assert!(Owned::new(vec![0f32; 3]).with_shape(&[2, 2]).is_err());
-        assert!(Owned::new(vec![0u8; 5]).with_dtype(DType::new(2, 16)).is_err());
+        assert!(Owned::new(vec![0u8; 5])
+            .with_dtype(DType::new(2, 16))
+            .is_err());
     }
 }

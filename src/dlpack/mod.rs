@@ -31,8 +31,8 @@ use crate::layout;
 
 mod export;
 pub use export::{
-    acquire, AcquireOptions, DeviceQuery, ExportRequest, Exporter, Owned, SliceMut,
-    StreamPolicy, CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM,
+    acquire, AcquireOptions, DeviceQuery, ExportRequest, Exporter, Owned, SliceMut, StreamPolicy,
+    CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM,
     ROCM_DEFAULT_STREAM,
 };
 
@@ -122,7 +122,10 @@ pub trait Tensor: sealed::Sealed {
         }
         // The constructor checked that data + byte_offset does not overflow, so the cast is
         // lossless; wrapping_add keeps the pointer's provenance.
-        t.data.cast::<u8>().wrapping_add(t.byte_offset as usize).cast()
+        t.data
+            .cast::<u8>()
+            .wrapping_add(t.byte_offset as usize)
+            .cast()
     }
 
     /// Number of elements (product of the extents; 1 for 0-d, 0 for empty).
