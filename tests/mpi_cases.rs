@@ -1,0 +1,789 @@
+//! Multi-rank behaviour cases (shared/design/CASES.md) and operation tests.
+//!
+//! A plain `main` (harness = false): MPI is initialized once, each test runs on every rank in
+//! the same order, and the verdicts are combined across ranks so that rank 0 prints one line
+//! per test. `cargo test` runs it at 1 rank; scripts/test.sh runs the same binary under
+//! `mpirun -n 2`, `-n 3` and `-n 4`. Every test works at any number of ranks.
+
+mod common;
+
+use common::RawTensor;
+use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
+use dlpack_mpi::dtype::{self, AnyBits, DType, ReduceOp};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use dlpack_mpi::Error;
+use mpi::collective::SystemOperation;
+use mpi::raw::AsRaw;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+use num_complex::Complex32;
+
+type Outcome = Result<(), String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr) => {{
+        let (l, r) = (&$left, &$right);
+        if l != r {
+            return Err(format!(
+                "{} != {}: {:?} vs {:?} (line {})",
+                stringify!($left),
+                stringify!($right),
+                l,
+                r,
+                line!()
+            ));
+        }
+    }};
+}
+
+fn opts() -> AcquireOptions {
+    AcquireOptions::default()
+}
+
+fn ring(w: &SimpleCommunicator) -> (i32, i32) {
+    let (r, p) = (w.rank(), w.size());
+    ((r + 1) % p, (r + p - 1) % p)
+}
+
+/// Sends `send` around the ring and returns what arrived in a tensor like `like`.
+fn ring_exchange<T: AnyBits + PartialEq + std::fmt::Debug>(
+    w: &SimpleCommunicator,
+    send: &ManagedTensor<'_>,
+    zero: Vec<T>,
+) -> Result<Vec<T>, String> {
+    let (next, prev) = ring(w);
+    let out = Owned::new(zero);
+    {
+        let mut r = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        w.sendrecv_tensor(send, next, 7, &mut r, prev, 7)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(out.into_vec())
+}
+
+fn c02_v0_and_v1_deliver(w: &SimpleCommunicator) -> Outcome {
+    let raw = RawTensor::new(&[1i64, 2, 3, 4], (0, 64, 1));
+    let (v0, c0) = raw.import_v0();
+    let (v1, c1) = raw.import_v1();
+    let (v0, v1) = (
+        v0.map_err(|e| e.to_string())?,
+        v1.map_err(|e| e.to_string())?,
+    );
+    ensure_eq!(ring_exchange(w, &v0, vec![0i64; 4])?, vec![1, 2, 3, 4]);
+    ensure_eq!(ring_exchange(w, &v1, vec![0i64; 4])?, vec![1, 2, 3, 4]);
+    drop((v0, v1));
+    ensure_eq!((c0.get(), c1.get()), (1, 1));
+    Ok(())
+}
+
+fn c06_zero_d(w: &SimpleCommunicator) -> Outcome {
+    let mut raw = RawTensor::new(&[3.5f64], (2, 64, 1));
+    raw.shape = None;
+    raw.strides = None;
+    let (t, c) = raw.import_v1();
+    let t = t.map_err(|e| e.to_string())?;
+    ensure_eq!(ring_exchange(w, &t, vec![0f64])?, vec![3.5]);
+    let out = Owned::new(vec![0f64])
+        .with_shape(&[])
+        .map_err(|e| e.to_string())?;
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        w.all_reduce_tensor(&t, &mut o, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    ensure_eq!(out.into_vec(), vec![3.5 * f64::from(w.size())]);
+    drop(t);
+    ensure_eq!(c.get(), 1);
+    Ok(())
+}
+
+fn c07_zero_size_everywhere(w: &SimpleCommunicator) -> Outcome {
+    let mut raw = RawTensor::new::<i32>(&[], (0, 32, 1)).shape(&[0, 3], Some(&[3, 1]));
+    raw.null_data = true;
+    let (s, cs) = raw.import_v1();
+    let (r, cr) = raw.import_v1();
+    let (s, mut r) = (s.map_err(|e| e.to_string())?, r.map_err(|e| e.to_string())?);
+    let (next, prev) = ring(w);
+    let e = |e: Error| e.to_string();
+    w.sendrecv_tensor(&s, next, 1, &mut r, prev, 1).map_err(e)?;
+    w.all_reduce_tensor(&s, &mut r, ReduceOp::Sum).map_err(e)?;
+    w.all_reduce_tensor_in_place(&mut r, ReduceOp::Max)
+        .map_err(e)?;
+    w.broadcast_tensor(&mut r, 0).map_err(e)?;
+    w.all_gather_tensor(&s, &mut r).map_err(e)?;
+    w.all_to_all_tensor(&s, &mut r).map_err(e)?;
+    drop((s, r));
+    ensure_eq!((cs.get(), cr.get()), (1, 1));
+    Ok(())
+}
+
+fn c27_byte_offset_delivers_from_offset(w: &SimpleCommunicator) -> Outcome {
+    let vals: Vec<i32> = (0..9).collect();
+    let mut raw = RawTensor::new(&vals, (0, 32, 1)).shape(&[8], Some(&[1]));
+    raw.byte_offset = 4;
+    let (t, _) = raw.import_v1();
+    let t = t.map_err(|e| e.to_string())?;
+    ensure_eq!(
+        ring_exchange(w, &t, vec![0i32; 8])?,
+        (1..9).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+fn c30_bool_transfer_and_logical_reductions(w: &SimpleCommunicator) -> Outcome {
+    let bool_dtype = DType::new(6, 8);
+    let src = Owned::new(vec![1u8, 0, 1])
+        .with_dtype(bool_dtype)
+        .map_err(|e| e.to_string())?;
+    let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+    ensure_eq!(
+        ring_exchange(w, &s, vec![7u8; 3]).map(|v| v)?,
+        vec![1u8, 0, 1]
+    );
+    // Element 0: true everywhere; element 1: true on rank 0 only; element 2: false.
+    let mine = Owned::new(vec![1u8, u8::from(w.rank() == 0), 0])
+        .with_dtype(bool_dtype)
+        .map_err(|e| e.to_string())?;
+    let m = acquire(&mine, &opts()).map_err(|e| e.to_string())?;
+    let p = w.size();
+    for (op, expect) in [
+        (ReduceOp::LogicalAnd, vec![1u8, u8::from(p == 1), 0]),
+        (ReduceOp::LogicalOr, vec![1u8, 1, 0]),
+    ] {
+        let out = Owned::new(vec![9u8; 3])
+            .with_dtype(bool_dtype)
+            .map_err(|e| e.to_string())?;
+        {
+            let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+            w.all_reduce_tensor(&m, &mut o, op)
+                .map_err(|e| e.to_string())?;
+        }
+        ensure_eq!(out.into_vec(), expect);
+    }
+    let out = Owned::new(vec![0u8; 3])
+        .with_dtype(bool_dtype)
+        .map_err(|e| e.to_string())?;
+    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+    let err = w.all_reduce_tensor(&m, &mut o, ReduceOp::Sum);
+    ensure!(
+        matches!(
+            err,
+            Err(Error::UnsupportedReduction {
+                op: ReduceOp::Sum,
+                ..
+            })
+        ),
+        "bool sum must be refused, got {err:?}"
+    );
+    Ok(())
+}
+
+fn c31_half_bits_identical(w: &SimpleCommunicator) -> Outcome {
+    let f16s: Vec<half::f16> = [1.0f32, -2.5, 65504.0, f32::NAN]
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let bf16s: Vec<half::bf16> = [1.0f32, -2.5, 3.0e38, f32::INFINITY]
+        .iter()
+        .map(|&x| half::bf16::from_f32(x))
+        .collect();
+    let a = Owned::new(f16s.clone());
+    let t = acquire(&a, &opts()).map_err(|e| e.to_string())?;
+    let got = ring_exchange(w, &t, vec![half::f16::ZERO; 4])?;
+    ensure_eq!(
+        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        f16s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    let b = Owned::new(bf16s.clone());
+    let t = acquire(&b, &opts()).map_err(|e| e.to_string())?;
+    let got = ring_exchange(w, &t, vec![half::bf16::ZERO; 4])?;
+    ensure_eq!(
+        got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        bf16s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+    let out = Owned::new(vec![half::f16::ZERO; 4]);
+    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+    let t = acquire(&a, &opts()).map_err(|e| e.to_string())?;
+    let r = w.all_reduce_tensor(&t, &mut o, ReduceOp::Sum);
+    ensure!(
+        matches!(r, Err(Error::UnsupportedReduction { .. })),
+        "float16 sum must be refused until half reductions land, got {r:?}"
+    );
+    Ok(())
+}
+
+fn c32_complex64(w: &SimpleCommunicator) -> Outcome {
+    let r = w.rank() as f32;
+    let vals: Vec<Complex32> = (0..4)
+        .map(|i| Complex32::new(i as f32 + r, -(i as f32)))
+        .collect();
+    let src = Owned::new(vals);
+    let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+    let (_, prev) = ring(w);
+    let got = ring_exchange(w, &s, vec![Complex32::new(0.0, 0.0); 4])?;
+    let expect: Vec<Complex32> = (0..4)
+        .map(|i| Complex32::new(i as f32 + prev as f32, -(i as f32)))
+        .collect();
+    ensure_eq!(got, expect);
+    let p = w.size() as f32;
+    let out = Owned::new(vec![Complex32::new(0.0, 0.0); 4]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        w.all_reduce_tensor(&s, &mut o, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    let ranks_sum = p * (p - 1.0) / 2.0;
+    let expect: Vec<Complex32> = (0..4)
+        .map(|i| Complex32::new(i as f32 * p + ranks_sum, -(i as f32) * p))
+        .collect();
+    ensure_eq!(out.into_vec(), expect);
+    let out = Owned::new(vec![Complex32::new(0.0, 0.0); 4]);
+    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+    ensure!(
+        w.all_reduce_tensor(&s, &mut o, ReduceOp::Max).is_err(),
+        "complex max must be refused"
+    );
+    Ok(())
+}
+
+fn c33_lanes_transfer_and_reduce_lane_wise(w: &SimpleCommunicator) -> Outcome {
+    let f32x4 = DType::new(2, 32).with_lanes(4);
+    let vals: Vec<f32> = (0..12).map(|i| (i * 10 + w.rank()) as f32).collect();
+    let src = Owned::new(vals)
+        .with_dtype(f32x4)
+        .map_err(|e| e.to_string())?;
+    let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+    ensure_eq!(s.num_elements(), 3);
+    let out = Owned::new(vec![0f32; 12])
+        .with_dtype(f32x4)
+        .map_err(|e| e.to_string())?;
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        let (next, prev) = ring(w);
+        w.sendrecv_tensor(&s, next, 3, &mut o, prev, 3)
+            .map_err(|e| e.to_string())?;
+    }
+    let (_, prev) = ring(w);
+    ensure_eq!(
+        out.into_vec(),
+        (0..12).map(|i| (i * 10 + prev) as f32).collect::<Vec<_>>()
+    );
+    let out = Owned::new(vec![0f32; 12])
+        .with_dtype(f32x4)
+        .map_err(|e| e.to_string())?;
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        w.all_reduce_tensor(&s, &mut o, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    let p = w.size();
+    ensure_eq!(
+        out.into_vec(),
+        (0..12)
+            .map(|i| (i * 10 * p + p * (p - 1) / 2) as f32)
+            .collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+fn c35_mpi_type_size_equals_element_size(_w: &SimpleCommunicator) -> Outcome {
+    for row in dtype::TABLE {
+        let mut size = 0;
+        // SAFETY: MPI is initialized; the handle is a predefined datatype.
+        unsafe { mpi::ffi::MPI_Type_size(row.unit.datatype().as_raw(), &mut size) };
+        let d = DType::new(row.code, row.bits);
+        ensure!(
+            usize::try_from(size).ok() == d.size_bytes(),
+            "{d} maps to {} of {size} bytes",
+            row.unit.name()
+        );
+    }
+    Ok(())
+}
+
+fn c40_read_only_send_is_untouched(w: &SimpleCommunicator) -> Outcome {
+    let vals: Vec<i64> = (0..10).collect();
+    let mut raw = RawTensor::new(&vals, (0, 64, 1));
+    raw.flags = 1;
+    let (t, _) = raw.import_v1();
+    let t = t.map_err(|e| e.to_string())?;
+    ensure_eq!(ring_exchange(w, &t, vec![0i64; 10])?, vals);
+    ensure_eq!(t.as_slice::<i64>().map_err(|e| e.to_string())?, &vals[..]);
+    Ok(())
+}
+
+fn c41_read_only_output_refused_before_mpi(w: &SimpleCommunicator) -> Outcome {
+    let ro = Owned::new(vec![5i64; 4]).read_only();
+    let src = Owned::new(vec![1i64; 4]);
+    let mut t = acquire(&ro, &opts()).map_err(|e| e.to_string())?;
+    let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+    let (_, prev) = ring(w);
+    ensure_eq!(
+        w.recv_tensor(&mut t, prev, 41).unwrap_err(),
+        Error::ReadOnly
+    );
+    ensure_eq!(
+        w.all_reduce_tensor(&s, &mut t, ReduceOp::Sum).unwrap_err(),
+        Error::ReadOnly
+    );
+    ensure_eq!(
+        w.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum)
+            .unwrap_err(),
+        Error::ReadOnly
+    );
+    // A read-only tensor may be the root of a broadcast: it is only read there.
+    if w.rank() == 0 {
+        w.broadcast_tensor(&mut t, 0).map_err(|e| e.to_string())?;
+    } else {
+        let out = Owned::new(vec![0i64; 4]);
+        {
+            let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+            w.broadcast_tensor(&mut o, 0).map_err(|e| e.to_string())?;
+        }
+        ensure_eq!(out.into_vec(), vec![5i64; 4]);
+    }
+    ensure_eq!(t.as_slice::<i64>().map_err(|e| e.to_string())?, &[5i64; 4]);
+    Ok(())
+}
+
+fn c42_is_copied(w: &SimpleCommunicator) -> Outcome {
+    let copied = Owned::new(vec![3i32, 4]).copied();
+    let mut t = acquire(&copied, &opts()).map_err(|e| e.to_string())?;
+    let (_, prev) = ring(w);
+    ensure_eq!(
+        w.recv_tensor(&mut t, prev, 42).unwrap_err(),
+        Error::IsCopied
+    );
+    ensure_eq!(ring_exchange(w, &t, vec![0i32; 2])?, vec![3, 4]);
+    Ok(())
+}
+
+fn c43_receive_size_mismatch_is_an_error_and_loses_nothing(w: &SimpleCommunicator) -> Outcome {
+    let (next, prev) = ring(w);
+    let six = Owned::new((0..6).map(|i| i + 100 * w.rank()).collect::<Vec<i32>>());
+    let s = acquire(&six, &opts()).map_err(|e| e.to_string())?;
+    let spec = SendSpec::new(&s).map_err(|e| e.to_string())?;
+    let four = Owned::new(vec![0i32; 4]);
+    let fit = Owned::new(vec![0i32; 6]);
+    let result: Outcome = mpi::request::scope(|scope| {
+        let req = w
+            .immediate_send_tensor(scope, &spec, next, 43)
+            .map_err(|e| e.to_string())?;
+        let mut small = acquire(&four, &opts()).map_err(|e| e.to_string())?;
+        let err = w.recv_tensor(&mut small, prev, 43).unwrap_err();
+        let mut right = acquire(&fit, &opts()).map_err(|e| e.to_string())?;
+        let ok = w.recv_tensor(&mut right, prev, 43);
+        req.wait();
+        match err {
+            Error::CountMismatch {
+                expected: 4,
+                actual: 6,
+                ..
+            } => {}
+            other => return Err(format!("expected CountMismatch 4 vs 6, got {other:?}")),
+        }
+        ok.map_err(|e| e.to_string())?;
+        Ok(())
+    });
+    result?;
+    let mut fit = fit;
+    ensure_eq!(
+        fit.as_slice().to_vec(),
+        (0..6).map(|i| i + 100 * prev).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+fn c44_allgatherv_with_a_zero_count(w: &SimpleCommunicator) -> Outcome {
+    let (r, p) = (i64::from(w.rank()), i64::from(w.size()));
+    let counts: Vec<i64> = (0..p).collect();
+    let displs: Vec<i64> = (0..p).map(|i| i * (i - 1) / 2).collect();
+    let total: i64 = counts.iter().sum();
+    let mine = Owned::new(vec![r as f64 + 0.5; r as usize]);
+    let s = acquire(&mine, &opts()).map_err(|e| e.to_string())?;
+    let out = Owned::new(vec![-1f64; total as usize]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        w.all_gatherv_tensor(&s, &mut o, &counts, &displs)
+            .map_err(|e| e.to_string())?;
+    }
+    let expect: Vec<f64> = (0..p)
+        .flat_map(|i| std::iter::repeat(i as f64 + 0.5).take(i as usize))
+        .collect();
+    ensure_eq!(out.into_vec(), expect);
+    Ok(())
+}
+
+fn c45_vector_counts_past_the_tensor_fail_before_mpi(w: &SimpleCommunicator) -> Outcome {
+    let p = w.size() as usize;
+    let mine = Owned::new(vec![1i32; 2]);
+    let s = acquire(&mine, &opts()).map_err(|e| e.to_string())?;
+    let out = Owned::new(vec![0i32; 2 * p]);
+    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+    let counts = vec![2i64; p];
+    let displs: Vec<i64> = (0..p as i64).map(|i| 2 * i + 1).collect(); // last block reaches past
+    let r = w.all_gatherv_tensor(&s, &mut o, &counts, &displs);
+    ensure!(matches!(r, Err(Error::OutOfBounds { .. })), "got {r:?}");
+    let r = w.all_gatherv_tensor(&s, &mut o, &counts[1..], &displs);
+    ensure!(matches!(r, Err(Error::LengthMismatch { .. })), "got {r:?}");
+    Ok(())
+}
+
+fn op_broadcast_from_every_root(w: &SimpleCommunicator) -> Outcome {
+    for root in 0..w.size() {
+        let init = if w.rank() == root {
+            vec![root as u16 + 1; 5]
+        } else {
+            vec![0u16; 5]
+        };
+        let buf = Owned::new(init);
+        {
+            let mut t = acquire(&buf, &opts()).map_err(|e| e.to_string())?;
+            w.broadcast_tensor(&mut t, root)
+                .map_err(|e| e.to_string())?;
+        }
+        ensure_eq!(buf.into_vec(), vec![root as u16 + 1; 5]);
+    }
+    Ok(())
+}
+
+fn op_reduce_gather_scatter(w: &SimpleCommunicator) -> Outcome {
+    let (r, p) = (w.rank(), w.size());
+    let root = p - 1;
+    let e = |e: Error| e.to_string();
+    // reduce (max) to the last rank
+    let mine = Owned::new(vec![r, -r, 7]);
+    let s = acquire(&mine, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0i32; 3]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        let recv: Option<&mut dyn Tensor> = if r == root { Some(&mut o) } else { None };
+        w.reduce_tensor(&s, recv, ReduceOp::Max, root).map_err(e)?;
+    }
+    if r == root {
+        ensure_eq!(out.into_vec(), vec![p - 1, 0, 7]);
+    }
+    // gather to rank 0
+    let out = Owned::new(vec![0i32; 3 * p as usize]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        let recv: Option<&mut dyn Tensor> = if r == 0 { Some(&mut o) } else { None };
+        w.gather_tensor(&s, recv, 0).map_err(e)?;
+    }
+    if r == 0 {
+        let expect: Vec<i32> = (0..p).flat_map(|i| [i, -i, 7]).collect();
+        ensure_eq!(out.into_vec(), expect);
+    }
+    // scatter from rank 0: rank i gets [10 i, 10 i + 1]
+    let all = Owned::new(
+        (0..2 * p)
+            .map(|i| 10 * (i / 2) + i % 2)
+            .collect::<Vec<i32>>(),
+    );
+    let a = acquire(&all, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0i32; 2]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        let send: Option<&dyn Tensor> = if r == 0 { Some(&a) } else { None };
+        w.scatter_tensor(send, &mut o, 0).map_err(e)?;
+    }
+    ensure_eq!(out.into_vec(), vec![10 * r, 10 * r + 1]);
+    // scatterv from rank 0: rank i gets i + 1 elements of value i
+    let counts: Vec<i64> = (0..i64::from(p)).map(|i| i + 1).collect();
+    let displs: Vec<i64> = (0..i64::from(p)).map(|i| i * (i + 1) / 2).collect();
+    let flat: Vec<i32> = (0..p)
+        .flat_map(|i| std::iter::repeat(i).take(i as usize + 1))
+        .collect();
+    let all = Owned::new(flat.clone());
+    let a = acquire(&all, &opts()).map_err(e)?;
+    let out = Owned::new(vec![-1i32; r as usize + 1]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        let send = if r == 0 {
+            Some((&a as &dyn Tensor, &counts[..], &displs[..]))
+        } else {
+            None
+        };
+        w.scatterv_tensor(send, &mut o, 0).map_err(e)?;
+    }
+    ensure_eq!(out.into_vec(), vec![r; r as usize + 1]);
+    // gatherv back to rank 0
+    let mine = Owned::new(vec![r; r as usize + 1]);
+    let m = acquire(&mine, &opts()).map_err(e)?;
+    let out = Owned::new(vec![-1i32; flat.len()]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        let recv = if r == 0 {
+            Some((&mut o as &mut dyn Tensor, &counts[..], &displs[..]))
+        } else {
+            None
+        };
+        w.gatherv_tensor(&m, recv, 0).map_err(e)?;
+    }
+    if r == 0 {
+        ensure_eq!(out.into_vec(), flat);
+    }
+    Ok(())
+}
+
+fn op_all_gather_all_to_all_reduce_scatter(w: &SimpleCommunicator) -> Outcome {
+    let (r, p) = (i64::from(w.rank()), i64::from(w.size()));
+    let e = |e: Error| e.to_string();
+    // all-gather
+    let mine = Owned::new(vec![r, r * r]);
+    let s = acquire(&mine, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0i64; 2 * p as usize]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        w.all_gather_tensor(&s, &mut o).map_err(e)?;
+    }
+    ensure_eq!(
+        out.into_vec(),
+        (0..p).flat_map(|i| [i, i * i]).collect::<Vec<_>>()
+    );
+    // all-to-all: block j sent by rank i holds 100 i + j
+    let send = Owned::new((0..p).map(|j| 100 * r + j).collect::<Vec<i64>>());
+    let s = acquire(&send, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0i64; p as usize]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        w.all_to_all_tensor(&s, &mut o).map_err(e)?;
+    }
+    ensure_eq!(
+        out.into_vec(),
+        (0..p).map(|i| 100 * i + r).collect::<Vec<_>>()
+    );
+    // all-to-allv: rank i sends j + 1 copies of (100 i + j) to rank j
+    let scounts: Vec<i64> = (0..p).map(|j| j + 1).collect();
+    let sdispls: Vec<i64> = (0..p).map(|j| j * (j + 1) / 2).collect();
+    let sflat: Vec<i64> = (0..p)
+        .flat_map(|j| std::iter::repeat(100 * r + j).take(j as usize + 1))
+        .collect();
+    let rcounts = vec![r + 1; p as usize];
+    let rdispls: Vec<i64> = (0..p).map(|i| i * (r + 1)).collect();
+    let send = Owned::new(sflat);
+    let s = acquire(&send, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0i64; (p * (r + 1)) as usize]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        w.all_to_allv_tensor(&s, &scounts, &sdispls, &mut o, &rcounts, &rdispls)
+            .map_err(e)?;
+    }
+    let expect: Vec<i64> = (0..p)
+        .flat_map(|i| std::iter::repeat(100 * i + r).take(r as usize + 1))
+        .collect();
+    ensure_eq!(out.into_vec(), expect);
+    // reduce-scatter-block (sum): element k of rank i's send is k + i
+    let send = Owned::new((0..2 * p).map(|k| (k + r) as f64).collect::<Vec<f64>>());
+    let s = acquire(&send, &opts()).map_err(e)?;
+    let out = Owned::new(vec![0f64; 2]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        w.reduce_scatter_block_tensor(&s, &mut o, ReduceOp::Sum)
+            .map_err(e)?;
+    }
+    let ranks = (p * (p - 1) / 2) as f64;
+    ensure_eq!(
+        out.into_vec(),
+        vec![(2 * r * p) as f64 + ranks, ((2 * r + 1) * p) as f64 + ranks]
+    );
+    Ok(())
+}
+
+fn op_in_place_all_reduce(w: &SimpleCommunicator) -> Outcome {
+    let (r, p) = (u64::from(w.rank() as u32), u64::from(w.size() as u32));
+    let buf = Owned::new(vec![r, 1, 1 << r]);
+    {
+        let mut t = acquire(&buf, &opts()).map_err(|e| e.to_string())?;
+        w.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    ensure_eq!(buf.into_vec(), vec![p * (p - 1) / 2, p, (1 << p) - 1]);
+    Ok(())
+}
+
+fn op_nonblocking_scope(w: &SimpleCommunicator) -> Outcome {
+    let (next, prev) = ring(w);
+    let src = Owned::new(vec![w.rank() as u8; 16]);
+    let dst = Owned::new(vec![0u8; 16]);
+    {
+        let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+        let mut d = acquire(&dst, &opts()).map_err(|e| e.to_string())?;
+        let send = SendSpec::new(&s).map_err(|e| e.to_string())?;
+        let mut recv = RecvSpec::new(&mut d).map_err(|e| e.to_string())?;
+        mpi::request::scope(|scope| -> Outcome {
+            let rr = w
+                .immediate_recv_tensor(scope, &mut recv, prev, 9)
+                .map_err(|e| e.to_string())?;
+            let sr = w
+                .immediate_send_tensor(scope, &send, next, 9)
+                .map_err(|e| e.to_string())?;
+            sr.wait();
+            rr.wait();
+            Ok(())
+        })?;
+    }
+    ensure_eq!(dst.into_vec(), vec![prev as u8; 16]);
+    Ok(())
+}
+
+fn op_specs_plug_into_plain_rsmpi(w: &SimpleCommunicator) -> Outcome {
+    let src = Owned::new(vec![w.rank() as f32 + 0.25; 3]);
+    let dst = Owned::new(vec![0f32; 3]);
+    {
+        let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+        let mut d = acquire(&dst, &opts()).map_err(|e| e.to_string())?;
+        let send = SendSpec::new(&s).map_err(|e| e.to_string())?;
+        let mut recv = RecvSpec::new(&mut d).map_err(|e| e.to_string())?;
+        w.all_reduce_into(&send, &mut recv, SystemOperation::sum());
+    }
+    let p = w.size() as f32;
+    ensure_eq!(dst.into_vec(), vec![p * (p - 1.0) / 2.0 + 0.25 * p; 3]);
+    Ok(())
+}
+
+fn local_mismatches_are_errors(w: &SimpleCommunicator) -> Outcome {
+    let p = w.size();
+    let a = Owned::new(vec![1i32; 4]);
+    let b = Owned::new(vec![1i64; 4]);
+    let c = Owned::new(vec![1i32; 3]);
+    let s = acquire(&a, &opts()).map_err(|e| e.to_string())?;
+    let mut wrong_type = acquire(&b, &opts()).map_err(|e| e.to_string())?;
+    let mut wrong_len = acquire(&c, &opts()).map_err(|e| e.to_string())?;
+    let r = w.all_reduce_tensor(&s, &mut wrong_type, ReduceOp::Sum);
+    ensure!(matches!(r, Err(Error::DtypeMismatch { .. })), "{r:?}");
+    let r = w.all_reduce_tensor(&s, &mut wrong_len, ReduceOp::Sum);
+    ensure!(
+        matches!(
+            r,
+            Err(Error::CountMismatch {
+                expected: 4,
+                actual: 3,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let r = w.send_tensor(&s, p, 0);
+    ensure_eq!(r.unwrap_err(), Error::InvalidRank { rank: p, size: p });
+    let r = w.broadcast_tensor(&mut wrong_len, -1);
+    ensure!(
+        matches!(r, Err(Error::InvalidRank { rank: -1, .. })),
+        "{r:?}"
+    );
+    Ok(())
+}
+
+type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
+
+const CASES: &[Case] = &[
+    ("c02_v0_and_v1_deliver", c02_v0_and_v1_deliver),
+    ("c06_zero_d", c06_zero_d),
+    ("c07_zero_size_everywhere", c07_zero_size_everywhere),
+    (
+        "c27_byte_offset_delivers_from_offset",
+        c27_byte_offset_delivers_from_offset,
+    ),
+    (
+        "c30_bool_transfer_and_logical_reductions",
+        c30_bool_transfer_and_logical_reductions,
+    ),
+    ("c31_half_bits_identical", c31_half_bits_identical),
+    ("c32_complex64", c32_complex64),
+    (
+        "c33_lanes_transfer_and_reduce_lane_wise",
+        c33_lanes_transfer_and_reduce_lane_wise,
+    ),
+    (
+        "c35_mpi_type_size_equals_element_size",
+        c35_mpi_type_size_equals_element_size,
+    ),
+    (
+        "c40_read_only_send_is_untouched",
+        c40_read_only_send_is_untouched,
+    ),
+    (
+        "c41_read_only_output_refused_before_mpi",
+        c41_read_only_output_refused_before_mpi,
+    ),
+    ("c42_is_copied", c42_is_copied),
+    (
+        "c43_receive_size_mismatch_is_an_error_and_loses_nothing",
+        c43_receive_size_mismatch_is_an_error_and_loses_nothing,
+    ),
+    (
+        "c44_allgatherv_with_a_zero_count",
+        c44_allgatherv_with_a_zero_count,
+    ),
+    (
+        "c45_vector_counts_past_the_tensor_fail_before_mpi",
+        c45_vector_counts_past_the_tensor_fail_before_mpi,
+    ),
+    ("op_broadcast_from_every_root", op_broadcast_from_every_root),
+    ("op_reduce_gather_scatter", op_reduce_gather_scatter),
+    (
+        "op_all_gather_all_to_all_reduce_scatter",
+        op_all_gather_all_to_all_reduce_scatter,
+    ),
+    ("op_in_place_all_reduce", op_in_place_all_reduce),
+    ("op_nonblocking_scope", op_nonblocking_scope),
+    (
+        "op_specs_plug_into_plain_rsmpi",
+        op_specs_plug_into_plain_rsmpi,
+    ),
+    ("local_mismatches_are_errors", local_mismatches_are_errors),
+];
+
+fn main() {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let universe = mpi::initialize().expect("MPI initializes once");
+    let w = universe.world();
+    let (mut passed, mut failed) = (0, 0);
+    if w.rank() == 0 {
+        println!("running multi-rank cases at {} rank(s)", w.size());
+    }
+    for (name, case) in CASES {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let outcome = case(&w);
+        if let Err(msg) = &outcome {
+            eprintln!("rank {}: {name}: {msg}", w.rank());
+        }
+        // Agree on the verdict: a case fails if it failed on any rank.
+        let mine = i32::from(outcome.is_err());
+        let mut any = 0i32;
+        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
+        if w.rank() == 0 {
+            println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
+        }
+        if any == 0 {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    if w.rank() == 0 {
+        println!();
+        println!(
+            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
+            if failed == 0 { "ok" } else { "FAILED" }
+        );
+    }
+    drop(universe);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
