@@ -16,7 +16,7 @@
 //! All counts and displacements are in DLPack elements.
 
 use mpi::datatype::{AsDatatype, Equivalence, Pointer, PointerMut};
-use mpi::point_to_point::{send_receive_into_with_tags, Status};
+use mpi::point_to_point::Status;
 use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, Rank};
@@ -129,12 +129,6 @@ pub trait TensorComm: Communicator {
         let mut r = RecvSpec::new(recv)?;
         let src = self.process_at_rank(source);
         let dst = self.process_at_rank(dest);
-        if s.len_elems() == 0 && r.len_elems() == 0 {
-            // Nothing to size-check; MPI_Sendrecv directly.
-            return Ok(send_receive_into_with_tags(
-                &s, &dst, send_tag, &mut r, &src, recv_tag,
-            ));
-        }
         mpi::request::scope(|scope| {
             let req = dst.immediate_send_with_tag(scope, &s, send_tag);
             let status = src.probe_with_tag(recv_tag);
@@ -148,15 +142,19 @@ pub trait TensorComm: Communicator {
     /// Nonblocking send inside an rsmpi scope (`MPI_Isend`, §3.7.2). Build the spec before
     /// the scope; the request borrows it, so the tensor outlives the request.
     ///
+    /// The only error is a bad rank, returned before anything is posted; check ranks before
+    /// posting several requests, because a request dropped uncompleted when `?` leaves the
+    /// scope makes rsmpi panic.
+    ///
     /// # Errors
     /// [`Error::InvalidRank`].
-    fn immediate_send_tensor<'a, Sc: Scope<'a>>(
+    fn immediate_send_tensor<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
-        spec: &'a SendSpec<'a>,
+        spec: &'a SendSpec<'t>,
         dest: Rank,
         tag: Tag,
-    ) -> Result<Request<'a, SendSpec<'a>, Sc>> {
+    ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
         check_rank(dest, self.size())?;
         Ok(self
             .process_at_rank(dest)
@@ -169,13 +167,13 @@ pub trait TensorComm: Communicator {
     ///
     /// # Errors
     /// [`Error::InvalidRank`].
-    fn immediate_recv_tensor<'a, Sc: Scope<'a>>(
+    fn immediate_recv_tensor<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
-        spec: &'a mut RecvSpec<'a>,
+        spec: &'a mut RecvSpec<'t>,
         source: Rank,
         tag: Tag,
-    ) -> Result<Request<'a, RecvSpec<'a>, Sc>> {
+    ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
         check_rank(source, self.size())?;
         Ok(self
             .process_at_rank(source)

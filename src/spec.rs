@@ -76,7 +76,8 @@ impl Described {
             ptr,
             len_elems,
             element,
-        })
+        }
+        .empty_is_null())
     }
 
     /// The elements `[displacement, displacement + count)`, bounds-checked.
@@ -84,14 +85,21 @@ impl Described {
         layout::check_range(|| what.to_string(), displacement, count, self.len_elems)?;
         let offset_bytes = displacement as usize * self.element.size_bytes();
         Ok(Described {
-            ptr: if count == 0 && displacement == 0 {
-                self.ptr
-            } else {
-                self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast()
-            },
+            ptr: self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast(),
             len_elems: count,
             element: self.element,
-        })
+        }
+        .empty_is_null())
+    }
+
+    /// An empty buffer is handed to MPI as NULL, never as the tensor's pointer: a Rust
+    /// dangling pointer for a 1-byte type is `0x1`, which *is* `MPI_IN_PLACE` in Open MPI,
+    /// and would turn a zero-count collective into an in-place one.
+    fn empty_is_null(mut self) -> Self {
+        if self.len_elems == 0 {
+            self.ptr = std::ptr::null_mut();
+        }
+        self
     }
 
     fn mpi_count(&self) -> Result<Count> {

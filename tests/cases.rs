@@ -661,3 +661,17 @@ fn ranges_are_bounds_checked() {
     ));
     assert_eq!(SendSpec::range(&t, 10, 0).unwrap().count(), 0);
 }
+
+#[test]
+fn empty_tensors_hand_mpi_a_null_pointer() {
+    // Vec::<u8>::new() has the dangling address 0x1 = Open MPI's MPI_IN_PLACE.
+    let owned = Owned::new(Vec::<u8>::new());
+    let mut t = acquire(&owned, &AcquireOptions::default()).unwrap();
+    assert!(!t.data_ptr().is_null());
+    assert!(SendSpec::new(&t).unwrap().pointer().is_null());
+    assert!(RecvSpec::new(&mut t).unwrap().pointer().is_null());
+    let full = Owned::new(vec![1u8, 2]);
+    let t = acquire(&full, &AcquireOptions::default()).unwrap();
+    assert!(SendSpec::range(&t, 2, 0).unwrap().pointer().is_null());
+    assert!(!SendSpec::range(&t, 1, 1).unwrap().pointer().is_null());
+}

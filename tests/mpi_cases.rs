@@ -423,6 +423,34 @@ fn c44_allgatherv_with_a_zero_count(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+fn empty_byte_tensors_are_not_mpi_in_place(w: &SimpleCommunicator) -> Outcome {
+    // An empty Vec<u8> has the dangling address 0x1, which is MPI_IN_PLACE in Open MPI; as a
+    // non-root gatherv send buffer that is an MPI error (abort) unless specs pass NULL.
+    let p = w.size() as usize;
+    let counts: Vec<i64> = (0..p).map(|i| i64::from(i == 0)).collect();
+    let displs = vec![0i64; p];
+    let mine = Owned::new(if w.rank() == 0 {
+        vec![42u8]
+    } else {
+        Vec::new()
+    });
+    let s = acquire(&mine, &opts()).map_err(|e| e.to_string())?;
+    let out = Owned::new(vec![0u8; 1]);
+    {
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        let recv = if w.rank() == 0 {
+            Some((&mut o as &mut dyn Tensor, &counts[..], &displs[..]))
+        } else {
+            None
+        };
+        w.gatherv_tensor(&s, recv, 0).map_err(|e| e.to_string())?;
+    }
+    if w.rank() == 0 {
+        ensure_eq!(out.into_vec(), vec![42u8]);
+    }
+    Ok(())
+}
+
 fn c45_vector_counts_past_the_tensor_fail_before_mpi(w: &SimpleCommunicator) -> Outcome {
     let p = w.size() as usize;
     let mine = Owned::new(vec![1i32; 2]);
@@ -723,6 +751,10 @@ const CASES: &[Case] = &[
     (
         "c44_allgatherv_with_a_zero_count",
         c44_allgatherv_with_a_zero_count,
+    ),
+    (
+        "empty_byte_tensors_are_not_mpi_in_place",
+        empty_byte_tensors_are_not_mpi_in_place,
     ),
     (
         "c45_vector_counts_past_the_tensor_fail_before_mpi",

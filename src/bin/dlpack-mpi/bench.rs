@@ -1,14 +1,604 @@
-//! `dlpack-mpi bench` (placeholder, being written).
+//! `dlpack-mpi bench`: ping-pong and all-reduce through dlpack-mpi next to raw rsmpi, on the
+//! same 4096-byte-aligned buffers, interleaved in one run.
+//!
+//! Four paths are timed for every size, on the very same memory:
+//!
+//! - **raw**: rsmpi on a plain `&[f32]` / `&mut [f32]` slice of the storage.
+//! - **dlpack**: the tensor is acquired once per round (untimed); every message builds its
+//!   [`SendSpec`] / [`RecvSpec`] (the per-message cost a user of the specs pays: device,
+//!   dtype, contiguity, overlap and count checks) and hands it to rsmpi
+//!   (`send`, `receive_into`, `all_reduce_into`).
+//! - **reused**: the specs are built once per round (untimed) and reused for every message:
+//!   what an MPI call through a spec costs by itself.
+//! - **checked**: [`TensorComm`] (`send_tensor` / `recv_tensor`, `all_reduce_tensor`), which
+//!   adds argument checks and, for receives, an `MPI_Probe` before the receive.
+//!
+//! Each size is warmed up, then measured for `--rounds` rounds; within a round the paths run
+//! one after the other, in an order rotated from round to round, with a barrier before
+//! each. Reported: median and best round, in µs per message (ping-pong: half the
+//! round-trip time; all-reduce: the slowest rank's time per call), and the ratios to raw.
 
+use std::io::Write;
 use std::process::ExitCode;
 
+use clap::ValueEnum;
+use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
+use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+/// Alignment of the first element of every benchmarked buffer, in bytes.
+const ALIGN: usize = 4096;
+/// Element type of every message.
+type Elem = f32;
+/// Bytes per element.
+const ELEM: usize = std::mem::size_of::<Elem>();
+/// Smallest ping-pong message, bytes.
+const PINGPONG_MIN: usize = 8;
+/// Smallest and largest all-reduce message, bytes.
+const ALLREDUCE_MIN: usize = 1 << 10;
+const ALLREDUCE_MAX: usize = 16 << 20;
+/// Sizes up to this many bytes run `--iters` iterations per round; larger ones run
+/// `iters × SCALE_REF / size` (at least `MIN_ITERS`), so every round moves about the same
+/// number of bytes.
+const SCALE_REF: usize = 16 << 10;
+const MIN_ITERS: u64 = 4;
+/// The per-message target at the smallest size, µs (best round, dlpack − raw).
+const TARGET_SMALL_US: f64 = 0.05;
+/// The ratio target at ≥ 1 MiB (dlpack / raw).
+const TARGET_LARGE_RATIO: f64 = 1.02;
+const LARGE: usize = 1 << 20;
+
+/// Which benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Op {
+    /// Ping-pong between rank 0 and rank 1 (other ranks wait at barriers).
+    Pingpong,
+    /// All-reduce (sum of f32) over all ranks.
+    Allreduce,
+    /// Both, ping-pong first.
+    All,
+}
 
 /// Options of `bench`.
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+pub struct BenchArgs {
+    /// Which benchmark to run.
+    #[arg(long, value_enum, default_value_t = Op::All)]
+    pub op: Op,
+    /// Timed rounds per size and path (median and best are reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Iterations per round for messages up to 16 KiB; larger messages run proportionally
+    /// fewer (iters × 16 KiB / size, at least 4).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: u64,
+    /// Largest message in bytes (ping-pong from 8 B, all-reduce from 1 KiB up to at most
+    /// 16 MiB); sizes are powers of two.
+    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
+    pub max_size: u64,
+}
 
-/// Runs the benchmark.
-pub fn run(_world: &SimpleCommunicator, _args: &BenchArgs) -> ExitCode {
-    ExitCode::FAILURE
+/// A path through which messages are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Raw,
+    Dlpack,
+    Reused,
+    Checked,
+}
+
+const PATHS: [Path; 4] = [Path::Raw, Path::Dlpack, Path::Reused, Path::Checked];
+
+/// Per-round times of one path at one size, µs per message.
+#[derive(Debug, Default, Clone)]
+struct Samples(Vec<f64>);
+
+impl Samples {
+    fn median(&self) -> f64 {
+        let mut v = self.0.clone();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    fn best(&self) -> f64 {
+        self.0.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// Results of one size: samples of every path, in `PATHS` order.
+#[derive(Debug)]
+struct Row {
+    bytes: usize,
+    iters: u64,
+    paths: [Samples; 4],
+}
+
+impl Row {
+    fn get(&self, p: Path) -> &Samples {
+        &self.paths[p as usize]
+    }
+
+    fn ratio_median(&self, p: Path) -> f64 {
+        self.get(p).median() / self.get(Path::Raw).median()
+    }
+
+    fn ratio_best(&self, p: Path) -> f64 {
+        self.get(p).best() / self.get(Path::Raw).best()
+    }
+}
+
+/// A `Vec<f32>` with spare room, owned by the exporter, and the element offset at which it
+/// is `ALIGN`-aligned.
+struct Aligned {
+    owned: Owned<Elem>,
+    off: usize,
+}
+
+impl Aligned {
+    fn new(max_elems: usize, fill: Elem) -> Self {
+        let mut owned = Owned::new(vec![fill; max_elems + ALIGN / ELEM]);
+        let addr = owned.as_slice().as_ptr() as usize;
+        let off_bytes = (ALIGN - addr % ALIGN) % ALIGN;
+        Aligned {
+            owned,
+            off: off_bytes / ELEM,
+        }
+    }
+
+    /// Makes the exporter hand out `n` elements starting at the aligned address, and checks
+    /// that the exported tensor and the raw slice start at the same aligned address.
+    fn set_len(self, n: usize) -> dlpack_mpi::Result<Self> {
+        let Aligned { owned, off } = self;
+        let mut owned = owned.with_layout(&[n as i64], None, (off * ELEM) as u64)?;
+        let tensor_addr = {
+            let t = acquire(&owned, &AcquireOptions::default())?;
+            t.first_element_ptr() as usize
+        };
+        let raw_addr = owned.as_slice()[off..off + n].as_ptr() as usize;
+        assert_eq!(tensor_addr, raw_addr, "tensor and raw slice differ");
+        assert_eq!(raw_addr % ALIGN, 0, "buffer not {ALIGN}-byte aligned");
+        Ok(Aligned { owned, off })
+    }
+
+    fn raw(&mut self, n: usize) -> &mut [Elem] {
+        let off = self.off;
+        &mut self.owned.as_mut_slice()[off..off + n]
+    }
+}
+
+fn iters_for(base: u64, bytes: usize) -> u64 {
+    if bytes <= SCALE_REF {
+        base
+    } else {
+        (base.saturating_mul(SCALE_REF as u64) / bytes as u64).max(MIN_ITERS)
+    }
+}
+
+fn sizes(min: usize, max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = min;
+    while s <= max {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+fn fmt_size(bytes: usize) -> String {
+    if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// One timed ping-pong run of `iters` round trips; seconds per message (half a round trip)
+/// on rank 0, 0 elsewhere.
+fn pingpong_once(
+    world: &SimpleCommunicator,
+    path: Path,
+    buf: &mut Aligned,
+    n: usize,
+    iters: u64,
+) -> dlpack_mpi::Result<f64> {
+    let rank = world.rank();
+    if rank > 1 {
+        world.barrier();
+        return Ok(0.0);
+    }
+    let other = 1 - rank;
+    let peer = world.process_at_rank(other);
+    let start;
+    match path {
+        Path::Raw => {
+            let b = buf.raw(n);
+            world.barrier();
+            start = mpi::time();
+            if rank == 0 {
+                for _ in 0..iters {
+                    peer.send(&*b);
+                    peer.receive_into(&mut *b);
+                }
+            } else {
+                for _ in 0..iters {
+                    peer.receive_into(&mut *b);
+                    peer.send(&*b);
+                }
+            }
+        }
+        Path::Dlpack => {
+            let mut t = acquire(&buf.owned, &AcquireOptions::default())?;
+            world.barrier();
+            start = mpi::time();
+            if rank == 0 {
+                for _ in 0..iters {
+                    peer.send(&SendSpec::new(&t)?);
+                    peer.receive_into(&mut RecvSpec::new(&mut t)?);
+                }
+            } else {
+                for _ in 0..iters {
+                    peer.receive_into(&mut RecvSpec::new(&mut t)?);
+                    peer.send(&SendSpec::new(&t)?);
+                }
+            }
+        }
+        Path::Reused => {
+            let mut t = acquire(&buf.owned, &AcquireOptions::default())?;
+            // One spec serves both directions: `as_send` reads the receive buffer.
+            let mut r = RecvSpec::new(&mut t)?;
+            world.barrier();
+            start = mpi::time();
+            if rank == 0 {
+                for _ in 0..iters {
+                    peer.send(&r.as_send());
+                    peer.receive_into(&mut r);
+                }
+            } else {
+                for _ in 0..iters {
+                    peer.receive_into(&mut r);
+                    peer.send(&r.as_send());
+                }
+            }
+        }
+        Path::Checked => {
+            let mut t = acquire(&buf.owned, &AcquireOptions::default())?;
+            world.barrier();
+            start = mpi::time();
+            if rank == 0 {
+                for _ in 0..iters {
+                    world.send_tensor(&t, other, 0)?;
+                    world.recv_tensor(&mut t, other, 0)?;
+                }
+            } else {
+                for _ in 0..iters {
+                    world.recv_tensor(&mut t, other, 0)?;
+                    world.send_tensor(&t, other, 0)?;
+                }
+            }
+        }
+    }
+    let elapsed = mpi::time() - start;
+    Ok(if rank == 0 {
+        elapsed / (2 * iters) as f64
+    } else {
+        0.0
+    })
+}
+
+/// One timed all-reduce run of `iters` calls; seconds per call of the slowest rank, on
+/// every rank.
+fn allreduce_once(
+    world: &SimpleCommunicator,
+    path: Path,
+    send: &mut Aligned,
+    recv: &mut Aligned,
+    n: usize,
+    iters: u64,
+) -> dlpack_mpi::Result<f64> {
+    let sum = SystemOperation::sum();
+    let start;
+    match path {
+        Path::Raw => {
+            let s = send.raw(n);
+            let r = recv.raw(n);
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                world.all_reduce_into(&*s, &mut *r, sum);
+            }
+        }
+        Path::Dlpack => {
+            let s = acquire(&send.owned, &AcquireOptions::default())?;
+            let mut r = acquire(&recv.owned, &AcquireOptions::default())?;
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                world.all_reduce_into(&SendSpec::new(&s)?, &mut RecvSpec::new(&mut r)?, sum);
+            }
+        }
+        Path::Reused => {
+            let s = acquire(&send.owned, &AcquireOptions::default())?;
+            let mut r = acquire(&recv.owned, &AcquireOptions::default())?;
+            let s = SendSpec::new(&s)?;
+            let mut r = RecvSpec::new(&mut r)?;
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                world.all_reduce_into(&s, &mut r, sum);
+            }
+        }
+        Path::Checked => {
+            let s = acquire(&send.owned, &AcquireOptions::default())?;
+            let mut r = acquire(&recv.owned, &AcquireOptions::default())?;
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                world.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)?;
+            }
+        }
+    }
+    let local = (mpi::time() - start) / iters as f64;
+    let mut slowest = 0.0f64;
+    world.all_reduce_into(&local, &mut slowest, SystemOperation::max());
+    Ok(slowest)
+}
+
+/// Warm-up, then `rounds` rounds of every path in rotated order.
+fn measure(
+    world: &SimpleCommunicator,
+    rounds: u32,
+    bytes: usize,
+    iters: u64,
+    mut once: impl FnMut(Path, u64) -> dlpack_mpi::Result<f64>,
+) -> dlpack_mpi::Result<Row> {
+    let warm = (iters / 5).max(2);
+    for p in PATHS {
+        once(p, warm)?;
+    }
+    let mut paths: [Samples; 4] = Default::default();
+    for round in 0..rounds as usize {
+        world.barrier();
+        for k in 0..PATHS.len() {
+            let p = PATHS[(round + k) % PATHS.len()];
+            let secs = once(p, iters)?;
+            paths[p as usize].0.push(secs * 1e6);
+        }
+    }
+    world.barrier();
+    Ok(Row {
+        bytes,
+        iters,
+        paths,
+    })
+}
+
+fn print_header() {
+    let mut line = format!(
+        "{:>10} {:>8} | {:>8} {:>8}",
+        "size", "iters", "raw med", "best"
+    );
+    for name in ["dlpack", "reused", "checked"] {
+        line += &format!(
+            " | {:>11} {:>8} {:>11} {:>6}",
+            format!("{name} med"),
+            "best",
+            "/raw med",
+            "best"
+        );
+    }
+    println!("{line}");
+}
+
+fn print_row(r: &Row) {
+    let w = r.get(Path::Raw);
+    let mut line = format!(
+        "{:>10} {:>8} | {:>8.3} {:>8.3}",
+        fmt_size(r.bytes),
+        r.iters,
+        w.median(),
+        w.best()
+    );
+    for p in [Path::Dlpack, Path::Reused, Path::Checked] {
+        let x = r.get(p);
+        line += &format!(
+            " | {:>11.3} {:>8.3} {:>11.4} {:>6.4}",
+            x.median(),
+            x.best(),
+            r.ratio_median(p),
+            r.ratio_best(p)
+        );
+    }
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+/// Prints the smallest-size overhead and the ≥ 1 MiB ratios against the targets.
+fn print_summary(rows: &[Row]) {
+    if let Some(first) = rows.first() {
+        let diff = first.get(Path::Dlpack).best() - first.get(Path::Raw).best();
+        let diff_med = first.get(Path::Dlpack).median() - first.get(Path::Raw).median();
+        let reused = first.get(Path::Reused).best() - first.get(Path::Raw).best();
+        let chk = first.get(Path::Checked).best() - first.get(Path::Raw).best();
+        println!(
+            "{}: dlpack − raw = {diff:+.3} µs best round, {diff_med:+.3} µs median \
+             (target: best ≤ {TARGET_SMALL_US:.3} µs: {}); reused − raw = {reused:+.3} µs, \
+             checked − raw = {chk:+.3} µs best (no target)",
+            fmt_size(first.bytes),
+            met(diff <= TARGET_SMALL_US),
+        );
+    }
+    let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= LARGE).collect();
+    if large.is_empty() {
+        println!("≥ 1 MiB: no sizes measured");
+        return;
+    }
+    let worst = |f: &dyn Fn(&Row) -> f64| {
+        large
+            .iter()
+            .map(|r| (f(r), r.bytes))
+            .fold((f64::NEG_INFINITY, 0), |a, b| if b.0 > a.0 { b } else { a })
+    };
+    let (wb, wb_at) = worst(&|r: &Row| r.ratio_best(Path::Dlpack));
+    let (wm, wm_at) = worst(&|r: &Row| r.ratio_median(Path::Dlpack));
+    println!(
+        "≥ 1 MiB: worst dlpack/raw = {wb:.4} best round (at {}), {wm:.4} median (at {}) \
+         (target ≤ {TARGET_LARGE_RATIO:.2}: best {}, median {})",
+        fmt_size(wb_at),
+        fmt_size(wm_at),
+        met(wb <= TARGET_LARGE_RATIO),
+        met(wm <= TARGET_LARGE_RATIO),
+    );
+}
+
+fn pingpong(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<()> {
+    let root = world.rank() == 0;
+    if world.size() < 2 {
+        if root {
+            println!("ping-pong: skipped (needs at least 2 ranks)\n");
+        }
+        return Ok(());
+    }
+    let max = args.max_size as usize;
+    if root {
+        println!(
+            "# ping-pong, rank 0 <-> rank 1 ({} ranks, others idle), f32, µs per message = \
+             half round trip; {} rounds; ratio = path / raw",
+            world.size(),
+            args.rounds
+        );
+        print_header();
+    }
+    let mut buf = Aligned::new(max / ELEM, 1.0);
+    let mut rows = Vec::new();
+    for bytes in sizes(PINGPONG_MIN, max) {
+        let n = bytes / ELEM;
+        buf = buf.set_len(n)?;
+        let iters = iters_for(args.iters, bytes);
+        let row = measure(world, args.rounds, bytes, iters, |p, it| {
+            pingpong_once(world, p, &mut buf, n, it)
+        })?;
+        if root {
+            print_row(&row);
+        }
+        rows.push(row);
+    }
+    if root {
+        print_summary(&rows);
+        println!();
+    }
+    Ok(())
+}
+
+fn allreduce(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<()> {
+    let root = world.rank() == 0;
+    let max = (args.max_size as usize).min(ALLREDUCE_MAX);
+    if max < ALLREDUCE_MIN {
+        if root {
+            println!("all-reduce: skipped (--max-size below 1 KiB)\n");
+        }
+        return Ok(());
+    }
+    if root {
+        println!(
+            "# all-reduce (sum, f32) over {} ranks, µs per call of the slowest rank; {} \
+             rounds; ratio = path / raw",
+            world.size(),
+            args.rounds
+        );
+        print_header();
+    }
+    let mut send = Aligned::new(max / ELEM, 1.0);
+    let mut recv = Aligned::new(max / ELEM, 0.0);
+    let mut rows = Vec::new();
+    for bytes in sizes(ALLREDUCE_MIN, max) {
+        let n = bytes / ELEM;
+        send = send.set_len(n)?;
+        recv = recv.set_len(n)?;
+        let iters = iters_for(args.iters, bytes);
+        let row = measure(world, args.rounds, bytes, iters, |p, it| {
+            allreduce_once(world, p, &mut send, &mut recv, n, it)
+        })?;
+        if root {
+            print_row(&row);
+        }
+        rows.push(row);
+    }
+    // Every path summed the same all-ones buffer: each element is the number of ranks.
+    let expected = world.size() as Elem;
+    let n = ALLREDUCE_MIN / ELEM;
+    if let Some(bad) = recv.raw(n).iter().find(|&&x| x != expected) {
+        eprintln!(
+            "dlpack-mpi bench: rank {}: all-reduce result {bad}, expected {expected}",
+            world.rank()
+        );
+    }
+    if root {
+        print_summary(&rows);
+        println!();
+    }
+    Ok(())
+}
+
+/// Runs the benchmark; prints the tables on rank 0.
+pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
+    if world.rank() == 0 {
+        let library = mpi::environment::library_version()
+            .map(|s| {
+                s.trim_end_matches(['\0', '\n'])
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        println!(
+            "dlpack-mpi {} bench: {} ranks; {library}; buffers {ALIGN}-byte aligned, shared by \
+             all paths; iters {} (up to {}), rounds {}; timer resolution {:.3} µs",
+            env!("CARGO_PKG_VERSION"),
+            world.size(),
+            args.iters,
+            fmt_size(SCALE_REF),
+            args.rounds,
+            mpi::time_resolution() * 1e6,
+        );
+        println!(
+            "paths: raw = rsmpi on &[f32] / &mut [f32]; dlpack = SendSpec/RecvSpec built per \
+             message + rsmpi; reused = specs built once per round + rsmpi; checked = \
+             TensorComm (recv_tensor probes first)\n"
+        );
+    }
+    let result = match args.op {
+        Op::Pingpong => pingpong(world, args),
+        Op::Allreduce => allreduce(world, args),
+        Op::All => pingpong(world, args).and_then(|()| allreduce(world, args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlpack-mpi bench: rank {}: {e}", world.rank());
+            world.abort(1)
+        }
+    }
 }
