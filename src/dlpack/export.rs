@@ -281,10 +281,6 @@ unsafe fn export_raw<'a>(
     unsafe { ManagedTensor::from_raw_versioned(raw) }
 }
 
-fn one_dim<T: Element>(len: usize) -> [i64; 1] {
-    [len as i64]
-}
-
 impl<T: Element> Exporter for [T] {
     fn dlpack_device(&self) -> Option<Device> {
         Some(Device::CPU)
@@ -297,7 +293,7 @@ impl<T: Element> Exporter for [T] {
             export_raw(
                 self.as_ptr() as *mut c_void,
                 T::DTYPE,
-                &one_dim::<T>(self.len()),
+                &[self.len() as i64],
                 None,
                 0,
                 FLAG_READ_ONLY,

@@ -353,8 +353,8 @@ impl<'a> ManagedTensor<'a> {
     pub fn version(&self) -> Option<(u32, u32)> {
         match self.owner {
             Owner::Legacy(_) => None,
-            // SAFETY: the guard owns a valid struct until drop.
             Owner::Versioned(p) => {
+                // SAFETY: the guard owns a valid struct until drop.
                 let v = unsafe { (*p.as_ptr()).version };
                 Some((v.major, v.minor))
             }

@@ -80,6 +80,12 @@ const SATURATING_SUM_BUG: &str = "the MPI library saturates integer sums instead
      (Open MPI op/avx, open-mpi/ompi#8045, closed as wontfix); \
      workaround: export OMPI_MCA_op=^avx";
 
+/// A binary fold of two elements.
+type Fold<S> = fn(S, S) -> S;
+
+/// A test on one element.
+type Test<S> = fn(&S) -> bool;
+
 /// One dtype: how to make its values and, if it reduces, how to fold them.
 struct Kind<S> {
     name: &'static str,
@@ -87,11 +93,11 @@ struct Kind<S> {
     /// Storage elements per DLPack element (lanes).
     per_elem: usize,
     value: fn(i64, i32) -> S,
-    reduce: Option<(ReduceOp, fn(S, S) -> S)>,
+    reduce: Option<(ReduceOp, Fold<S>)>,
     /// The saturating form of the reduction and a test for the type's bounds, to recognise
     /// [`SATURATING_SUM_BUG`]: an element whose saturating fold reaches a bound overflowed
     /// on the way, and there the library's answer depends on where it saturated.
-    saturating: Option<(fn(S, S) -> S, fn(&S) -> bool)>,
+    saturating: Option<(Fold<S>, Test<S>)>,
 }
 
 /// Runs cases for one dtype, whatever its storage type.
@@ -124,7 +130,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         Some((op, self.fold_with(f, n, p)))
     }
 
-    fn fold_with(&self, f: fn(S, S) -> S, n: i64, p: i32) -> Vec<S> {
+    fn fold_with(&self, f: Fold<S>, n: i64, p: i32) -> Vec<S> {
         let mut acc = self.values(0, n, 0);
         for r in 1..p {
             for (a, b) in acc.iter_mut().zip(self.values(r, n, 0)) {
@@ -139,13 +145,13 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
     fn compare_reduced(
         &self,
         r: i32,
-        what: &str,
         expect: &[S],
         got: &[S],
         full_len: i64,
         part: std::ops::Range<usize>,
         p: i32,
     ) -> Res<Verdict> {
+        let what = self.reduce.map_or("reduced", |(op, _)| op.name());
         match self.compare(r, what, expect, got) {
             Ok(()) => Ok(Verdict::Pass),
             Err(msg) => {
@@ -286,7 +292,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                             w.reduce_tensor(s, recv, rop, 0)
                         })?;
                         if r == 0 {
-                            return self.compare_reduced(r, rop.name(), &expect, &got, n, 0..nk, p);
+                            return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                         }
                     }
                     "allreduce" => {
@@ -294,7 +300,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                         let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
                             w.all_reduce_tensor(s, d, rop)
                         })?;
-                        return self.compare_reduced(r, rop.name(), &expect, &got, n, 0..nk, p);
+                        return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                     }
                     "allreduce-inplace" => {
                         let (_, expect) = self.fold(n, p).unwrap_or((rop, vec![]));
@@ -304,7 +310,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                             w.all_reduce_tensor_in_place(&mut t, rop).map_err(e)?;
                         }
                         let got = buf.into_vec();
-                        return self.compare_reduced(r, rop.name(), &expect, &got, n, 0..nk, p);
+                        return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                     }
                     _ => {
                         let (_, full) = self.fold(pn, p).unwrap_or((rop, vec![]));
@@ -313,7 +319,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                         })?;
                         let part = r as usize * nk..(r as usize + 1) * nk;
                         let mine = &full[part.clone()];
-                        return self.compare_reduced(r, rop.name(), mine, &got, pn, part, p);
+                        return self.compare_reduced(r, mine, &got, pn, part, p);
                     }
                 }
             }

@@ -1,0 +1,101 @@
+//! Nonblocking halo exchange inside an rsmpi scope: every rank sends a tensor to both
+//! neighbours and receives one from each with [`TensorComm::immediate_send_tensor`] and
+//! [`TensorComm::immediate_recv_tensor`].
+//!
+//! The order of declarations is the point: exporters, then DLPack guards, then specs, then
+//! the scope. A request borrows its spec, which borrows its guard, which borrows its
+//! exporter; so the borrow checker proves that the producer's memory outlives every request
+//! (moving `acquire` inside the scope, or dropping a guard before `wait`, does not compile).
+//! Tags tell the directions apart, so 1 and 2 ranks (where both neighbours coincide) work.
+//!
+//! ```text
+//! cargo build --examples
+//! mpirun -n 4 target/debug/examples/nonblocking
+//! ```
+
+use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use mpi::traits::*;
+
+const N: usize = 4;
+/// Tag of messages travelling to the right (to `rank + 1`).
+const RIGHTWARD: i32 = 1;
+/// Tag of messages travelling to the left (to `rank - 1`).
+const LEFTWARD: i32 = 2;
+
+/// What rank `r` sends in direction `tag`.
+fn payload(r: i32, tag: i32) -> Vec<f32> {
+    (0..N)
+        .map(|i| (10 * r + tag) as f32 + i as f32 / 8.0)
+        .collect()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let universe = mpi::initialize().ok_or("MPI was already initialized")?;
+    let world = universe.world();
+    let (rank, size) = (world.rank(), world.size());
+    let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
+
+    // Producers: own the memory.
+    let to_right = Owned::new(payload(rank, RIGHTWARD));
+    let to_left = Owned::new(payload(rank, LEFTWARD));
+    let from_left = Owned::new(vec![f32::NAN; N]);
+    let from_right = Owned::new(vec![f32::NAN; N]);
+    {
+        // DLPack guards: keep the producers' memory exported until they drop.
+        let opts = AcquireOptions::default();
+        let t_right = acquire(&to_right, &opts)?;
+        let t_left = acquire(&to_left, &opts)?;
+        let mut t_from_left = acquire(&from_left, &opts)?;
+        let mut t_from_right = acquire(&from_right, &opts)?;
+        // Specs: all checks happen here, before any MPI call.
+        let s_right = SendSpec::new(&t_right)?;
+        let s_left = SendSpec::new(&t_left)?;
+        let mut r_from_left = RecvSpec::new(&mut t_from_left)?;
+        let mut r_from_right = RecvSpec::new(&mut t_from_right)?;
+
+        mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
+            // Post the receives first, then the sends; the requests borrow the specs.
+            // `?` only fails on an invalid rank, and `left`/`right` are valid: a `?` after a
+            // request is posted would drop that request pending, which rsmpi turns into a panic.
+            let recvs = [
+                world.immediate_recv_tensor(scope, &mut r_from_left, left, RIGHTWARD)?,
+                world.immediate_recv_tensor(scope, &mut r_from_right, right, LEFTWARD)?,
+            ];
+            let sends = [
+                world.immediate_send_tensor(scope, &s_right, right, RIGHTWARD)?,
+                world.immediate_send_tensor(scope, &s_left, left, LEFTWARD)?,
+            ];
+            for request in recvs {
+                request.wait();
+            }
+            for request in sends {
+                request.wait();
+            }
+            Ok(())
+        })?;
+    } // Specs, then guards, are dropped here: the deleters run after every request is done.
+
+    assert_eq!(
+        from_left.into_vec(),
+        payload(left, RIGHTWARD),
+        "rank {rank}: from the left"
+    );
+    assert_eq!(
+        from_right.into_vec(),
+        payload(right, LEFTWARD),
+        "rank {rank}: from the right"
+    );
+    assert_eq!(
+        to_right.into_vec(),
+        payload(rank, RIGHTWARD),
+        "a send buffer was changed"
+    );
+
+    world.barrier();
+    if rank == 0 {
+        println!("nonblocking: OK on {size} ranks");
+    }
+    Ok(())
+}

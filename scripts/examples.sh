@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the examples and runs each one under mpirun at 1, 2, 3 and 4 ranks.
+#
+# Usage: scripts/examples.sh [--release]
+# Honours CARGO_TARGET_DIR; MPIRUN (default: mpirun), RANKS (default: "1 2 3 4") and
+# TIMEOUT (seconds per run, default: 60) may be set in the environment.
+# Prints one PASS/FAIL line per (example, ranks) and ends with "N passed, N failed";
+# exits non-zero if any run failed.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+profile=debug
+cargo_flags=()
+for arg in "$@"; do
+    case "$arg" in
+        --release) profile=release; cargo_flags+=(--release) ;;
+        *) echo "usage: $0 [--release]" >&2; exit 2 ;;
+    esac
+done
+
+examples=(ring allreduce allgatherv nonblocking)
+ranks=(${RANKS:-1 2 3 4})
+timeout_s=${TIMEOUT:-60}
+mpirun=${MPIRUN:-mpirun}
+target_dir=${CARGO_TARGET_DIR:-target}
+
+cargo build --examples "${cargo_flags[@]}"
+
+mpi_flags=(--oversubscribe)
+if [[ $(id -u) -eq 0 ]]; then
+    mpi_flags+=(--allow-run-as-root)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+
+passed=0
+failed=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for example in "${examples[@]}"; do
+    binary="$target_dir/$profile/examples/$example"
+    for n in "${ranks[@]}"; do
+        if timeout "$timeout_s" "$mpirun" "${mpi_flags[@]}" -n "$n" "$binary" >"$log" 2>&1; then
+            echo "PASS $example -n $n: $(tail -n 1 "$log")"
+            passed=$((passed + 1))
+        else
+            rc=$?
+            echo "FAIL $example -n $n (exit $rc); output:"
+            sed 's/^/    /' "$log" | tail -n 20
+            failed=$((failed + 1))
+        fi
+    done
+done
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
