@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every test: formatting and lints, unit and doc tests, the behaviour cases, the multi-rank
+# cases under mpirun at 1-4 ranks, every example at 1-4 ranks, and the check matrix at 1-4
+# ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+#
+# Usage: scripts/test.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+scripts/setup.sh
+# shellcheck source=scripts/mpi-env.sh
+source scripts/mpi-env.sh
+
+passed=0
+failed=0
+stage() {
+    local name=$1
+    shift
+    echo "== $name"
+    if "$@"; then
+        passed=$((passed + 1))
+    else
+        echo "== FAILED: $name"
+        failed=$((failed + 1))
+    fi
+}
+
+mpi_cases_at() {
+    local bin
+    bin=$(cargo test --test mpi_cases --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mpi_cases":
+        print(m["executable"])')
+    timeout 300 mpirun "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
+}
+
+check_at() {
+    timeout 300 mpirun "${MPIRUN_FLAGS[@]}" -n "$1" target/debug/dlpack-mpi check -q
+}
+
+stage "cargo fmt --check" cargo fmt --all -- --check
+stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
+stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" cargo test
+for n in 2 3 4; do
+    stage "multi-rank cases at $n ranks" mpi_cases_at "$n"
+done
+stage "examples at 1-4 ranks" scripts/examples.sh
+cargo build --bin dlpack-mpi
+for n in 1 2 3 4; do
+    stage "dlpack-mpi check at $n ranks" check_at "$n"
+done
+
+echo
+echo "test.sh: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
