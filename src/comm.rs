@@ -41,6 +41,14 @@ fn check_rank(rank: Rank, size: Rank) -> Result<()> {
     }
 }
 
+fn check_tag(tag: Tag) -> Result<()> {
+    if tag >= 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidTag { tag })
+    }
+}
+
 fn check_same_dtype(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
     if s.dtype() == r.dtype() {
         Ok(())
@@ -82,9 +90,10 @@ pub trait TensorComm: Communicator {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
     ///
     /// # Errors
-    /// [`Error::InvalidRank`] and the errors of [`SendSpec::new`].
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`] and the errors of [`SendSpec::new`].
     fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
         check_rank(dest, self.size())?;
+        check_tag(tag)?;
         let spec = SendSpec::new(tensor)?;
         self.process_at_rank(dest).send_with_tag(&spec, tag);
         Ok(())
@@ -97,9 +106,10 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::CountMismatch`] naming the expected and arriving element counts (the
     /// message stays unreceived: a later receive with a fitting tensor gets it);
-    /// [`Error::InvalidRank`]; the errors of [`RecvSpec::new`].
+    /// [`Error::InvalidRank`]; [`Error::InvalidTag`]; the errors of [`RecvSpec::new`].
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
         check_rank(source, self.size())?;
+        check_tag(tag)?;
         let mut spec = RecvSpec::new(tensor)?;
         let process = self.process_at_rank(source);
         let status = process.probe_with_tag(tag);
@@ -125,6 +135,8 @@ pub trait TensorComm: Communicator {
     ) -> Result<Status> {
         check_rank(dest, self.size())?;
         check_rank(source, self.size())?;
+        check_tag(send_tag)?;
+        check_tag(recv_tag)?;
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
         let src = self.process_at_rank(source);
@@ -147,7 +159,7 @@ pub trait TensorComm: Communicator {
     /// scope makes rsmpi panic.
     ///
     /// # Errors
-    /// [`Error::InvalidRank`].
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`].
     fn immediate_send_tensor<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
@@ -156,6 +168,7 @@ pub trait TensorComm: Communicator {
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
         check_rank(dest, self.size())?;
+        check_tag(tag)?;
         Ok(self
             .process_at_rank(dest)
             .immediate_send_with_tag(scope, spec, tag))
@@ -166,7 +179,7 @@ pub trait TensorComm: Communicator {
     /// sizes are agreed (or use [`TensorComm::recv_tensor`]).
     ///
     /// # Errors
-    /// [`Error::InvalidRank`].
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`].
     fn immediate_recv_tensor<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
@@ -175,6 +188,7 @@ pub trait TensorComm: Communicator {
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
         check_rank(source, self.size())?;
+        check_tag(tag)?;
         Ok(self
             .process_at_rank(source)
             .immediate_receive_into_with_tag(scope, spec, tag))

@@ -245,6 +245,13 @@ pub enum Error {
         size: i32,
     },
 
+    /// A message tag outside `0..=MPI_TAG_UB` (MPI-4.1 §3.2.3: tags are non-negative).
+    #[error("tag {tag} is negative: MPI tags are in 0..=MPI_TAG_UB")]
+    InvalidTag {
+        /// The tag given.
+        tag: i32,
+    },
+
     /// A shape or dtype given to a constructor does not match the data it describes.
     #[error("shape/data mismatch: {what}: shape needs {expected} bytes, data has {actual}")]
     ShapeMismatch {

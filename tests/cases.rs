@@ -672,3 +672,26 @@ fn empty_tensors_hand_mpi_a_null_pointer() {
     assert!(SendSpec::range(&t, 2, 0).unwrap().pointer().is_null());
     assert!(!SendSpec::range(&t, 1, 1).unwrap().pointer().is_null());
 }
+
+#[test]
+fn counts_beyond_mpi_int_are_refused_not_truncated() {
+    // 3e9 one-byte elements: the MPI int count would be negative if truncated. The spec is
+    // refused before anything reads the (small) storage.
+    let raw = RawTensor::new(&[0u8; 8], (1, 8, 1)).shape(&[3_000_000_000], Some(&[1]));
+    let (t, c) = raw.import_v1();
+    let t = t.unwrap();
+    assert_eq!(
+        SendSpec::new(&t).unwrap_err(),
+        Error::CountTooLarge {
+            count: 3_000_000_000
+        }
+    );
+    // Lanes multiply the unit count: 2^29 float32x4 elements are 2^31 MPI units.
+    let raw = RawTensor::new(&[0f32; 4], (2, 32, 4)).shape(&[1 << 29], Some(&[1]));
+    let (t4, _) = raw.import_v1();
+    assert!(
+        matches!(SendSpec::new(&t4.unwrap()), Err(Error::CountTooLarge { count }) if count == 1 << 31)
+    );
+    drop(t);
+    assert_eq!(c.get(), 1);
+}

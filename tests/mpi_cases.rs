@@ -700,6 +700,14 @@ fn local_mismatches_are_errors(w: &SimpleCommunicator) -> Outcome {
     );
     let r = w.send_tensor(&s, p, 0);
     ensure_eq!(r.unwrap_err(), Error::InvalidRank { rank: p, size: p });
+    ensure_eq!(
+        w.send_tensor(&s, 0, -5).unwrap_err(),
+        Error::InvalidTag { tag: -5 }
+    );
+    ensure_eq!(
+        w.recv_tensor(&mut wrong_len, 0, -1).unwrap_err(),
+        Error::InvalidTag { tag: -1 }
+    );
     let r = w.broadcast_tensor(&mut wrong_len, -1);
     ensure!(
         matches!(r, Err(Error::InvalidRank { rank: -1, .. })),
