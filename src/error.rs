@@ -252,6 +252,29 @@ pub enum Error {
         tag: i32,
     },
 
+    /// The first element is not aligned for the Rust type asked for (DLPack does not promise
+    /// alignment: `byte_offset` may be any number of bytes).
+    #[error("first element at address {address:#x} is not aligned to {align} bytes")]
+    Misaligned {
+        /// Address of the first element.
+        address: usize,
+        /// Alignment the type needs.
+        align: usize,
+    },
+
+    /// An exporter's layout reaches outside its storage.
+    #[error(
+        "layout reaches bytes [{first_byte}, {end_byte}) of a storage of {storage_bytes} bytes"
+    )]
+    LayoutOutsideStorage {
+        /// Lowest byte an element touches, relative to the storage start (negative = before).
+        first_byte: i128,
+        /// One past the highest byte an element touches.
+        end_byte: i128,
+        /// Size of the storage in bytes.
+        storage_bytes: u64,
+    },
+
     /// A shape or dtype given to a constructor does not match the data it describes.
     #[error("shape/data mismatch: {what}: shape needs {expected} bytes, data has {actual}")]
     ShapeMismatch {

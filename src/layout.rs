@@ -65,6 +65,18 @@ pub fn compact_strides(shape: &[i64]) -> Result<Vec<i64>> {
     Ok(strides)
 }
 
+fn check_strides_len(shape: &[i64], strides: &[i64]) -> Result<()> {
+    if shape.len() == strides.len() {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch {
+            what: "strides",
+            expected: shape.len(),
+            actual: strides.len(),
+        })
+    }
+}
+
 /// Checks that the layout is C-contiguous: the elements, visited in row-major logical order,
 /// sit at consecutive element offsets. Axes of extent ≤ 1 are ignored (their stride never
 /// moves the address: CASES C20), and an empty tensor is contiguous whatever its strides
@@ -72,11 +84,13 @@ pub fn compact_strides(shape: &[i64]) -> Result<Vec<i64>> {
 ///
 /// # Errors
 /// [`Error::NonContiguous`] naming the innermost axis whose stride breaks contiguity, its
-/// stride and the expected one (elements).
+/// stride and the expected one (elements); [`Error::LengthMismatch`] when `strides` has not
+/// one entry per axis.
 pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
     let Some(strides) = strides else {
         return Ok(());
     };
+    check_strides_len(shape, strides)?;
     if shape.contains(&0) {
         return Ok(());
     }
@@ -110,11 +124,12 @@ pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> 
 ///
 /// # Errors
 /// [`Error::Overlap`] naming the axis, extent and stride; [`Error::Overflow`] if the reach
-/// does not fit `i64`.
+/// does not fit `i64`; [`Error::LengthMismatch`] when `strides` has not one entry per axis.
 pub fn check_no_overlap(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
     let Some(strides) = strides else {
         return Ok(());
     };
+    check_strides_len(shape, strides)?;
     if shape.contains(&0) {
         return Ok(());
     }

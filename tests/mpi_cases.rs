@@ -193,14 +193,14 @@ fn c31_half_bits_identical(w: &SimpleCommunicator) -> Outcome {
         .iter()
         .map(|&x| half::bf16::from_f32(x))
         .collect();
-    let a = Owned::new(f16s.clone());
+    let a = Owned::new(f16s.clone()).read_only();
     let t = acquire(&a, &opts()).map_err(|e| e.to_string())?;
     let got = ring_exchange(w, &t, vec![half::f16::ZERO; 4])?;
     ensure_eq!(
         got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         f16s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     );
-    let b = Owned::new(bf16s.clone());
+    let b = Owned::new(bf16s.clone()).read_only();
     let t = acquire(&b, &opts()).map_err(|e| e.to_string())?;
     let got = ring_exchange(w, &t, vec![half::bf16::ZERO; 4])?;
     ensure_eq!(

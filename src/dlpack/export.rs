@@ -19,6 +19,7 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicIsize, Ordering};
 
 use super::{
     DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor, Tensor, FLAG_IS_COPIED,
@@ -217,38 +218,104 @@ pub fn acquire<'e, E: Exporter + ?Sized>(
     Ok(tensor)
 }
 
+/// Borrow state of an exporter's storage, so that the built-in writable exporters follow
+/// Rust's rule even though `__dlpack__` takes `&self`: any number of read-only exports, or
+/// one writable export, alive at a time. `0` = none, `n > 0` = `n` read-only, `-1` = one
+/// writable. Atomic because a `ManagedTensor` may be dropped on another thread.
+#[derive(Debug, Default)]
+struct Lease(AtomicIsize);
+
+impl Lease {
+    fn take(&self, writable: bool) -> Result<()> {
+        let busy = |now: isize| {
+            Error::Export(format!(
+                "storage is already exported ({}); drop that tensor first",
+                if now < 0 {
+                    "writable".to_string()
+                } else {
+                    format!("{now} read-only")
+                }
+            ))
+        };
+        let mut now = self.0.load(Ordering::Acquire);
+        loop {
+            let next = match (writable, now) {
+                (true, 0) => -1,
+                (false, n) if n >= 0 => n + 1,
+                _ => return Err(busy(now)),
+            };
+            match self
+                .0
+                .compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(()),
+                Err(actual) => now = actual,
+            }
+        }
+    }
+
+    fn give_back(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(if n < 0 { 0 } else { (n - 1).max(0) })
+            });
+    }
+}
+
 /// The heap block behind every tensor the built-in exporters hand out: the versioned struct
-/// first (so the deleter can cast back), then the arrays it points to.
+/// first (so the deleter can cast back), then the arrays it points to and the lease it holds.
 #[repr(C)]
 struct Exported {
     managed: DLManagedTensorVersioned,
     shape: Box<[i64]>,
     strides: Option<Box<[i64]>>,
+    lease: Option<NonNull<Lease>>,
 }
 
 unsafe extern "C" fn delete_exported(p: *mut DLManagedTensorVersioned) {
     if !p.is_null() {
         // SAFETY: `p` is the first field of a Box<Exported> leaked by `export_raw`, and the
         // guard calls this exactly once.
-        drop(unsafe { Box::from_raw(p.cast::<Exported>()) });
+        let block = unsafe { Box::from_raw(p.cast::<Exported>()) };
+        if let Some(lease) = block.lease {
+            // SAFETY: the lease lives in the exporter, which the tensor borrows, so it is
+            // still alive while the tensor is dropped.
+            unsafe { lease.as_ref() }.give_back();
+        }
     }
 }
 
-/// Describes a tensor over memory the caller keeps alive for `'a`.
-///
-/// # Safety
-/// `data` (with `byte_offset`, `shape`, `strides` and `dtype`) must describe memory valid
-/// for `'a`, writable unless `flags` has `READ_ONLY`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn export_raw<'a>(
-    data: *mut c_void,
+/// What a built-in exporter describes: dtype, shape, strides, byte offset, flags, device.
+#[derive(Debug, Clone)]
+struct ExportLayout {
     dtype: DType,
-    shape: &[i64],
-    strides: Option<&[i64]>,
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
     byte_offset: u64,
     flags: u64,
     device: Device,
+}
+
+/// Describes a tensor over memory the caller keeps alive for `'a`; with a `lease`, the
+/// export is refused while it conflicts with another live export of the same storage.
+///
+/// # Safety
+/// `data` (with the layout) must describe memory valid for `'a`, writable unless `flags`
+/// has `READ_ONLY`; `lease`, if given, must outlive the returned tensor.
+unsafe fn export_raw<'a>(
+    data: *mut c_void,
+    l: &ExportLayout,
+    lease: Option<&Lease>,
 ) -> Result<ManagedTensor<'a>> {
+    let ndim = i32::try_from(l.shape.len()).map_err(|_| Error::InvalidTensor {
+        field: "ndim".into(),
+        value: l.shape.len() as i128,
+        reason: "more axes than DLPack's int32 ndim holds",
+    })?;
+    if let Some(lease) = lease {
+        lease.take(l.flags & FLAG_READ_ONLY == 0)?;
+    }
     let mut block = Box::new(Exported {
         managed: DLManagedTensorVersioned {
             version: DLPackVersion {
@@ -257,27 +324,28 @@ unsafe fn export_raw<'a>(
             },
             manager_ctx: std::ptr::null_mut(),
             deleter: Some(delete_exported),
-            flags,
+            flags: l.flags,
             dl_tensor: DLTensor {
                 data,
-                device: device.into(),
-                ndim: shape.len() as i32,
-                dtype: dtype.into(),
+                device: l.device.into(),
+                ndim,
+                dtype: l.dtype.into(),
                 shape: std::ptr::null_mut(),
                 strides: std::ptr::null_mut(),
-                byte_offset,
+                byte_offset: l.byte_offset,
             },
         },
-        shape: shape.into(),
-        strides: strides.map(Into::into),
+        shape: l.shape.as_slice().into(),
+        strides: l.strides.as_deref().map(Into::into),
+        lease: lease.map(NonNull::from),
     });
     block.managed.dl_tensor.shape = block.shape.as_mut_ptr();
     if let Some(s) = block.strides.as_mut() {
         block.managed.dl_tensor.strides = s.as_mut_ptr();
     }
     let raw = Box::into_raw(block).cast::<DLManagedTensorVersioned>();
-    // SAFETY: a freshly built versioned struct with a deleter that frees it; the arrays live
-    // in the same block; the caller vouches for the data.
+    // SAFETY: a freshly built versioned struct with a deleter that frees it (and gives the
+    // lease back); the arrays live in the same block; the caller vouches for the data.
     unsafe { ManagedTensor::from_raw_versioned(raw) }
 }
 
@@ -288,18 +356,12 @@ impl<T: Element> Exporter for [T] {
 
     /// Exports the slice as a 1-d, `READ_ONLY` tensor (a shared borrow cannot be written).
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
+        let layout = ExportLayout {
+            flags: FLAG_READ_ONLY,
+            ..ExportLayout::dense::<T>(self.len())
+        };
         // SAFETY: the slice is valid for the borrow; READ_ONLY keeps it from being written.
-        unsafe {
-            export_raw(
-                self.as_ptr() as *mut c_void,
-                T::DTYPE,
-                &[self.len() as i64],
-                None,
-                0,
-                FLAG_READ_ONLY,
-                Device::CPU,
-            )
-        }
+        unsafe { export_raw(self.as_ptr() as *mut c_void, &layout, None) }
     }
 }
 
@@ -312,18 +374,6 @@ impl<T: Element> Exporter for Vec<T> {
     fn dlpack(&self, request: &ExportRequest) -> Result<ManagedTensor<'_>> {
         self.as_slice().dlpack(request)
     }
-}
-
-/// The layout an [`Owned`] or [`SliceMut`] exports: dtype, shape, strides, byte offset,
-/// flags and device label.
-#[derive(Debug, Clone)]
-struct ExportLayout {
-    dtype: DType,
-    shape: Vec<i64>,
-    strides: Option<Vec<i64>>,
-    byte_offset: u64,
-    flags: u64,
-    device: Device,
 }
 
 impl ExportLayout {
@@ -339,46 +389,56 @@ impl ExportLayout {
     }
 
     /// Checks that every element of the layout lies inside `storage_bytes` bytes.
-    fn check_within(&self, storage_bytes: usize, what: &'static str) -> Result<()> {
+    fn check_within(&self, storage_bytes: usize) -> Result<()> {
         let elem = self.dtype.size_bytes().ok_or(Error::UnsupportedDtype {
             dtype: self.dtype,
             reason: "exporters need a whole number of bytes per element",
         })?;
         let n = layout::num_elements(&self.shape)?;
+        let strides = match &self.strides {
+            Some(s) if s.len() != self.shape.len() => {
+                return Err(Error::LengthMismatch {
+                    what: "strides",
+                    expected: self.shape.len(),
+                    actual: s.len(),
+                })
+            }
+            Some(s) => s.clone(),
+            None => layout::compact_strides(&self.shape)?,
+        };
         if n == 0 {
             return Ok(());
         }
-        let strides = match &self.strides {
-            Some(s) => {
-                if s.len() != self.shape.len() {
-                    return Err(Error::LengthMismatch {
-                        what: "strides",
-                        expected: self.shape.len(),
-                        actual: s.len(),
-                    });
-                }
-                s.clone()
-            }
-            None => layout::compact_strides(&self.shape)?,
+        let overflow = |lhs: i128, op: &'static str, rhs: i128| Error::Overflow {
+            quantity: "exported layout extent",
+            lhs,
+            operator: op,
+            rhs,
         };
-        // Lowest and highest element offsets, in elements, relative to the first element.
+        // Lowest and highest element offsets relative to the first element, in elements.
         let (mut lo, mut hi) = (0i128, 0i128);
         for (&n, &s) in self.shape.iter().zip(&strides) {
-            let reach = i128::from(s) * i128::from(n - 1);
-            if reach < 0 {
-                lo += reach;
-            } else {
-                hi += reach;
-            }
+            let reach = i128::from(s)
+                .checked_mul(i128::from(n - 1))
+                .ok_or_else(|| overflow(s.into(), "*", (n - 1).into()))?;
+            let side = if reach < 0 { &mut lo } else { &mut hi };
+            *side = side
+                .checked_add(reach)
+                .ok_or_else(|| overflow(*side, "+", reach))?;
         }
-        let first = i128::from(self.byte_offset);
-        let lo_byte = first + lo * elem as i128;
-        let end_byte = first + (hi + 1) * elem as i128;
-        if lo_byte < 0 || end_byte > storage_bytes as i128 {
-            return Err(Error::ShapeMismatch {
-                what,
-                expected: end_byte.max(0) as u64,
-                actual: storage_bytes as u64,
+        let bytes = |elems: i128| {
+            elems
+                .checked_mul(elem as i128)
+                .and_then(|b| b.checked_add(i128::from(self.byte_offset)))
+                .ok_or_else(|| overflow(elems, "*", elem as i128))
+        };
+        let first_byte = bytes(lo)?;
+        let end_byte = bytes(hi.checked_add(1).ok_or_else(|| overflow(hi, "+", 1))?)?;
+        if first_byte < 0 || end_byte > storage_bytes as i128 {
+            return Err(Error::LayoutOutsideStorage {
+                first_byte,
+                end_byte,
+                storage_bytes: storage_bytes as u64,
             });
         }
         Ok(())
@@ -404,10 +464,13 @@ pub struct Owned<T: AnyBits> {
     ptr: NonNull<T>,
     len: usize,
     layout: ExportLayout,
+    lease: Lease,
 }
 
 // SAFETY: Owned owns its Box<[T]> like a Vec does.
 unsafe impl<T: AnyBits + Send> Send for Owned<T> {}
+// SAFETY: shared access only exports tensors, serialized by the atomic lease.
+unsafe impl<T: AnyBits + Sync> Sync for Owned<T> {}
 
 impl<T: AnyBits> Owned<T> {
     /// Takes ownership of `data`; exports it as a 1-d tensor of `data.len()` elements.
@@ -419,6 +482,7 @@ impl<T: AnyBits> Owned<T> {
             ptr,
             len,
             layout: ExportLayout::dense::<T>(len),
+            lease: Lease::default(),
         }
     }
 
@@ -447,7 +511,7 @@ impl<T: AnyBits> Owned<T> {
         l.shape = shape.to_vec();
         l.strides = strides_elems.map(<[i64]>::to_vec);
         l.byte_offset = byte_offset_bytes;
-        l.check_within(self.storage_bytes(), "Owned::with_layout")?;
+        l.check_within(self.storage_bytes())?;
         self.layout = l;
         Ok(self)
     }
@@ -517,7 +581,8 @@ impl<T: AnyBits> Owned<T> {
         // SAFETY: rebuilds the Box<[T]> leaked in `new`; ManuallyDrop prevents a double free.
         let boxed =
             unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len)) };
-        // SAFETY: read the layout out of the ManuallyDrop so its Vecs are freed.
+        // SAFETY: read the layout out of the ManuallyDrop so its Vecs are freed (the lease is
+        // a plain atomic integer: nothing to free).
         drop(unsafe { std::ptr::read(&me.layout) });
         boxed.into_vec()
     }
@@ -544,30 +609,31 @@ impl<T: AnyBits> Exporter for Owned<T> {
         Some(self.layout.device)
     }
 
+    /// Exports the storage; writable unless [`Owned::read_only`]. While a writable tensor is
+    /// alive, every other export is refused ([`Error::Export`]), and a writable export is
+    /// refused while any tensor is alive: two live tensors never alias writably.
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
-        let l = &self.layout;
         // SAFETY: the layout was checked to stay inside the storage, which lives as long as
-        // `&self`; the pointer comes from the owning Box, so writes through it are allowed.
-        unsafe {
-            export_raw(
-                self.ptr.as_ptr().cast(),
-                l.dtype,
-                &l.shape,
-                l.strides.as_deref(),
-                l.byte_offset,
-                l.flags,
-                l.device,
-            )
-        }
+        // `&self`; the pointer comes from the owning Box, so writes through it are allowed;
+        // the lease lives in `self`.
+        unsafe { export_raw(self.ptr.as_ptr().cast(), &self.layout, Some(&self.lease)) }
     }
 }
 
-/// A writable exporter over a borrowed `&mut [T]` (1-d, or any shape that fits).
+/// A writable exporter over a borrowed `&mut [T]` (1-d, or any shape that fits). Like
+/// [`Owned`], it hands out one writable tensor or several read-only ones at a time.
 pub struct SliceMut<'a, T: AnyBits> {
     ptr: NonNull<T>,
+    len: usize,
     layout: ExportLayout,
+    lease: Lease,
     _borrow: PhantomData<&'a mut [T]>,
 }
+
+// SAFETY: holds an exclusive borrow of [T], like &mut [T].
+unsafe impl<T: AnyBits + Send> Send for SliceMut<'_, T> {}
+// SAFETY: shared access only exports tensors, serialized by the atomic lease.
+unsafe impl<T: AnyBits + Sync> Sync for SliceMut<'_, T> {}
 
 impl<'a, T: AnyBits> SliceMut<'a, T> {
     /// Exports `data` as a writable 1-d tensor.
@@ -575,20 +641,23 @@ impl<'a, T: AnyBits> SliceMut<'a, T> {
         let len = data.len();
         SliceMut {
             ptr: NonNull::new(data.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            len,
             layout: ExportLayout::dense::<T>(len),
+            lease: Lease::default(),
             _borrow: PhantomData,
         }
     }
 
-    /// Exports with `shape` (compact row-major).
+    /// Exports with `shape` (compact row-major), which must fit in the slice.
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`] when the shape needs more elements than the slice has.
+    /// [`Error::LayoutOutsideStorage`] when the shape needs more elements than the slice
+    /// has; [`Error::InvalidTensor`]/[`Error::Overflow`] for a bad shape.
     pub fn with_shape(mut self, shape: &[i64]) -> Result<Self> {
         let mut l = self.layout.clone();
         l.shape = shape.to_vec();
-        let bytes = (self.layout.shape[0] as usize) * std::mem::size_of::<T>();
-        l.check_within(bytes, "SliceMut::with_shape")?;
+        l.strides = None;
+        l.check_within(self.len * std::mem::size_of::<T>())?;
         self.layout = l;
         Ok(self)
     }
@@ -599,20 +668,11 @@ impl<T: AnyBits> Exporter for SliceMut<'_, T> {
         Some(Device::CPU)
     }
 
+    /// As [`Owned`]'s export: one writable tensor at a time.
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
-        let l = &self.layout;
-        // SAFETY: the pointer comes from the exclusive borrow held for 'a, outliving `&self`.
-        unsafe {
-            export_raw(
-                self.ptr.as_ptr().cast(),
-                l.dtype,
-                &l.shape,
-                l.strides.as_deref(),
-                l.byte_offset,
-                l.flags,
-                Device::CPU,
-            )
-        }
+        // SAFETY: the pointer comes from the exclusive borrow held for 'a, outliving `&self`;
+        // the layout was checked against the slice; the lease lives in `self`.
+        unsafe { export_raw(self.ptr.as_ptr().cast(), &self.layout, Some(&self.lease)) }
     }
 }
 

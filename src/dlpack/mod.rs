@@ -25,7 +25,7 @@ pub use dlpack_rs::ffi::{
 };
 
 use crate::device::Device;
-use crate::dtype::{AnyBits, DType, Element};
+use crate::dtype::{AnyBits, DType};
 use crate::error::{Error, Result};
 use crate::layout;
 
@@ -143,12 +143,17 @@ pub trait Tensor: sealed::Sealed {
         self.flags() & FLAG_IS_COPIED != 0
     }
 
-    /// The elements as a slice, for a C-contiguous host tensor of dtype `T::DTYPE`.
+    /// The elements as a slice, for a C-contiguous host tensor of dtype `T::DTYPE` whose
+    /// first element is aligned for `T` (DLPack does not promise alignment).
+    ///
+    /// `T` must accept every bit pattern ([`AnyBits`]): the bytes come from a foreign
+    /// producer or an MPI peer. Read booleans as `u8` (allowed for the bool dtype).
     ///
     /// # Errors
     /// [`Error::DtypeMismatch`] if the dtype is not `T`'s; [`Error::UnsupportedDevice`] for
-    /// non-host memory; [`Error::NonContiguous`] for strided layouts.
-    fn as_slice<T: Element>(&self) -> Result<&[T]>
+    /// non-host memory; [`Error::NonContiguous`] for strided layouts; [`Error::Misaligned`];
+    /// [`Error::Overflow`] when the span does not fit the address space.
+    fn as_slice<T: AnyBits>(&self) -> Result<&[T]>
     where
         Self: Sized,
     {
@@ -156,8 +161,9 @@ pub trait Tensor: sealed::Sealed {
         if n == 0 {
             return Ok(&[]);
         }
-        // SAFETY: checked: host memory, contiguous, dtype of size_of::<T>, n elements from
-        // the first element, and the producer keeps it alive while `self` is borrowed.
+        // SAFETY: checked: host memory, contiguous, dtype of size_of::<T>, aligned, n
+        // elements from the first one within isize::MAX bytes; the producer keeps them alive
+        // and unwritten while `self` is borrowed (the constructors' contracts).
         Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<T>(), n) })
     }
 
@@ -178,13 +184,18 @@ pub trait Tensor: sealed::Sealed {
             return Ok(&mut []);
         }
         // SAFETY: as in as_slice; `&mut self` makes this the only access through the tensor,
-        // and T accepts every bit pattern.
+        // the constructors' contracts exclude other writers and readers while it is used
+        // mutably, and T accepts every bit pattern.
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<T>(), n) })
     }
 }
 
-fn checked_host_elements<T: Element, S: Tensor>(t: &S) -> Result<(*mut c_void, usize)> {
-    if t.dtype() != T::DTYPE {
+fn checked_host_elements<T: AnyBits, S: Tensor>(t: &S) -> Result<(*mut c_void, usize)> {
+    // Booleans are read as their bytes (u8): any byte may arrive, and not every byte is a
+    // valid Rust bool.
+    let bool_as_bytes = t.dtype() == DType::new(crate::dtype::code::BOOL, 8)
+        && T::DTYPE == DType::new(crate::dtype::code::UINT, 8);
+    if t.dtype() != T::DTYPE && !bool_as_bytes {
         return Err(Error::DtypeMismatch {
             what: "tensor vs requested element type",
             left: t.dtype(),
@@ -193,8 +204,28 @@ fn checked_host_elements<T: Element, S: Tensor>(t: &S) -> Result<(*mut c_void, u
     }
     t.device().check_host_accessible()?;
     layout::check_c_contiguous(t.shape(), t.strides_elems())?;
-    let n = usize::try_from(t.num_elements()).map_err(|_| Error::CountTooLarge { count: 0 })?;
-    Ok((t.first_element_ptr(), n))
+    let n = t.num_elements();
+    let span = layout::byte_span(n, std::mem::size_of::<T>())?;
+    let ptr = t.first_element_ptr();
+    if n == 0 {
+        return Ok((ptr, 0));
+    }
+    let address = ptr as usize;
+    if address % std::mem::align_of::<T>() != 0 {
+        return Err(Error::Misaligned {
+            address,
+            align: std::mem::align_of::<T>(),
+        });
+    }
+    if span > isize::MAX as usize || address.checked_add(span).is_none() {
+        return Err(Error::Overflow {
+            quantity: "first element + byte span",
+            lhs: address as i128,
+            operator: "+",
+            rhs: span as i128,
+        });
+    }
+    Ok((ptr, n as usize))
 }
 
 /// Checks the fields of a `DLTensor` that every consumer relies on.
@@ -296,7 +327,10 @@ impl<'a> ManagedTensor<'a> {
     /// `ptr` must be NULL or point to a valid `DLManagedTensor` whose ownership passes to the
     /// returned guard (nobody else calls its deleter); its `shape` and `strides` (when
     /// non-NULL) must point to `ndim` values; `data`, when the tensor is used, must be valid
-    /// for the bytes its shape, strides, dtype and `byte_offset` describe, for `'a`.
+    /// for the bytes its shape, strides, dtype and `byte_offset` describe, for `'a`. While
+    /// the guard lives nothing else writes those bytes, and while it is used as a receive
+    /// buffer (or through `as_mut_slice`) nothing else reads them either: the producer lends
+    /// the tensor to this consumer, as DLPack intends.
     ///
     /// # Errors
     /// [`Error::NullPointer`] for a NULL `ptr`; any validation error of [`Tensor`] (the
@@ -435,8 +469,8 @@ impl<'a> TensorView<'a> {
     ///
     /// # Safety
     /// `ptr` must be NULL or point to a valid `DLTensor` whose `shape`, `strides` and data
-    /// stay valid and unchanged for `'a`. If the view is used as a receive buffer, nothing
-    /// else may read or write its data during the receive.
+    /// stay valid and unchanged (by anyone else) for `'a`. If the view is used as a receive
+    /// buffer or through `as_mut_slice`, nothing else may read or write its data meanwhile.
     ///
     /// # Errors
     /// [`Error::NullPointer`] and the validation errors of [`Tensor`].
