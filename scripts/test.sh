@@ -42,7 +42,7 @@ check_at() {
 
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
-stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" cargo test
+stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" mpi_cases_at "$n"
 done

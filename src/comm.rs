@@ -31,6 +31,22 @@ use crate::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
 extern "C" {
     /// `MPI_IN_PLACE`, from `src/shim.c`.
     static dlpack_mpi_in_place: *mut std::ffi::c_void;
+    /// `MPI_TAG_UB` of `MPI_COMM_WORLD`, or -1, from `src/shim.c`.
+    fn dlpack_mpi_tag_ub() -> std::ffi::c_int;
+}
+
+/// The largest valid tag (MPI guarantees at least 32767), read once.
+fn tag_ub() -> Tag {
+    static TAG_UB: std::sync::OnceLock<Tag> = std::sync::OnceLock::new();
+    *TAG_UB.get_or_init(|| {
+        // SAFETY: a plain attribute query; the shim checks MPI is initialized first.
+        let ub = unsafe { dlpack_mpi_tag_ub() };
+        if ub >= 32767 {
+            ub
+        } else {
+            32767
+        }
+    })
 }
 
 fn check_rank(rank: Rank, size: Rank) -> Result<()> {
@@ -42,23 +58,55 @@ fn check_rank(rank: Rank, size: Rank) -> Result<()> {
 }
 
 fn check_tag(tag: Tag) -> Result<()> {
-    if tag >= 0 {
+    let ub = tag_ub();
+    if (0..=ub).contains(&tag) {
         Ok(())
     } else {
-        Err(Error::InvalidTag { tag })
+        Err(Error::InvalidTag { tag, tag_ub: ub })
     }
 }
 
-fn check_same_dtype(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
-    if s.dtype() == r.dtype() {
-        Ok(())
+/// Collectives here are defined for intra-communicators only (an inter-communicator's
+/// collectives use `MPI_ROOT`/`MPI_PROC_NULL` roots and remote-group counts).
+fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
+    if comm.test_inter() {
+        Err(Error::Intercommunicator)
     } else {
-        Err(Error::DtypeMismatch {
+        Ok(())
+    }
+}
+
+/// MPI forbids a send and a receive buffer of one call to overlap (MPI-4.1 §2.3, "buffers
+/// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges.
+fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
+    let range = |p: *const std::ffi::c_void, elems: i64, size: usize| {
+        let start = p as usize;
+        (start, start + elems as usize * size)
+    };
+    let (s0, s1) = range(s.pointer(), s.len_elems(), s.element_type().size_bytes());
+    let (r0, r1) = range(r.pointer(), r.len_elems(), r.element_type().size_bytes());
+    if s0 < s1 && r0 < r1 && s0 < r1 && r0 < s1 {
+        Err(Error::BuffersAlias {
+            send_address: s0,
+            send_bytes: s1 - s0,
+            recv_address: r0,
+            recv_bytes: r1 - r0,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
+fn check_pair(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
+    if s.dtype() != r.dtype() {
+        return Err(Error::DtypeMismatch {
             what,
             left: s.dtype(),
             right: r.dtype(),
-        })
+        });
     }
+    check_disjoint(s, r)
 }
 
 fn check_count(what: impl FnOnce() -> String, expected: i64, actual: i64) -> Result<()> {
@@ -92,7 +140,7 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`] and the errors of [`SendSpec::new`].
     fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
-        check_rank(dest, self.size())?;
+        check_rank(dest, self.target_size())?;
         check_tag(tag)?;
         let spec = SendSpec::new(tensor)?;
         self.process_at_rank(dest).send_with_tag(&spec, tag);
@@ -108,7 +156,7 @@ pub trait TensorComm: Communicator {
     /// message stays unreceived: a later receive with a fitting tensor gets it);
     /// [`Error::InvalidRank`]; [`Error::InvalidTag`]; the errors of [`RecvSpec::new`].
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
-        check_rank(source, self.size())?;
+        check_rank(source, self.target_size())?;
         check_tag(tag)?;
         let mut spec = RecvSpec::new(tensor)?;
         let process = self.process_at_rank(source);
@@ -133,12 +181,13 @@ pub trait TensorComm: Communicator {
         source: Rank,
         recv_tag: Tag,
     ) -> Result<Status> {
-        check_rank(dest, self.size())?;
-        check_rank(source, self.size())?;
+        check_rank(dest, self.target_size())?;
+        check_rank(source, self.target_size())?;
         check_tag(send_tag)?;
         check_tag(recv_tag)?;
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
+        check_disjoint(&s, &r)?;
         let src = self.process_at_rank(source);
         let dst = self.process_at_rank(dest);
         mpi::request::scope(|scope| {
@@ -167,7 +216,7 @@ pub trait TensorComm: Communicator {
         dest: Rank,
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
-        check_rank(dest, self.size())?;
+        check_rank(dest, self.target_size())?;
         check_tag(tag)?;
         Ok(self
             .process_at_rank(dest)
@@ -187,7 +236,7 @@ pub trait TensorComm: Communicator {
         source: Rank,
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
-        check_rank(source, self.size())?;
+        check_rank(source, self.target_size())?;
         check_tag(tag)?;
         Ok(self
             .process_at_rank(source)
@@ -201,6 +250,7 @@ pub trait TensorComm: Communicator {
     /// [`Error::InvalidRank`]; the errors of [`SendSpec::new`] at the root and of
     /// [`RecvSpec::new`] elsewhere.
     fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
@@ -235,13 +285,14 @@ pub trait TensorComm: Communicator {
         op: ReduceOp,
         root: Rank,
     ) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let mut r = RecvSpec::new(recv.ok_or_else(|| missing("reduce receive buffer"))?)?;
-            check_same_dtype("reduce send vs receive", &s, &r)?;
+            check_pair("reduce send vs receive", &s, &r)?;
             check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())?;
             process.reduce_into_root(&s, &mut r, op.system_operation());
         } else {
@@ -262,10 +313,11 @@ pub trait TensorComm: Communicator {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let mut r = RecvSpec::new(recv)?;
-        check_same_dtype("all-reduce send vs receive", &s, &r)?;
+        check_pair("all-reduce send vs receive", &s, &r)?;
         check_count(|| "all-reduce receive".into(), s.len_elems(), r.len_elems())?;
         self.all_reduce_into(&s, &mut r, op.system_operation());
         Ok(())
@@ -276,6 +328,7 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::UnsupportedReduction`], the errors of [`RecvSpec::new`].
     fn all_reduce_tensor_in_place(&self, tensor: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
+        check_intra(self)?;
         let mut r = RecvSpec::new(tensor)?;
         r.element_type().check_reduction(op)?;
         // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write `r`, which
@@ -305,12 +358,13 @@ pub trait TensorComm: Communicator {
         recv: Option<&mut dyn Tensor>,
         root: Rank,
     ) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let s = SendSpec::new(send)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let mut r = RecvSpec::new(recv.ok_or_else(|| missing("gather receive buffer"))?)?;
-            check_same_dtype("gather send vs receive", &s, &r)?;
+            check_pair("gather send vs receive", &s, &r)?;
             let size = self.size();
             check_count(
                 || format!("gather receive (= send count × {size} ranks)"),
@@ -338,13 +392,14 @@ pub trait TensorComm: Communicator {
         recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
         root: Rank,
     ) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let s = SendSpec::new(send)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let (t, counts, displs) = recv.ok_or_else(|| missing("gatherv receive buffer"))?;
             let r = RecvSpec::new(t)?;
-            check_same_dtype("gatherv send vs receive", &s, &r)?;
+            check_pair("gatherv send vs receive", &s, &r)?;
             let mut v = vector_recv(self, r, counts, displs)?;
             check_count(
                 || format!("gatherv counts[{root}] (the root's own send)"),
@@ -369,12 +424,13 @@ pub trait TensorComm: Communicator {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let mut r = RecvSpec::new(recv)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let s = SendSpec::new(send.ok_or_else(|| missing("scatter send buffer"))?)?;
-            check_same_dtype("scatter send vs receive", &s, &r)?;
+            check_pair("scatter send vs receive", &s, &r)?;
             let size = self.size();
             check_count(
                 || format!("scatter send (= receive count × {size} ranks)"),
@@ -398,13 +454,14 @@ pub trait TensorComm: Communicator {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
+        check_intra(self)?;
         check_rank(root, self.size())?;
         let mut r = RecvSpec::new(recv)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let (t, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
             let s = SendSpec::new(t)?;
-            check_same_dtype("scatterv send vs receive", &s, &r)?;
+            check_pair("scatterv send vs receive", &s, &r)?;
             let v = vector_send(self, s, counts, displs)?;
             check_count(
                 || format!("scatterv counts[{root}] (the root's own receive)"),
@@ -423,9 +480,10 @@ pub trait TensorComm: Communicator {
     /// # Errors
     /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], spec errors.
     fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
-        check_same_dtype("all-gather send vs receive", &s, &r)?;
+        check_pair("all-gather send vs receive", &s, &r)?;
         let size = self.size();
         check_count(
             || format!("all-gather receive (= send count × {size} ranks)"),
@@ -449,9 +507,10 @@ pub trait TensorComm: Communicator {
         counts: &[i64],
         displacements: &[i64],
     ) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         let r = RecvSpec::new(recv)?;
-        check_same_dtype("all-gatherv send vs receive", &s, &r)?;
+        check_pair("all-gatherv send vs receive", &s, &r)?;
         let mut v = vector_recv(self, r, counts, displacements)?;
         let rank = self.rank();
         check_count(
@@ -470,9 +529,10 @@ pub trait TensorComm: Communicator {
     /// [`Error::CountMismatch`] (counts differ or are not a multiple of the size),
     /// [`Error::DtypeMismatch`], spec errors.
     fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
-        check_same_dtype("all-to-all send vs receive", &s, &r)?;
+        check_pair("all-to-all send vs receive", &s, &r)?;
         check_count(|| "all-to-all receive".into(), s.len_elems(), r.len_elems())?;
         let size = i64::from(self.size());
         let n = s.len_elems();
@@ -499,9 +559,10 @@ pub trait TensorComm: Communicator {
         recv_counts: &[i64],
         recv_displacements: &[i64],
     ) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         let r = RecvSpec::new(recv)?;
-        check_same_dtype("all-to-allv send vs receive", &s, &r)?;
+        check_pair("all-to-allv send vs receive", &s, &r)?;
         let vs = vector_send(self, s, send_counts, send_displacements)?;
         let mut vr = vector_recv(self, r, recv_counts, recv_displacements)?;
         let rank = self.rank() as usize;
@@ -526,10 +587,11 @@ pub trait TensorComm: Communicator {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
+        check_intra(self)?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let mut r = RecvSpec::new(recv)?;
-        check_same_dtype("reduce-scatter-block send vs receive", &s, &r)?;
+        check_pair("reduce-scatter-block send vs receive", &s, &r)?;
         let size = self.size();
         check_count(
             || format!("reduce-scatter-block send (= receive count × {size} ranks)"),

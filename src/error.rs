@@ -245,12 +245,38 @@ pub enum Error {
         size: i32,
     },
 
-    /// A message tag outside `0..=MPI_TAG_UB` (MPI-4.1 §3.2.3: tags are non-negative).
-    #[error("tag {tag} is negative: MPI tags are in 0..=MPI_TAG_UB")]
+    /// A message tag outside `0..=MPI_TAG_UB` (MPI-4.1 §3.2.3).
+    #[error("tag {tag} is outside 0..={tag_ub} (MPI_TAG_UB of this MPI library)")]
     InvalidTag {
         /// The tag given.
         tag: i32,
+        /// `MPI_TAG_UB` as this MPI library reports it.
+        tag_ub: i32,
     },
+
+    /// The send and receive buffers of one call overlap in memory, which MPI forbids
+    /// (MPI-4.1 §2.3; use the in-place variant instead).
+    #[error(
+        "send buffer [{send_address:#x}, +{send_bytes} bytes) and receive buffer \
+         [{recv_address:#x}, +{recv_bytes} bytes) overlap"
+    )]
+    BuffersAlias {
+        /// Address of the send buffer.
+        send_address: usize,
+        /// Its length in bytes.
+        send_bytes: usize,
+        /// Address of the receive buffer.
+        recv_address: usize,
+        /// Its length in bytes.
+        recv_bytes: usize,
+    },
+
+    /// A collective was called on an inter-communicator; this crate's collectives are
+    /// defined for intra-communicators (MPI-4.1 §6.2.2).
+    #[error(
+        "collective operations here need an intra-communicator; this is an inter-communicator"
+    )]
+    Intercommunicator,
 
     /// The first element is not aligned for the Rust type asked for (DLPack does not promise
     /// alignment: `byte_offset` may be any number of bytes).

@@ -700,13 +700,24 @@ fn local_mismatches_are_errors(w: &SimpleCommunicator) -> Outcome {
     );
     let r = w.send_tensor(&s, p, 0);
     ensure_eq!(r.unwrap_err(), Error::InvalidRank { rank: p, size: p });
-    ensure_eq!(
-        w.send_tensor(&s, 0, -5).unwrap_err(),
-        Error::InvalidTag { tag: -5 }
-    );
-    ensure_eq!(
-        w.recv_tensor(&mut wrong_len, 0, -1).unwrap_err(),
-        Error::InvalidTag { tag: -1 }
+    let r = w.send_tensor(&s, 0, -5);
+    let Err(Error::InvalidTag { tag: -5, tag_ub }) = r else {
+        return Err(format!("negative tag: {r:?}"));
+    };
+    ensure!(tag_ub >= 32767, "MPI_TAG_UB {tag_ub} below the MPI minimum");
+    if let Some(above) = tag_ub.checked_add(1) {
+        let r = w.recv_tensor(&mut wrong_len, 0, above);
+        ensure!(
+            matches!(r, Err(Error::InvalidTag { .. })),
+            "tag above MPI_TAG_UB: {r:?}"
+        );
+    }
+    // Two overlapping windows of one buffer as send and receive of one collective.
+    let both = Owned::new(vec![1i32; 8]);
+    let whole = acquire(&both, &opts()).map_err(|e| e.to_string())?;
+    ensure!(
+        overlapping_windows_are_refused(&whole, w)?,
+        "overlapping send/receive must be refused"
     );
     let r = w.broadcast_tensor(&mut wrong_len, -1);
     ensure!(
@@ -714,6 +725,35 @@ fn local_mismatches_are_errors(w: &SimpleCommunicator) -> Outcome {
         "{r:?}"
     );
     Ok(())
+}
+
+/// All-reduce between two overlapping windows of one buffer (as two DLPack exports of one
+/// producer buffer would be): refused as `BuffersAlias` before MPI sees it.
+fn overlapping_windows_are_refused(
+    t: &ManagedTensor<'_>,
+    w: &SimpleCommunicator,
+) -> Result<bool, String> {
+    let mut shape = [4i64];
+    let window = |offset_elems: u64, shape: &mut [i64; 1]| {
+        let mut dl = *t.dl_tensor();
+        dl.shape = shape.as_mut_ptr();
+        dl.strides = std::ptr::null_mut();
+        dl.byte_offset += offset_elems * 4;
+        dl
+    };
+    let mut shape_b = [4i64];
+    let mut a = window(0, &mut shape);
+    let mut b = window(2, &mut shape_b); // elements 2..6 overlap elements 0..4
+                                         // SAFETY: both describe 4 of the 8 live int32 elements of `t`, which outlives the views;
+                                         // the call is refused before anything is written.
+    let (va, mut vb) = unsafe {
+        (
+            dlpack_mpi::dlpack::TensorView::from_raw(&mut a).map_err(|e| e.to_string())?,
+            dlpack_mpi::dlpack::TensorView::from_raw(&mut b).map_err(|e| e.to_string())?,
+        )
+    };
+    let r = w.all_reduce_tensor(&va, &mut vb, ReduceOp::Sum);
+    Ok(matches!(r, Err(Error::BuffersAlias { .. })))
 }
 
 type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
