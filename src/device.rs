@@ -63,6 +63,7 @@ impl Device {
     }
 
     /// The memory kind of this device type.
+    #[inline]
     pub fn memory_kind(self) -> MemoryKind {
         match self.device_type {
             device_type::CPU => MemoryKind::Host,
@@ -79,6 +80,7 @@ impl Device {
     ///
     /// # Errors
     /// [`Error::UnsupportedDevice`] naming the device type and id.
+    #[inline]
     pub fn check_host_accessible(self) -> Result<()> {
         let reason = match self.memory_kind() {
             MemoryKind::Host | MemoryKind::PinnedHost => return Ok(()),
@@ -118,6 +120,7 @@ impl fmt::Display for Device {
 }
 
 impl From<dlpack_rs::ffi::DLDevice> for Device {
+    #[inline]
     fn from(d: dlpack_rs::ffi::DLDevice) -> Self {
         Device::new(d.device_type, d.device_id)
     }
@@ -152,6 +155,7 @@ pub enum MemoryKind {
 impl MemoryKind {
     /// Whether the DLPack stream protocol applies (CUDA and ROCm device/managed memory):
     /// the consumer passes a stream to `__dlpack__` and orders its work after the producer's.
+    #[inline]
     pub fn uses_streams(self) -> bool {
         matches!(
             self,

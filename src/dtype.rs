@@ -345,6 +345,7 @@ pub enum MpiUnit {
 impl MpiUnit {
     /// The MPI handle (a predefined datatype; valid before `MPI_Init` for Open MPI and MPICH,
     /// used only after it).
+    #[inline]
     pub fn datatype(self) -> DatatypeRef<'static> {
         match self {
             MpiUnit::Int8 => i8::equivalent_datatype(),
@@ -364,6 +365,7 @@ impl MpiUnit {
     }
 
     /// Size in bytes the C type has (what `MPI_Type_size` must report).
+    #[inline]
     pub const fn size_bytes(self) -> usize {
         match self {
             MpiUnit::Int8 | MpiUnit::Uint8 | MpiUnit::CBool => 1,
@@ -470,20 +472,23 @@ pub const TABLE: &[Row] = &[
 
 /// A dtype resolved against the table: what a spec needs to talk to MPI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct ElementType {
+    /// The table row of its lane type.
+    pub row: &'static Row,
     /// The DLPack dtype.
     pub dtype: DType,
-    /// The table row of its lane type.
-    pub row: Row,
 }
 
 impl ElementType {
     /// Size of one DLPack element in bytes (unit size × lanes).
+    #[inline]
     pub fn size_bytes(&self) -> usize {
         self.row.unit.size_bytes() * usize::from(self.dtype.lanes)
     }
 
     /// MPI units per DLPack element (= lanes).
+    #[inline]
     pub fn units_per_element(&self) -> usize {
         usize::from(self.dtype.lanes)
     }
@@ -492,6 +497,7 @@ impl ElementType {
     ///
     /// # Errors
     /// [`Error::UnsupportedReduction`] naming the op, the dtype and what it allows.
+    #[inline]
     pub fn check_reduction(&self, op: ReduceOp) -> Result<()> {
         if self.row.reductions.contains(op) {
             Ok(())
@@ -505,21 +511,56 @@ impl ElementType {
     }
 }
 
+/// Position of `(code, bits)` in [`TABLE`] (a match, so lookups cost no scan; a unit test
+/// checks it against the table).
+#[inline]
+const fn row_index(code: u8, bits: u8) -> Option<usize> {
+    Some(match (code, bits) {
+        (code::INT, 8) => 0,
+        (code::INT, 16) => 1,
+        (code::INT, 32) => 2,
+        (code::INT, 64) => 3,
+        (code::UINT, 8) => 4,
+        (code::UINT, 16) => 5,
+        (code::UINT, 32) => 6,
+        (code::UINT, 64) => 7,
+        (code::FLOAT, 16) => 8,
+        (code::FLOAT, 32) => 9,
+        (code::FLOAT, 64) => 10,
+        (code::BFLOAT, 16) => 11,
+        (code::COMPLEX, 32) => 12,
+        (code::COMPLEX, 64) => 13,
+        (code::COMPLEX, 128) => 14,
+        (code::BOOL, 8) => 15,
+        (c @ code::FLOAT8_FIRST..=code::FLOAT8_LAST, 8) => 16 + (c - code::FLOAT8_FIRST) as usize,
+        (code::BCOMPLEX, 32) => 24,
+        _ => return None,
+    })
+}
+
 /// Resolves a DLPack dtype to its MPI element type.
 ///
 /// # Errors
 /// [`Error::UnsupportedDtype`] naming the dtype when it has no MPI type of exactly its size
 /// (see the module docs for the refused kinds).
+#[inline]
 pub fn lookup(dtype: DType) -> Result<ElementType> {
+    if dtype.lanes != 0 {
+        if let Some(index) = row_index(dtype.code, dtype.bits) {
+            return Ok(ElementType {
+                dtype,
+                row: &TABLE[index],
+            });
+        }
+    }
+    refuse(dtype)
+}
+
+#[cold]
+fn refuse(dtype: DType) -> Result<ElementType> {
     let refuse = |reason| Err(Error::UnsupportedDtype { dtype, reason });
     if dtype.lanes == 0 {
         return refuse("lanes is 0");
-    }
-    if let Some(row) = TABLE
-        .iter()
-        .find(|r| r.code == dtype.code && r.bits == dtype.bits)
-    {
-        return Ok(ElementType { dtype, row: *row });
     }
     match dtype.code {
         code::OPAQUE_HANDLE => refuse("opaque handles (code 3) have no agreed meaning to transfer"),
@@ -639,6 +680,23 @@ mod tests {
                 r.unit.name()
             );
         }
+    }
+
+    #[test]
+    fn row_index_agrees_with_table() {
+        for (i, r) in TABLE.iter().enumerate() {
+            assert_eq!(row_index(r.code, r.bits), Some(i), "{:?}", r);
+        }
+        let mut found = 0;
+        for code in 0..=255u8 {
+            for bits in 0..=255u8 {
+                if let Some(i) = row_index(code, bits) {
+                    assert_eq!((TABLE[i].code, TABLE[i].bits), (code, bits));
+                    found += 1;
+                }
+            }
+        }
+        assert_eq!(found, TABLE.len());
     }
 
     #[test]

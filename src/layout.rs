@@ -26,6 +26,7 @@ fn overflow(
 /// # Errors
 /// [`Error::InvalidTensor`] for a negative extent (field `shape[i]`);
 /// [`Error::Overflow`] when the product does not fit `i64`.
+#[inline]
 pub fn num_elements(shape: &[i64]) -> Result<i64> {
     for (i, &n) in shape.iter().enumerate() {
         if n < 0 {
@@ -65,6 +66,7 @@ pub fn compact_strides(shape: &[i64]) -> Result<Vec<i64>> {
     Ok(strides)
 }
 
+#[inline]
 fn check_strides_len(shape: &[i64], strides: &[i64]) -> Result<()> {
     if shape.len() == strides.len() {
         Ok(())
@@ -86,6 +88,7 @@ fn check_strides_len(shape: &[i64], strides: &[i64]) -> Result<()> {
 /// [`Error::NonContiguous`] naming the innermost axis whose stride breaks contiguity, its
 /// stride and the expected one (elements); [`Error::LengthMismatch`] when `strides` has not
 /// one entry per axis.
+#[inline]
 pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
     let Some(strides) = strides else {
         return Ok(());
@@ -125,6 +128,7 @@ pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> 
 /// # Errors
 /// [`Error::Overlap`] naming the axis, extent and stride; [`Error::Overflow`] if the reach
 /// does not fit `i64`; [`Error::LengthMismatch`] when `strides` has not one entry per axis.
+#[inline]
 pub fn check_no_overlap(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
     let Some(strides) = strides else {
         return Ok(());
@@ -166,6 +170,7 @@ pub fn check_no_overlap(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::Overflow`] if the product does not fit `usize`.
+#[inline]
 pub fn byte_span(count_elems: i64, elem_size_bytes: usize) -> Result<usize> {
     usize::try_from(count_elems)
         .ok()

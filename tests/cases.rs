@@ -418,7 +418,7 @@ fn c35_table_sizes_match_elements() {
     for row in dtype::TABLE {
         let d = DType::new(row.code, row.bits);
         assert_eq!(d.size_bytes(), Some(row.unit.size_bytes()), "{d}");
-        assert_eq!(dtype::lookup(d).unwrap().row, *row);
+        assert_eq!(*dtype::lookup(d).unwrap().row, *row);
     }
 }
 

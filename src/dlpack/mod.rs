@@ -63,11 +63,13 @@ pub trait Tensor: sealed::Sealed {
     fn flags(&self) -> u64;
 
     /// Number of dimensions (`DLTensor::ndim`, ≥ 0).
+    #[inline]
     fn ndim(&self) -> usize {
         usize::try_from(self.dl_tensor().ndim).unwrap_or(0)
     }
 
     /// Extents, outermost first, in elements. Empty for a 0-d tensor.
+    #[inline]
     fn shape(&self) -> &[i64] {
         let t = self.dl_tensor();
         let n = self.ndim();
@@ -82,6 +84,7 @@ pub trait Tensor: sealed::Sealed {
 
     /// Strides in **elements**, outermost first; `None` when the producer gave NULL (compact
     /// row-major, allowed before DLPack v1.2) or for a 0-d tensor.
+    #[inline]
     fn strides_elems(&self) -> Option<&[i64]> {
         let t = self.dl_tensor();
         let n = self.ndim();
@@ -94,11 +97,13 @@ pub trait Tensor: sealed::Sealed {
     }
 
     /// The element type.
+    #[inline]
     fn dtype(&self) -> DType {
         self.dl_tensor().dtype.into()
     }
 
     /// The device the bytes live on.
+    #[inline]
     fn device(&self) -> Device {
         self.dl_tensor().device.into()
     }
@@ -115,6 +120,7 @@ pub trait Tensor: sealed::Sealed {
 
     /// Address of the first element (`data + byte_offset`), or NULL for a NULL `data`
     /// (only allowed for empty tensors).
+    #[inline]
     fn first_element_ptr(&self) -> *mut c_void {
         let t = self.dl_tensor();
         if t.data.is_null() {
@@ -129,16 +135,19 @@ pub trait Tensor: sealed::Sealed {
     }
 
     /// Number of elements (product of the extents; 1 for 0-d, 0 for empty).
+    #[inline]
     fn num_elements(&self) -> i64 {
         layout::num_elements(self.shape()).unwrap_or(0)
     }
 
     /// Whether `READ_ONLY` is set.
+    #[inline]
     fn is_read_only(&self) -> bool {
         self.flags() & FLAG_READ_ONLY != 0
     }
 
     /// Whether `IS_COPIED` is set.
+    #[inline]
     fn is_copied(&self) -> bool {
         self.flags() & FLAG_IS_COPIED != 0
     }
@@ -404,6 +413,7 @@ impl<'a> ManagedTensor<'a> {
 impl sealed::Sealed for ManagedTensor<'_> {}
 
 impl Tensor for ManagedTensor<'_> {
+    #[inline]
     fn dl_tensor(&self) -> &DLTensor {
         match self.owner {
             // SAFETY: the guard owns a valid struct until drop; `&self` bounds the borrow.
@@ -413,6 +423,7 @@ impl Tensor for ManagedTensor<'_> {
         }
     }
 
+    #[inline]
     fn flags(&self) -> u64 {
         match self.owner {
             Owner::Legacy(_) => 0,
@@ -488,11 +499,13 @@ impl<'a> TensorView<'a> {
 impl sealed::Sealed for TensorView<'_> {}
 
 impl Tensor for TensorView<'_> {
+    #[inline]
     fn dl_tensor(&self) -> &DLTensor {
         // SAFETY: valid for 'a by the constructor's contract.
         unsafe { self.tensor.as_ref() }
     }
 
+    #[inline]
     fn flags(&self) -> u64 {
         0
     }
