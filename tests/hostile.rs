@@ -593,7 +593,7 @@ fn every_code_bits_lanes_combination_resolves_or_is_refused_by_name() {
                     .find(|r| r.code == code && r.bits == bits);
                 match (dtype::lookup(d), row) {
                     (Ok(e), Some(row)) if lanes > 0 => {
-                        assert_eq!(e.row, *row);
+                        assert_eq!(*e.row, *row);
                         assert_eq!(e.size_bytes(), row.unit.size_bytes() * usize::from(lanes));
                         assert_eq!(d.size_bytes(), Some(e.size_bytes()), "{d}");
                         assert_eq!(e.units_per_element(), usize::from(lanes));
