@@ -79,12 +79,9 @@ fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
 /// MPI forbids a send and a receive buffer of one call to overlap (MPI-4.1 §2.3, "buffers
 /// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges.
 fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
-    let range = |p: *const std::ffi::c_void, elems: i64, size: usize| {
-        let start = p as usize;
-        (start, start + elems as usize * size)
-    };
-    let (s0, s1) = range(s.pointer(), s.len_elems(), s.element_type().size_bytes());
-    let (r0, r1) = range(r.pointer(), r.len_elems(), r.element_type().size_bytes());
+    // Address ranges (conservative for interleaved strided tensors).
+    let (s0, s1) = s.byte_range();
+    let (r0, r1) = r.byte_range();
     if s0 < s1 && r0 < r1 && s0 < r1 && r0 < s1 {
         Err(Error::BuffersAlias {
             send_address: s0,
@@ -95,6 +92,35 @@ fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Collectives whose buffers hold one block per rank (the root's receive of a gather, the
+/// root's send of a scatter, both sides of all-to-all and reduce-scatter-block, the receive
+/// of an all-gather) pass per-rank counts of the predefined type; a strided tensor (one
+/// derived datatype for the whole tensor) or a count beyond `int` cannot be split that way.
+/// The other side of those collectives may be strided: its one derived datatype has the
+/// same type signature as the block it matches (MPI-4.1 §3.3.1).
+fn check_blockable(
+    operation: &'static str,
+    len_elems: i64,
+    derived: bool,
+    contiguous: bool,
+) -> Result<()> {
+    match (derived, contiguous) {
+        (false, _) => Ok(()),
+        (true, false) => Err(Error::StridedNotSupported { operation }),
+        (true, true) => Err(Error::CountTooLarge {
+            count: len_elems.max(0) as u64,
+        }),
+    }
+}
+
+fn blockable_send(operation: &'static str, s: &SendSpec<'_>) -> Result<()> {
+    check_blockable(operation, s.len_elems(), s.is_derived(), s.is_contiguous())
+}
+
+fn blockable_recv(operation: &'static str, r: &RecvSpec<'_>) -> Result<()> {
+    check_blockable(operation, r.len_elems(), r.is_derived(), r.is_contiguous())
 }
 
 /// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
@@ -290,15 +316,57 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
         let process = self.process_at_rank(root);
+        let unit = s.element_type().row.unit;
         if self.rank() == root {
-            let mut r = RecvSpec::new(recv.ok_or_else(|| missing("reduce receive buffer"))?)?;
+            let recv = recv.ok_or_else(|| missing("reduce receive buffer"))?;
+            let mut r = RecvSpec::new(&mut *recv)?;
             check_pair("reduce send vs receive", &s, &r)?;
             check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())?;
-            process.reduce_into_root(&s, &mut r, op.system_operation());
-        } else {
+            if !needs_flat(&s, r.is_derived()) {
+                process.reduce_into_root(&s, &mut r, op.system_operation());
+                return Ok(());
+            }
+            let info = recv_info(&mut r);
+            // `r` ends here (non-lexical lifetime): the tensor is used directly below.
+            let sf = flat_send(send, &s)?;
+            let rf = flat_recv(&*recv, info)?;
+            in_chunks(sf.units, unit.size_bytes(), |offset, n| {
+                // SAFETY: as in all_reduce_tensor.
+                unsafe {
+                    mpi::ffi::MPI_Reduce(
+                        sf.ptr.cast::<u8>().add(offset).cast(),
+                        rf.ptr.cast::<u8>().add(offset).cast(),
+                        n,
+                        unit.datatype().as_raw(),
+                        op.system_operation().as_raw(),
+                        root,
+                        self.as_raw(),
+                    );
+                }
+            });
+            finish_recv(rf, recv, info.3)
+        } else if !needs_flat(&s, false) {
             process.reduce_into(&s, op.system_operation());
+            Ok(())
+        } else {
+            let sf = flat_send(send, &s)?;
+            in_chunks(sf.units, unit.size_bytes(), |offset, n| {
+                // SAFETY: the send buffer holds `units` units; the receive buffer is not
+                // significant at non-root ranks (MPI-4.1 §6.9.1).
+                unsafe {
+                    mpi::ffi::MPI_Reduce(
+                        sf.ptr.cast::<u8>().add(offset).cast(),
+                        std::ptr::null_mut(),
+                        n,
+                        unit.datatype().as_raw(),
+                        op.system_operation().as_raw(),
+                        root,
+                        self.as_raw(),
+                    );
+                }
+            });
+            Ok(())
         }
-        Ok(())
     }
 
     /// Element-wise reduction of `send` over all ranks into every rank's `recv`
@@ -319,8 +387,32 @@ pub trait TensorComm: Communicator {
         let mut r = RecvSpec::new(recv)?;
         check_pair("all-reduce send vs receive", &s, &r)?;
         check_count(|| "all-reduce receive".into(), s.len_elems(), r.len_elems())?;
-        self.all_reduce_into(&s, &mut r, op.system_operation());
-        Ok(())
+        if !needs_flat(&s, r.is_derived()) {
+            self.all_reduce_into(&s, &mut r, op.system_operation());
+            return Ok(());
+        }
+        // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
+        // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
+        let info = recv_info(&mut r);
+        // `r` ends here (non-lexical lifetime): the tensor is used directly below.
+        let unit = s.element_type().row.unit;
+        let sf = flat_send(send, &s)?;
+        let rf = flat_recv(recv, info)?;
+        in_chunks(sf.units, unit.size_bytes(), |offset, n| {
+            // SAFETY: both buffers hold `units` units of `unit` (checked counts and spans);
+            // the chunk lies inside both; send and receive are disjoint (checked).
+            unsafe {
+                mpi::ffi::MPI_Allreduce(
+                    sf.ptr.cast::<u8>().add(offset).cast(),
+                    rf.ptr.cast::<u8>().add(offset).cast(),
+                    n,
+                    unit.datatype().as_raw(),
+                    op.system_operation().as_raw(),
+                    self.as_raw(),
+                );
+            }
+        });
+        finish_recv(rf, recv, info.3)
     }
 
     /// In-place all-reduce: `tensor` is both input and output (`MPI_IN_PLACE`, §6.9.6).
@@ -331,19 +423,41 @@ pub trait TensorComm: Communicator {
         check_intra(self)?;
         let mut r = RecvSpec::new(tensor)?;
         r.element_type().check_reduction(op)?;
-        // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write `r`, which
-        // describes `count` writable units of `datatype` in an exclusively borrowed tensor.
-        unsafe {
-            mpi::ffi::MPI_Allreduce(
-                dlpack_mpi_in_place,
-                r.pointer_mut(),
-                r.mpi_count(),
-                r.as_datatype().as_raw(),
-                op.system_operation().as_raw(),
-                self.as_raw(),
-            );
+        let unit = r.element_type().row.unit;
+        let units = r.len_elems() as usize * r.element_type().units_per_element();
+        let (derived, count) = (r.is_derived(), r.mpi_count());
+        let info = recv_info(&mut r);
+        // `r` ends here (non-lexical lifetime): the tensor is used directly below.
+        if !derived && units <= REDUCE_CHUNK_UNITS {
+            // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the tensor's
+            // `count` units, which the receive spec proved writable and disjoint.
+            unsafe {
+                mpi::ffi::MPI_Allreduce(
+                    dlpack_mpi_in_place,
+                    info.1,
+                    count,
+                    unit.datatype().as_raw(),
+                    op.system_operation().as_raw(),
+                    self.as_raw(),
+                );
+            }
+            return Ok(());
         }
-        Ok(())
+        let flat = flat_recv(&*tensor, info)?;
+        in_chunks(flat.units, unit.size_bytes(), |offset, n| {
+            // SAFETY: the flat buffer holds `units` units; the chunk lies inside it.
+            unsafe {
+                mpi::ffi::MPI_Allreduce(
+                    dlpack_mpi_in_place,
+                    flat.ptr.cast::<u8>().add(offset).cast(),
+                    n,
+                    unit.datatype().as_raw(),
+                    op.system_operation().as_raw(),
+                    self.as_raw(),
+                );
+            }
+        });
+        finish_recv(flat, tensor, info.3)
     }
 
     /// Gather every rank's `send` into `recv` at `root`, rank order (`MPI_Gather`, §6.5).
@@ -365,6 +479,7 @@ pub trait TensorComm: Communicator {
         if self.rank() == root {
             let mut r = RecvSpec::new(recv.ok_or_else(|| missing("gather receive buffer"))?)?;
             check_pair("gather send vs receive", &s, &r)?;
+            blockable_recv("gather blocks", &r)?;
             let size = self.size();
             check_count(
                 || format!("gather receive (= send count × {size} ranks)"),
@@ -400,6 +515,7 @@ pub trait TensorComm: Communicator {
             let (t, counts, displs) = recv.ok_or_else(|| missing("gatherv receive buffer"))?;
             let r = RecvSpec::new(t)?;
             check_pair("gatherv send vs receive", &s, &r)?;
+            blockable_recv("gatherv blocks", &r)?;
             let mut v = vector_recv(self, r, counts, displs)?;
             check_count(
                 || format!("gatherv counts[{root}] (the root's own send)"),
@@ -431,6 +547,8 @@ pub trait TensorComm: Communicator {
         if self.rank() == root {
             let s = SendSpec::new(send.ok_or_else(|| missing("scatter send buffer"))?)?;
             check_pair("scatter send vs receive", &s, &r)?;
+            blockable_send("scatter blocks", &s)?;
+
             let size = self.size();
             check_count(
                 || format!("scatter send (= receive count × {size} ranks)"),
@@ -462,6 +580,8 @@ pub trait TensorComm: Communicator {
             let (t, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
             let s = SendSpec::new(t)?;
             check_pair("scatterv send vs receive", &s, &r)?;
+            blockable_send("scatterv blocks", &s)?;
+
             let v = vector_send(self, s, counts, displs)?;
             check_count(
                 || format!("scatterv counts[{root}] (the root's own receive)"),
@@ -484,6 +604,7 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
         check_pair("all-gather send vs receive", &s, &r)?;
+        blockable_recv("all-gather blocks", &r)?;
         let size = self.size();
         check_count(
             || format!("all-gather receive (= send count × {size} ranks)"),
@@ -511,6 +632,7 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let r = RecvSpec::new(recv)?;
         check_pair("all-gatherv send vs receive", &s, &r)?;
+        blockable_recv("all-gatherv blocks", &r)?;
         let mut v = vector_recv(self, r, counts, displacements)?;
         let rank = self.rank();
         check_count(
@@ -533,6 +655,8 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let mut r = RecvSpec::new(recv)?;
         check_pair("all-to-all send vs receive", &s, &r)?;
+        blockable_send("all-to-all blocks", &s)?;
+        blockable_recv("all-to-all blocks", &r)?;
         check_count(|| "all-to-all receive".into(), s.len_elems(), r.len_elems())?;
         let size = i64::from(self.size());
         let n = s.len_elems();
@@ -563,6 +687,8 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let r = RecvSpec::new(recv)?;
         check_pair("all-to-allv send vs receive", &s, &r)?;
+        blockable_send("all-to-allv blocks", &s)?;
+        blockable_recv("all-to-allv blocks", &r)?;
         let vs = vector_send(self, s, send_counts, send_displacements)?;
         let mut vr = vector_recv(self, r, recv_counts, recv_displacements)?;
         let rank = self.rank() as usize;
@@ -592,6 +718,8 @@ pub trait TensorComm: Communicator {
         s.element_type().check_reduction(op)?;
         let mut r = RecvSpec::new(recv)?;
         check_pair("reduce-scatter-block send vs receive", &s, &r)?;
+        blockable_send("reduce-scatter-block blocks", &s)?;
+        blockable_recv("reduce-scatter-block blocks", &r)?;
         let size = self.size();
         check_count(
             || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
@@ -600,6 +728,107 @@ pub trait TensorComm: Communicator {
         )?;
         self.reduce_scatter_block_into(&s, &mut r, op.system_operation());
         Ok(())
+    }
+}
+
+/// Units per chunk when a reduction is split: element-wise reductions may be cut anywhere.
+const REDUCE_CHUNK_UNITS: usize = 1 << 30;
+
+/// The contiguous form of one side of a reduction: the tensor's own memory when it is one
+/// run, else a packed copy (MPI's predefined reductions take predefined datatypes only).
+struct Flat {
+    ptr: *mut std::ffi::c_void,
+    units: usize,
+    scratch: Option<Vec<u8>>,
+}
+
+fn flat_send(send: &dyn Tensor, s: &SendSpec<'_>) -> Result<Flat> {
+    let e = s.element_type();
+    let units = s.len_elems() as usize * e.units_per_element();
+    if s.is_contiguous() {
+        return Ok(Flat {
+            ptr: s.pointer() as *mut _,
+            units,
+            scratch: None,
+        });
+    }
+    let mut data = crate::pack::pack(send, e.size_bytes())?;
+    Ok(Flat {
+        ptr: scratch_ptr(&mut data),
+        units,
+        scratch: Some(data),
+    })
+}
+
+/// Receive side, after its spec validated it (and was dropped): the tensor's memory when it
+/// is one run, else a scratch buffer holding its current values (for in-place use) that
+/// [`finish_recv`] unpacks.
+fn flat_recv(recv: &dyn Tensor, info: (bool, *mut std::ffi::c_void, usize, usize)) -> Result<Flat> {
+    let (contiguous, ptr, units, elem) = info;
+    if contiguous {
+        return Ok(Flat {
+            ptr,
+            units,
+            scratch: None,
+        });
+    }
+    let mut data = crate::pack::pack(recv, elem)?;
+    Ok(Flat {
+        ptr: scratch_ptr(&mut data),
+        units,
+        scratch: Some(data),
+    })
+}
+
+/// What the reduction paths need from a receive spec: contiguous?, pointer, units, element
+/// size in bytes.
+fn recv_info(r: &mut RecvSpec<'_>) -> (bool, *mut std::ffi::c_void, usize, usize) {
+    let e = r.element_type();
+    (
+        r.is_contiguous(),
+        r.pointer_mut(),
+        r.len_elems() as usize * e.units_per_element(),
+        e.size_bytes(),
+    )
+}
+
+/// NULL for an empty scratch buffer (an empty Vec's dangling 0x1 is Open MPI's
+/// MPI_IN_PLACE).
+fn scratch_ptr(data: &mut [u8]) -> *mut std::ffi::c_void {
+    if data.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        data.as_mut_ptr().cast()
+    }
+}
+
+fn finish_recv(flat: Flat, recv: &mut dyn Tensor, elem: usize) -> Result<()> {
+    match flat.scratch {
+        Some(data) => crate::pack::unpack(recv, elem, &data),
+        None => Ok(()),
+    }
+}
+
+/// Whether a reduction takes the flat path: a strided side (packed copy) or more than 2^30
+/// units (chunks). Every rank decides the same way for the same element count, so the
+/// sequence of MPI calls matches across ranks.
+fn needs_flat(s: &SendSpec<'_>, recv_derived: bool) -> bool {
+    let units = s.len_elems() as usize * s.element_type().units_per_element();
+    s.is_derived() || recv_derived || units > REDUCE_CHUNK_UNITS
+}
+
+/// Calls `f(send_offset_bytes, recv_offset_bytes, count)` for consecutive chunks of at most
+/// 2^30 units, so that no count exceeds MPI's int.
+fn in_chunks(units: usize, unit_bytes: usize, mut f: impl FnMut(usize, i32)) {
+    if units == 0 {
+        // Still one call: every rank must make the same collective calls.
+        return f(0, 0);
+    }
+    let mut done = 0;
+    while done < units {
+        let n = (units - done).min(REDUCE_CHUNK_UNITS);
+        f(done * unit_bytes, n as i32);
+        done += n;
     }
 }
 

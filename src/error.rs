@@ -301,6 +301,17 @@ pub enum Error {
         storage_bytes: u64,
     },
 
+    /// A derived datatype was needed but MPI is not initialized (or already finalized).
+    #[error("MPI is not initialized: strided layouts and large counts need MPI to build their datatypes")]
+    MpiNotInitialized,
+
+    /// The operation needs a contiguous tensor (element ranges, per-rank blocks).
+    #[error("{operation} need a contiguous tensor; this one is strided (send it whole, or pack it first)")]
+    StridedNotSupported {
+        /// What was asked for.
+        operation: &'static str,
+    },
+
     /// A shape or dtype given to a constructor does not match the data it describes.
     #[error("shape/data mismatch: {what}: shape needs {expected} bytes, data has {actual}")]
     ShapeMismatch {

@@ -267,6 +267,160 @@ pub fn check_blocks(
     Ok(())
 }
 
+/// One axis of a [`Plan`]: `extent` elements, `stride_elems` elements apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Axis {
+    /// Number of elements along the axis (> 1 in a plan).
+    pub extent: i64,
+    /// Distance between consecutive elements, in elements (may be 0 or negative).
+    pub stride_elems: i64,
+}
+
+/// The layout of a tensor reduced to what a derived datatype needs: axes of extent 1
+/// dropped, adjacent axes that are contiguous with each other merged (`stride[i] ==
+/// stride[i+1] × extent[i+1]`), outermost first. Elements are visited in logical row-major
+/// order by iterating the axes as nested loops.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Plan {
+    /// Merged axes, outermost first; empty for 0-d, 1-element and empty tensors.
+    pub axes: Vec<Axis>,
+    /// Number of elements.
+    pub len_elems: i64,
+    /// Lowest element offset reached, relative to the first element (≤ 0), in elements.
+    pub lowest_elem: i64,
+    /// Highest element offset reached, relative to the first element (≥ 0), in elements.
+    pub highest_elem: i64,
+}
+
+impl Plan {
+    /// Whether the elements are consecutive in memory in logical order (so `count`
+    /// predefined elements describe them).
+    pub fn is_contiguous(&self) -> bool {
+        match self.axes.as_slice() {
+            [] => true,
+            [a] => a.stride_elems == 1,
+            _ => false,
+        }
+    }
+
+    /// Element offsets (relative to the first element) in logical row-major order.
+    pub fn offsets(&self) -> Offsets<'_> {
+        Offsets {
+            plan: self,
+            index: vec![0; self.axes.len()],
+            offset: 0,
+            remaining: self.len_elems,
+        }
+    }
+}
+
+/// Iterator over a plan's element offsets, in elements, in logical order.
+#[derive(Debug, Clone)]
+pub struct Offsets<'p> {
+    plan: &'p Plan,
+    index: Vec<i64>,
+    offset: i64,
+    remaining: i64,
+}
+
+impl Iterator for Offsets<'_> {
+    type Item = i64;
+
+    fn next(&mut self) -> Option<i64> {
+        if self.remaining <= 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        let current = self.offset;
+        // Advance the odometer, innermost axis first. Offsets stay within
+        // [lowest_elem, highest_elem], which the plan checked to fit i64.
+        for (i, axis) in self.plan.axes.iter().enumerate().rev() {
+            self.index[i] += 1;
+            self.offset += axis.stride_elems;
+            if self.index[i] < axis.extent {
+                break;
+            }
+            self.offset -= axis.stride_elems * axis.extent;
+            self.index[i] = 0;
+        }
+        Some(current)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::try_from(self.remaining).unwrap_or(0);
+        (n, Some(n))
+    }
+}
+
+/// Reduces `shape`/`strides` (elements; `None` = compact row-major) to a [`Plan`].
+///
+/// # Errors
+/// [`Error::InvalidTensor`] for a negative extent, [`Error::LengthMismatch`] for strides of
+/// the wrong length, [`Error::Overflow`] when an extent, a merged extent or the reach of the
+/// strides does not fit `i64`.
+pub fn plan(shape: &[i64], strides: Option<&[i64]>) -> Result<Plan> {
+    let len_elems = num_elements(shape)?;
+    let compact;
+    let strides = match strides {
+        Some(s) => {
+            check_strides_len(shape, s)?;
+            s
+        }
+        None => {
+            compact = compact_strides(shape)?;
+            &compact
+        }
+    };
+    let empty = Plan {
+        axes: Vec::new(),
+        len_elems,
+        lowest_elem: 0,
+        highest_elem: 0,
+    };
+    if len_elems <= 1 {
+        return Ok(empty);
+    }
+    let mut axes: Vec<Axis> = Vec::with_capacity(shape.len());
+    // Walk from the innermost axis out, merging an axis into the one inside it when the
+    // outer stride equals the inner stride times the inner extent.
+    for (&extent, &stride_elems) in shape.iter().zip(strides).rev() {
+        if extent == 1 {
+            continue;
+        }
+        if let Some(inner) = axes.last_mut() {
+            if inner.stride_elems.checked_mul(inner.extent) == Some(stride_elems) {
+                inner.extent = inner
+                    .extent
+                    .checked_mul(extent)
+                    .ok_or_else(|| overflow("merged extent", inner.extent, "*", extent))?;
+                continue;
+            }
+        }
+        axes.push(Axis {
+            extent,
+            stride_elems,
+        });
+    }
+    axes.reverse();
+    let (mut lowest, mut highest) = (0i64, 0i64);
+    for a in &axes {
+        let reach = a
+            .stride_elems
+            .checked_mul(a.extent - 1)
+            .ok_or_else(|| overflow("stride reach", a.stride_elems, "*", a.extent - 1))?;
+        let side = if reach < 0 { &mut lowest } else { &mut highest };
+        *side = side
+            .checked_add(reach)
+            .ok_or_else(|| overflow("stride reach", *side, "+", reach))?;
+    }
+    Ok(Plan {
+        axes,
+        len_elems,
+        lowest_elem: lowest,
+        highest_elem: highest,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,6 +503,38 @@ mod tests {
             check_blocks(&[1, 3], &[0, 1], 2, 3, false),
             Err(Error::OutOfBounds { .. })
         ));
+    }
+
+    fn offsets(shape: &[i64], strides: &[i64]) -> Vec<i64> {
+        plan(shape, Some(strides)).unwrap().offsets().collect()
+    }
+
+    #[test]
+    fn plans_merge_and_order() {
+        let p = plan(&[2, 3, 4], Some(&[12, 4, 1])).unwrap();
+        assert_eq!(
+            p.axes,
+            vec![Axis {
+                extent: 24,
+                stride_elems: 1
+            }]
+        );
+        assert!(p.is_contiguous());
+        let f = plan(&[2, 3], Some(&[1, 2])).unwrap();
+        assert_eq!(f.axes.len(), 2);
+        assert!(!f.is_contiguous());
+        assert_eq!(offsets(&[2, 3], &[1, 2]), vec![0, 2, 4, 1, 3, 5]);
+        assert_eq!(offsets(&[3], &[-1]), vec![0, -1, -2]);
+        assert_eq!(offsets(&[3], &[0]), vec![0, 0, 0]);
+        assert_eq!(offsets(&[2, 1, 2], &[7, 99, 3]), vec![0, 3, 7, 10]);
+        let n = plan(&[3, 2], Some(&[-2, 1])).unwrap();
+        assert_eq!((n.lowest_elem, n.highest_elem), (-4, 1));
+        assert_eq!(plan(&[0, 5], Some(&[9, 9])).unwrap().offsets().count(), 0);
+        assert_eq!(
+            plan(&[], None).unwrap().offsets().collect::<Vec<_>>(),
+            vec![0]
+        );
+        assert!(plan(&[i64::MAX], Some(&[2])).is_err());
     }
 
     #[test]

@@ -27,11 +27,13 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod comm;
+pub mod derived;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod layout;
+mod pack;
 pub mod spec;
 
 pub use error::{Error, Result};

@@ -41,14 +41,18 @@ use mpi::datatype::{
     AsDatatype, Buffer, BufferMut, Collection, DatatypeRef, Partitioned, PartitionedBuffer,
     PartitionedBufferMut, Pointer, PointerMut,
 };
+use mpi::ffi::MPI_Datatype;
+use mpi::raw::FromRaw;
 use mpi::Count;
 
+use crate::derived;
 use crate::dlpack::Tensor;
 use crate::dtype::{self, DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
 
-/// What both spec kinds share: where the first element is, how many elements, of what type.
+/// What both spec kinds share: where the first element is, how many elements, of what type,
+/// and the `(count, datatype)` MPI gets.
 // repr(C) (here and on ElementType): with Rust's reordering, the small dtype fields were
 // packed at odd offsets and every spec copy out of a Result hit store-forwarding stalls;
 // spec construction went from ~46 ns to ~19 ns with a fixed, aligned layout.
@@ -58,6 +62,15 @@ struct Described {
     ptr: *mut c_void,
     len_elems: i64,
     element: ElementType,
+    /// A committed derived datatype (strided layout, or a count beyond `int`), sent with
+    /// `count = 1`; `None` = the element's predefined unit type, `count` units.
+    derived: Option<MPI_Datatype>,
+    count: Count,
+    /// Whether the elements are one run in logical order (predefined or large-count type).
+    contiguous: bool,
+    /// Lowest and one-past-highest byte address an element touches.
+    start: usize,
+    end: usize,
 }
 
 impl Described {
@@ -65,36 +78,94 @@ impl Described {
     fn of<T: Tensor + ?Sized>(t: &T) -> Result<Self> {
         t.device().check_host_accessible()?;
         let element = dtype::lookup(t.dtype())?;
-        layout::check_c_contiguous(t.shape(), t.strides_elems())?;
-        let len_elems = t.num_elements();
-        let span = layout::byte_span(len_elems, element.size_bytes())?;
         let ptr = t.first_element_ptr();
-        if !ptr.is_null() && (ptr as usize).checked_add(span).is_none() {
-            return Err(Error::Overflow {
-                quantity: "first element + byte span",
-                lhs: ptr as usize as i128,
-                operator: "+",
-                rhs: span as i128,
-            });
+        let len_elems = t.num_elements();
+        match layout::check_c_contiguous(t.shape(), t.strides_elems()) {
+            Ok(()) => Self::contiguous(ptr, len_elems, element),
+            Err(Error::NonContiguous { .. }) => Self::strided(t, ptr, element),
+            Err(e) => Err(e),
         }
+    }
+
+    #[inline]
+    fn contiguous(ptr: *mut c_void, len_elems: i64, element: ElementType) -> Result<Self> {
+        let span = layout::byte_span(len_elems, element.size_bytes())?;
+        let end = (ptr as usize).checked_add(span).ok_or(Error::Overflow {
+            quantity: "first element + byte span",
+            lhs: ptr as usize as i128,
+            operator: "+",
+            rhs: span as i128,
+        })?;
+        // A count beyond int gets its large-count datatype in `finish` (count 0 until then),
+        // so that a range of a huge tensor does not build one for the whole.
+        let units = i128::from(len_elems) * element.units_per_element() as i128;
+        let count = Count::try_from(units).unwrap_or(0);
         Ok(Described {
             ptr,
             len_elems,
             element,
+            derived: None,
+            count,
+            contiguous: true,
+            start: ptr as usize,
+            end,
         }
         .empty_is_null())
     }
 
+    #[cold]
+    fn strided<T: Tensor + ?Sized>(t: &T, ptr: *mut c_void, element: ElementType) -> Result<Self> {
+        let plan = layout::plan(t.shape(), t.strides_elems())?;
+        let size = element.size_bytes() as i128;
+        let base = ptr as usize as i128;
+        let start = base + i128::from(plan.lowest_elem) * size;
+        let end = base + (i128::from(plan.highest_elem) + 1) * size;
+        if start < 0 || end > usize::MAX as i128 {
+            return Err(Error::Overflow {
+                quantity: "address range of the strided elements",
+                lhs: start,
+                operator: "..",
+                rhs: end,
+            });
+        }
+        let derived = derived::strided(element.row.unit, element.dtype.lanes, &plan.axes)?;
+        Ok(Described {
+            ptr,
+            len_elems: plan.len_elems,
+            element,
+            derived: Some(derived),
+            count: 1,
+            contiguous: false,
+            start: start as usize,
+            end: end as usize,
+        })
+    }
+
     /// The elements `[displacement, displacement + count)`, bounds-checked.
     fn range(&self, what: &str, displacement: i64, count: i64) -> Result<Self> {
+        if !self.contiguous {
+            return Err(Error::StridedNotSupported {
+                operation: "element ranges",
+            });
+        }
         layout::check_range(|| what.to_string(), displacement, count, self.len_elems)?;
         let offset_bytes = displacement as usize * self.element.size_bytes();
-        Ok(Described {
-            ptr: self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast(),
-            len_elems: count,
-            element: self.element,
+        Self::contiguous(
+            self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast(),
+            count,
+            self.element,
+        )
+    }
+
+    /// Builds the large-count datatype of a contiguous run of more than `int` units.
+    #[inline]
+    fn finish(mut self) -> Result<Self> {
+        if self.contiguous && self.count == 0 && self.len_elems > 0 {
+            let units = self.len_elems as u64 * self.element.units_per_element() as u64;
+            self.derived = Some(derived::large_contiguous(self.element.row.unit, units)?);
+            self.count = 1;
         }
-        .empty_is_null())
+        Ok(self)
     }
 
     /// An empty buffer is handed to MPI as NULL, never as the tensor's pointer: a Rust
@@ -109,8 +180,12 @@ impl Described {
     }
 
     #[inline]
-    fn mpi_count(&self) -> Result<Count> {
-        mpi_units(self.len_elems, &self.element)
+    fn datatype(&self) -> DatatypeRef<'static> {
+        match self.derived {
+            None => self.element.row.unit.datatype(),
+            // SAFETY: a committed type the derived-type cache keeps for the whole process.
+            Some(t) => unsafe { DatatypeRef::from_raw(t) },
+        }
     }
 }
 
@@ -127,7 +202,6 @@ fn mpi_units(elems: i64, element: &ElementType) -> Result<Count> {
 #[derive(Debug, Clone, Copy)]
 pub struct SendSpec<'t> {
     d: Described,
-    count: Count,
     _tensor: PhantomData<&'t ()>,
 }
 
@@ -162,8 +236,7 @@ impl<'t> SendSpec<'t> {
     #[inline]
     fn from_described(d: Described) -> Result<Self> {
         Ok(SendSpec {
-            count: d.mpi_count()?,
-            d,
+            d: d.finish()?,
             _tensor: PhantomData,
         })
     }
@@ -191,9 +264,25 @@ impl<'t> SendSpec<'t> {
         Self::from_described(self.d.range("range", displacement_elems, count_elems)?)
     }
 
-    /// The MPI count in datatype units (elements × lanes).
+    /// The MPI count: elements × lanes units of the predefined type, or 1 of a derived
+    /// datatype (strided layouts, counts beyond `int`).
     pub fn mpi_count(&self) -> Count {
-        self.count
+        self.d.count
+    }
+
+    /// Whether MPI gets a derived datatype (strided layout or large count) for this spec.
+    pub fn is_derived(&self) -> bool {
+        self.d.derived.is_some()
+    }
+
+    /// Whether the elements are one run in memory in logical order.
+    pub fn is_contiguous(&self) -> bool {
+        self.d.contiguous
+    }
+
+    /// Lowest and one-past-highest byte address the elements touch.
+    pub fn byte_range(&self) -> (usize, usize) {
+        (self.d.start, self.d.end)
     }
 }
 
@@ -210,7 +299,7 @@ unsafe impl Pointer for SendSpec<'_> {
 unsafe impl Collection for SendSpec<'_> {
     #[inline]
     fn count(&self) -> Count {
-        self.count
+        self.d.count
     }
 }
 
@@ -219,7 +308,7 @@ unsafe impl AsDatatype for SendSpec<'_> {
     type Out = DatatypeRef<'static>;
     #[inline]
     fn as_datatype(&self) -> Self::Out {
-        self.d.element.row.unit.datatype()
+        self.d.datatype()
     }
 }
 
@@ -230,7 +319,6 @@ unsafe impl Buffer for SendSpec<'_> {}
 #[derive(Debug)]
 pub struct RecvSpec<'t> {
     d: Described,
-    count: Count,
     _tensor: PhantomData<&'t mut ()>,
 }
 
@@ -276,8 +364,7 @@ impl<'t> RecvSpec<'t> {
     #[inline]
     fn from_described(d: Described) -> Result<Self> {
         Ok(RecvSpec {
-            count: d.mpi_count()?,
-            d,
+            d: d.finish()?,
             _tensor: PhantomData,
         })
     }
@@ -297,9 +384,25 @@ impl<'t> RecvSpec<'t> {
         self.d.element.dtype
     }
 
-    /// The MPI count in datatype units (elements × lanes).
+    /// The MPI count: elements × lanes units of the predefined type, or 1 of a derived
+    /// datatype (strided layouts, counts beyond `int`).
     pub fn mpi_count(&self) -> Count {
-        self.count
+        self.d.count
+    }
+
+    /// Whether MPI gets a derived datatype (strided layout or large count) for this spec.
+    pub fn is_derived(&self) -> bool {
+        self.d.derived.is_some()
+    }
+
+    /// Whether the elements are one run in memory in logical order.
+    pub fn is_contiguous(&self) -> bool {
+        self.d.contiguous
+    }
+
+    /// Lowest and one-past-highest byte address the elements touch.
+    pub fn byte_range(&self) -> (usize, usize) {
+        (self.d.start, self.d.end)
     }
 
     /// Reads this receive buffer as a send buffer (for the root of a broadcast, or an
@@ -307,7 +410,6 @@ impl<'t> RecvSpec<'t> {
     pub fn as_send(&self) -> SendSpec<'_> {
         SendSpec {
             d: self.d,
-            count: self.count,
             _tensor: PhantomData,
         }
     }
@@ -333,7 +435,7 @@ unsafe impl PointerMut for RecvSpec<'_> {
 unsafe impl Collection for RecvSpec<'_> {
     #[inline]
     fn count(&self) -> Count {
-        self.count
+        self.d.count
     }
 }
 
@@ -342,7 +444,7 @@ unsafe impl AsDatatype for RecvSpec<'_> {
     type Out = DatatypeRef<'static>;
     #[inline]
     fn as_datatype(&self) -> Self::Out {
-        self.d.element.row.unit.datatype()
+        self.d.datatype()
     }
 }
 
@@ -354,12 +456,17 @@ unsafe impl BufferMut for RecvSpec<'_> {}
 /// Per-rank `(counts, displacements)` in elements, checked against a tensor of `len_elems`
 /// and converted to MPI units.
 fn blocks(
+    d: &Described,
     counts_elems: &[i64],
     displacements_elems: &[i64],
-    len_elems: i64,
-    element: &ElementType,
     disjoint: bool,
 ) -> Result<(Vec<Count>, Vec<Count>)> {
+    if !d.contiguous {
+        return Err(Error::StridedNotSupported {
+            operation: "per-rank blocks (v-variants)",
+        });
+    }
+    let (len_elems, element) = (d.len_elems, &d.element);
     layout::check_blocks(
         counts_elems,
         displacements_elems,
@@ -399,13 +506,7 @@ impl<'t> VectorSendSpec<'t> {
         counts_elems: &[i64],
         displacements_elems: &[i64],
     ) -> Result<Self> {
-        let (counts, displs) = blocks(
-            counts_elems,
-            displacements_elems,
-            spec.len_elems(),
-            &spec.element_type(),
-            false,
-        )?;
+        let (counts, displs) = blocks(&spec.d, counts_elems, displacements_elems, false)?;
         Ok(VectorSendSpec {
             spec,
             counts,
@@ -467,13 +568,7 @@ impl<'t> VectorRecvSpec<'t> {
         counts_elems: &[i64],
         displacements_elems: &[i64],
     ) -> Result<Self> {
-        let (counts, displs) = blocks(
-            counts_elems,
-            displacements_elems,
-            spec.len_elems(),
-            &spec.element_type(),
-            true,
-        )?;
+        let (counts, displs) = blocks(&spec.d, counts_elems, displacements_elems, true)?;
         Ok(VectorRecvSpec {
             spec,
             counts,

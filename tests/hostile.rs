@@ -476,23 +476,22 @@ fn byte_span_past_the_address_space_is_an_overflow() {
 // Strides
 // ---------------------------------------------------------------------------------------
 
+/// Negative strides reach below `data + byte_offset` (legitimately: DLPack producers such
+/// as NumPy point `data` at the first logical element). Whether that stays inside the
+/// producer's allocation is the producer's promise; the crate checks that the address range
+/// does not wrap, exposes it (`byte_range`), and never turns such a layout into a slice.
 #[test]
-fn strides_pointing_backwards_are_refused_for_send_recv_and_slices() {
+fn strides_pointing_backwards_are_strided_never_slices() {
     for stride in [-1, -2, i64::MIN + 1] {
-        // byte_offset 0: the second element would be *before* the allocation.
         let raw = RawTensor::new(&[0f32, 1., 2.], F32).shape(&[3], Some(&[stride]));
-        assert_eq!(
-            send_err(&raw),
-            Error::NonContiguous {
-                axis: 0,
-                stride_elems: stride,
-                expected_elems: 1
-            }
+        let s = send_err(&raw);
+        assert!(
+            matches!(s, Error::MpiNotInitialized | Error::Overflow { .. }),
+            "stride {stride}: {s:?}"
         );
         let r = recv_err(&raw);
         assert!(
-            matches!(r, Error::NonContiguous { axis: 0, stride_elems, .. } if stride_elems == stride)
-                || matches!(r, Error::Overflow { .. }),
+            matches!(r, Error::MpiNotInitialized | Error::Overflow { .. }),
             "stride {stride}: {r:?}"
         );
         with_tensor(&raw, |t| {
@@ -650,14 +649,10 @@ fn max_lanes_multiply_the_mpi_count() {
     with_tensor(&raw, |t| {
         assert_eq!(SendSpec::new(&*t).unwrap().count(), 2_147_450_880);
     });
-    // 32769 x 65535 = 2_147_516_415 units: one element more does not.
+    // 32769 x 65535 = 2_147_516_415 units: one element more does not fit an int; it needs
+    // a large-count derived datatype (never a wrapped count), which needs MPI.
     let raw = RawTensor::new(&[0u8; 8], (2, 32, 65535)).shape(&[32769], None);
-    assert_eq!(
-        send_err(&raw),
-        Error::CountTooLarge {
-            count: 2_147_516_415
-        }
-    );
+    assert_eq!(send_err(&raw), Error::MpiNotInitialized);
 }
 
 #[test]
@@ -872,10 +867,7 @@ fn range_unit_counts_beyond_mpi_int_are_refused() {
     // A (claimed) 2^31-element byte tensor: the whole is too large, sub-ranges are not.
     let raw = RawTensor::new(&[0u8; 8], U8).shape(&[1 << 31], None);
     with_tensor(&raw, |t| {
-        assert_eq!(
-            SendSpec::new(&*t).unwrap_err(),
-            Error::CountTooLarge { count: 1 << 31 }
-        );
+        assert_eq!(SendSpec::new(&*t).unwrap_err(), Error::MpiNotInitialized);
         assert_eq!(
             SendSpec::range(&*t, 0, i64::from(i32::MAX))
                 .unwrap()
@@ -884,7 +876,7 @@ fn range_unit_counts_beyond_mpi_int_are_refused() {
         );
         assert_eq!(
             SendSpec::range(&*t, 0, 1 << 31).unwrap_err(),
-            Error::CountTooLarge { count: 1 << 31 }
+            Error::MpiNotInitialized
         );
         assert_eq!(
             RecvSpec::range(t, 1, 1 << 31).unwrap_err(),
@@ -901,7 +893,7 @@ fn range_unit_counts_beyond_mpi_int_are_refused() {
     with_tensor(&raw, |t| {
         assert_eq!(
             SendSpec::range(&*t, 5, 1 << 30).unwrap_err(),
-            Error::CountTooLarge { count: 1 << 31 }
+            Error::MpiNotInitialized
         );
         assert_eq!(
             SendSpec::range(&*t, 5, (1 << 30) - 1).unwrap().count(),

@@ -14,6 +14,7 @@ use dlpack_mpi::dtype::{self, AnyBits, DType, ReduceOp};
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use dlpack_mpi::Error;
 use mpi::collective::SystemOperation;
+use mpi::datatype::AsDatatype;
 use mpi::raw::AsRaw;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -756,9 +757,266 @@ fn overlapping_windows_are_refused(
     Ok(matches!(r, Err(Error::BuffersAlias { .. })))
 }
 
+fn f32_raw(storage: &[f32], shape: &[i64], strides: &[i64], byte_offset: u64) -> RawTensor {
+    let mut raw = RawTensor::new(storage, (2, 32, 1)).shape(shape, Some(strides));
+    raw.byte_offset = byte_offset;
+    raw
+}
+
+/// Sends a strided f32 tensor around the ring; returns what a contiguous receiver got.
+fn strided_delivery(w: &SimpleCommunicator, raw: &RawTensor, n: usize) -> Result<Vec<f32>, String> {
+    let (t, c) = raw.import_v1();
+    let t = t.map_err(|e| e.to_string())?;
+    let got = ring_exchange(w, &t, vec![-1f32; n])?;
+    drop(t);
+    ensure_eq!(c.get(), 1);
+    Ok(got)
+}
+
+fn c21_fortran_order_delivered_in_logical_order(w: &SimpleCommunicator) -> Outcome {
+    let storage: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let f = f32_raw(&storage, &[2, 2, 2], &[1, 2, 4], 0);
+    ensure_eq!(
+        strided_delivery(w, &f, 8)?,
+        vec![0., 4., 2., 6., 1., 5., 3., 7.]
+    );
+    let c = f32_raw(&storage, &[2, 2, 2], &[4, 2, 1], 0);
+    ensure_eq!(strided_delivery(w, &c, 8)?, storage);
+    Ok(())
+}
+
+fn c22_permuted_strides_delivered(w: &SimpleCommunicator) -> Outcome {
+    let storage: Vec<f32> = (0..8).map(|i| i as f32).collect();
+    let a = f32_raw(&storage, &[2, 2, 2], &[4, 1, 2], 0);
+    ensure_eq!(
+        strided_delivery(w, &a, 8)?,
+        vec![0., 2., 1., 3., 4., 6., 5., 7.]
+    );
+    let b = f32_raw(&storage, &[2, 2, 2], &[2, 4, 1], 0);
+    ensure_eq!(
+        strided_delivery(w, &b, 8)?,
+        vec![0., 1., 4., 5., 2., 3., 6., 7.]
+    );
+    Ok(())
+}
+
+fn c23_step_slice_delivered(w: &SimpleCommunicator) -> Outcome {
+    let raw = f32_raw(&[0., 1., 2., 3., 4.], &[3], &[2], 0);
+    ensure_eq!(strided_delivery(w, &raw, 3)?, vec![0., 2., 4.]);
+    Ok(())
+}
+
+fn c24_negative_stride_delivered_reversed(w: &SimpleCommunicator) -> Outcome {
+    let raw = f32_raw(&[0., 1., 2.], &[3], &[-1], 8); // data at the last element
+    ensure_eq!(strided_delivery(w, &raw, 3)?, vec![2., 1., 0.]);
+    Ok(())
+}
+
+fn c25_broadcast_send_delivered(w: &SimpleCommunicator) -> Outcome {
+    let raw = f32_raw(&[2.], &[6], &[0], 0);
+    ensure_eq!(strided_delivery(w, &raw, 6)?, vec![2.; 6]);
+    Ok(())
+}
+
+fn strided_receive_lands_in_logical_order(w: &SimpleCommunicator) -> Outcome {
+    // Receive 6 values into a transposed 2x3 view (strides [1, 2]) of 6 floats, and into
+    // every other element of 12 floats: the gaps must stay untouched.
+    let (next, prev) = ring(w);
+    let src = Owned::new((0..6).map(|i| (i + 10 * prev) as f32).collect::<Vec<_>>()).read_only();
+    let mine = Owned::new(
+        (0..6)
+            .map(|i| (i + 10 * w.rank()) as f32)
+            .collect::<Vec<_>>(),
+    )
+    .read_only();
+    let dst = Owned::new(vec![-1f32; 6])
+        .with_layout(&[2, 3], Some(&[1, 2]), 0)
+        .map_err(|e| e.to_string())?;
+    let gaps = Owned::new(vec![-7f32; 12])
+        .with_layout(&[6], Some(&[2]), 4)
+        .map_err(|e| e.to_string())?;
+    {
+        let s = acquire(&mine, &opts()).map_err(|e| e.to_string())?;
+        let mut d = acquire(&dst, &opts()).map_err(|e| e.to_string())?;
+        w.sendrecv_tensor(&s, next, 21, &mut d, prev, 21)
+            .map_err(|e| e.to_string())?;
+        let mut g = acquire(&gaps, &opts()).map_err(|e| e.to_string())?;
+        w.sendrecv_tensor(&s, next, 22, &mut g, prev, 22)
+            .map_err(|e| e.to_string())?;
+    }
+    let want: Vec<f32> = {
+        let mut s = src;
+        s.as_slice().to_vec()
+    };
+    // logical (i, j) = want[3i + j] sits at storage i + 2j.
+    let mut expect = vec![0f32; 6];
+    for i in 0..2 {
+        for j in 0..3 {
+            expect[i + 2 * j] = want[3 * i + j];
+        }
+    }
+    ensure_eq!(dst.into_vec(), expect);
+    let g = gaps.into_vec();
+    ensure_eq!(
+        g.iter().step_by(2).copied().collect::<Vec<_>>(),
+        vec![-7f32; 6]
+    );
+    ensure_eq!(
+        g.iter().skip(1).step_by(2).copied().collect::<Vec<_>>(),
+        want
+    );
+    Ok(())
+}
+
+fn strided_reductions_and_broadcast(w: &SimpleCommunicator) -> Outcome {
+    let (r, p) = (w.rank(), w.size());
+    let e = |e: Error| e.to_string();
+    // F-order 2x3 send (storage value = storage index + rank), reversed-stride receive.
+    let send = Owned::new((0..6).map(|k| (k + r) as f64).collect::<Vec<_>>())
+        .with_layout(&[2, 3], Some(&[1, 2]), 0)
+        .map_err(e)?
+        .read_only();
+    let out = Owned::new(vec![0f64; 6])
+        .with_layout(&[6], Some(&[-1]), 40)
+        .map_err(e)?;
+    {
+        let s = acquire(&send, &opts()).map_err(e)?;
+        let mut o = acquire(&out, &opts()).map_err(e)?;
+        w.all_reduce_tensor(&s, &mut o, ReduceOp::Sum).map_err(e)?;
+    }
+    // logical element l = (i, j) -> storage i + 2j; sum over ranks of (k + rank).
+    let ranks = f64::from(p * (p - 1) / 2);
+    let logical: Vec<f64> = (0..2)
+        .flat_map(|i| (0..3).map(move |j| f64::from(i + 2 * j) * f64::from(p) + ranks))
+        .collect();
+    let mut expect = logical.clone();
+    expect.reverse(); // stored through stride -1 from the last element
+    ensure_eq!(out.into_vec(), expect);
+    // In-place max over every other element; the gaps keep their values.
+    let buf = Owned::new(
+        (0..8)
+            .map(|k| {
+                if k % 2 == 0 {
+                    (k * 10 + r) as f64
+                } else {
+                    -3.0
+                }
+            })
+            .collect::<Vec<_>>(),
+    )
+    .with_layout(&[4], Some(&[2]), 0)
+    .map_err(e)?;
+    {
+        let mut t = acquire(&buf, &opts()).map_err(e)?;
+        w.all_reduce_tensor_in_place(&mut t, ReduceOp::Max)
+            .map_err(e)?;
+    }
+    let expect: Vec<f64> = (0..8)
+        .map(|k| {
+            if k % 2 == 0 {
+                f64::from(k * 10 + p - 1)
+            } else {
+                -3.0
+            }
+        })
+        .collect();
+    ensure_eq!(buf.into_vec(), expect);
+    // Broadcast into a step-2 view from a transposed root.
+    let root = p - 1;
+    let init: Vec<f64> = if r == root {
+        (0..6).map(f64::from).collect()
+    } else {
+        vec![-1.0; 6]
+    };
+    let b = Owned::new(init)
+        .with_layout(&[3, 2], Some(&[1, 3]), 0)
+        .map_err(e)?;
+    {
+        let mut t = acquire(&b, &opts()).map_err(e)?;
+        w.broadcast_tensor(&mut t, root).map_err(e)?;
+    }
+    ensure_eq!(b.into_vec(), (0..6).map(f64::from).collect::<Vec<_>>());
+    Ok(())
+}
+
+fn strided_blocks_are_refused_typed(w: &SimpleCommunicator) -> Outcome {
+    let p = w.size() as usize;
+    let src = Owned::new(vec![1i32; 2]);
+    let out = Owned::new(vec![0i32; 4 * p])
+        .with_layout(&[2 * p as i64], Some(&[2]), 0)
+        .map_err(|e| e.to_string())?;
+    let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+    let r = w.all_gather_tensor(&s, &mut o);
+    ensure!(matches!(r, Err(Error::StridedNotSupported { .. })), "{r:?}");
+    Ok(())
+}
+
+fn derived_datatypes_are_cached(w: &SimpleCommunicator) -> Outcome {
+    let raw = f32_raw(&[0., 1., 2., 3., 4.], &[3], &[2], 0);
+    strided_delivery(w, &raw, 3)?;
+    let before = dlpack_mpi::derived::cached_count();
+    for _ in 0..20 {
+        strided_delivery(w, &raw, 3)?;
+    }
+    ensure_eq!(dlpack_mpi::derived::cached_count(), before);
+    Ok(())
+}
+
+fn large_count_spec_is_one_exact_derived_type(_w: &SimpleCommunicator) -> Outcome {
+    // 3e9 bytes (claimed; nothing is transferred): one datatype of exactly that size.
+    for (units, lanes) in [
+        (3_000_000_000i64, 1u16),
+        ((1i64 << 31) + 5, 1),
+        (1 << 30, 4),
+    ] {
+        let raw = RawTensor::new(&[0u8; 8], (1, 8, lanes)).shape(&[units], Some(&[1]));
+        let (t, _) = raw.import_v1();
+        let t = t.map_err(|e| e.to_string())?;
+        let s = SendSpec::new(&t).map_err(|e| e.to_string())?;
+        ensure!(s.is_derived() && s.count() == 1, "count {}", s.count());
+        let mut size: mpi::ffi::MPI_Count = 0;
+        // SAFETY: MPI is initialized; the handle is a committed datatype.
+        unsafe { mpi::ffi::MPI_Type_size_x(s.as_datatype().as_raw(), &mut size) };
+        ensure_eq!(size as i128, i128::from(units) * i128::from(lanes));
+    }
+    Ok(())
+}
+
 type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 
 const CASES: &[Case] = &[
+    (
+        "c21_fortran_order_delivered_in_logical_order",
+        c21_fortran_order_delivered_in_logical_order,
+    ),
+    (
+        "c22_permuted_strides_delivered",
+        c22_permuted_strides_delivered,
+    ),
+    ("c23_step_slice_delivered", c23_step_slice_delivered),
+    (
+        "c24_negative_stride_delivered_reversed",
+        c24_negative_stride_delivered_reversed,
+    ),
+    ("c25_broadcast_send_delivered", c25_broadcast_send_delivered),
+    (
+        "strided_receive_lands_in_logical_order",
+        strided_receive_lands_in_logical_order,
+    ),
+    (
+        "strided_reductions_and_broadcast",
+        strided_reductions_and_broadcast,
+    ),
+    (
+        "strided_blocks_are_refused_typed",
+        strided_blocks_are_refused_typed,
+    ),
+    ("derived_datatypes_are_cached", derived_datatypes_are_cached),
+    (
+        "large_count_spec_is_one_exact_derived_type",
+        large_count_spec_is_one_exact_derived_type,
+    ),
     ("c02_v0_and_v1_deliver", c02_v0_and_v1_deliver),
     ("c06_zero_d", c06_zero_d),
     ("c07_zero_size_everywhere", c07_zero_size_everywhere),

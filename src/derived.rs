@@ -1,0 +1,205 @@
+//! Committed MPI derived datatypes for strided layouts and for counts beyond MPI's `int`.
+//!
+//! Part of [`crate::spec`]: a strided tensor is described by one derived datatype whose type
+//! map visits its elements in logical row-major order (MPI-4.1 §5.1), so MPI reads or writes
+//! them in place, with no packing copy:
+//!
+//! ```text
+//! element = unit                      (lanes = 1)   | contiguous(lanes, unit)
+//! axis k  = contiguous(extent, inner) (stride = 1 element, innermost only)
+//!         | hvector(extent, 1, stride_elems × element bytes, inner)
+//! ```
+//!
+//! nested from the innermost axis out ([`crate::layout::Plan`] has already dropped extent-1
+//! axes and merged axes that are contiguous with each other, so a tensor costs as few levels
+//! as possible). Strides may be negative or zero (`MPI_Type_create_hvector` takes any
+//! stride); displacements are relative to the first element, which is the buffer address.
+//!
+//! A contiguous message of more than `i32::MAX` units is described as
+//! `contiguous(q, contiguous(2^30, unit))` plus, when `r ≠ 0`, `r` units after it (one
+//! `MPI_Type_create_struct`), sent with count 1: never a truncated or negative count.
+//!
+//! Datatypes are committed once per `(unit, lanes, axes)` or `(unit, units)` and cached for
+//! the life of the process (MPI frees them at `MPI_Finalize`); building one needs MPI to be
+//! initialized.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::{Mutex, OnceLock};
+
+use mpi::ffi::{MPI_Aint, MPI_Datatype};
+use mpi::raw::AsRaw;
+
+use crate::dtype::MpiUnit;
+use crate::error::{Error, Result};
+use crate::layout::Axis;
+
+/// Units per block in the large-count form: 2^30.
+pub const LARGE_BLOCK_UNITS: u64 = 1 << 30;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Strided {
+        unit: MpiUnit,
+        lanes: u16,
+        axes: Vec<Axis>,
+    },
+    Large {
+        unit: MpiUnit,
+        units: u64,
+    },
+}
+
+#[derive(Clone, Copy)]
+struct Handle(MPI_Datatype);
+
+// SAFETY: an MPI datatype handle is an opaque value; committed types are immutable and may
+// be used from any thread the MPI threading level allows.
+unsafe impl Send for Handle {}
+
+fn cache() -> &'static Mutex<HashMap<Key, Handle>> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Handle>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn cached(key: Key, build: impl FnOnce() -> Result<MPI_Datatype>) -> Result<MPI_Datatype> {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return Err(Error::MpiNotInitialized);
+    }
+    let mut map = cache()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(h) = map.get(&key) {
+        return Ok(h.0);
+    }
+    let t = build()?;
+    map.insert(key, Handle(t));
+    Ok(t)
+}
+
+/// Number of derived datatypes built so far (for tests of the cache).
+pub fn cached_count() -> usize {
+    cache()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .len()
+}
+
+fn int(value: i64, what: u64) -> Result<c_int> {
+    c_int::try_from(value).map_err(|_| Error::CountTooLarge { count: what })
+}
+
+/// A type built here, freed on drop unless it is the result.
+struct Temp(MPI_Datatype, bool);
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if self.1 {
+            // SAFETY: a type this module created and nobody else holds; a type used to build
+            // another may be freed (MPI-4.1 §5.1.9).
+            unsafe { mpi::ffi::MPI_Type_free(&mut self.0) };
+        }
+    }
+}
+
+/// The committed datatype of one strided tensor: `axes` outermost first (from a
+/// [`crate::layout::Plan`]), elements of `lanes` units of `unit`.
+///
+/// # Errors
+/// [`Error::MpiNotInitialized`]; [`Error::CountTooLarge`] when an extent exceeds MPI's
+/// `int`; [`Error::Overflow`] when a stride in bytes exceeds `MPI_Aint`.
+pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype> {
+    let elem_bytes = unit.size_bytes() as i128 * i128::from(lanes);
+    // Validate before taking the lock or calling MPI.
+    let mut sizes = Vec::with_capacity(axes.len());
+    for a in axes {
+        let extent = int(a.extent, a.extent as u64)?;
+        let stride = i128::from(a.stride_elems) * elem_bytes;
+        let stride = MPI_Aint::try_from(stride).map_err(|_| Error::Overflow {
+            quantity: "stride in bytes",
+            lhs: a.stride_elems.into(),
+            operator: "*",
+            rhs: elem_bytes,
+        })?;
+        sizes.push((extent, stride, a.stride_elems == 1));
+    }
+    let key = Key::Strided {
+        unit,
+        lanes,
+        axes: axes.to_vec(),
+    };
+    cached(key, || {
+        let unit_type = unit.datatype().as_raw();
+        let mut current = Temp(unit_type, false);
+        if lanes > 1 {
+            let mut t: MPI_Datatype = unit_type;
+            // SAFETY: valid predefined old type; `t` receives the new handle.
+            unsafe { mpi::ffi::MPI_Type_contiguous(c_int::from(lanes), unit_type, &mut t) };
+            current = Temp(t, true);
+        }
+        let innermost = sizes.len().saturating_sub(1);
+        for (i, &(extent, stride, unit_stride)) in sizes.iter().enumerate().rev() {
+            let mut t: MPI_Datatype = unit_type;
+            if i == innermost && unit_stride {
+                // SAFETY: valid old type; `t` receives the new handle.
+                unsafe { mpi::ffi::MPI_Type_contiguous(extent, current.0, &mut t) };
+            } else {
+                // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
+                unsafe { mpi::ffi::MPI_Type_create_hvector(extent, 1, stride, current.0, &mut t) };
+            }
+            current = Temp(t, true);
+        }
+        // SAFETY: `current` is a type built above.
+        unsafe { mpi::ffi::MPI_Type_commit(&mut current.0) };
+        current.1 = false; // kept: the cache owns it now
+        Ok(current.0)
+    })
+}
+
+/// The committed datatype of `units` consecutive units (for `units > i32::MAX`), sent with
+/// count 1.
+///
+/// # Errors
+/// [`Error::MpiNotInitialized`]; [`Error::CountTooLarge`] beyond `2^30 × i32::MAX` units.
+pub fn large_contiguous(unit: MpiUnit, units: u64) -> Result<MPI_Datatype> {
+    let blocks = units / LARGE_BLOCK_UNITS;
+    let rest = units % LARGE_BLOCK_UNITS;
+    let blocks_int = int(blocks as i64, units)?;
+    cached(Key::Large { unit, units }, || {
+        let unit_type = unit.datatype().as_raw();
+        let mut block: MPI_Datatype = unit_type;
+        // SAFETY: valid predefined old type.
+        unsafe { mpi::ffi::MPI_Type_contiguous(LARGE_BLOCK_UNITS as c_int, unit_type, &mut block) };
+        let block = Temp(block, true);
+        let mut all: MPI_Datatype = unit_type;
+        // SAFETY: valid old type.
+        unsafe { mpi::ffi::MPI_Type_contiguous(blocks_int, block.0, &mut all) };
+        let mut result = Temp(all, true);
+        if rest > 0 {
+            let lengths: [c_int; 2] = [1, rest as c_int];
+            let tail_bytes = blocks as i128 * LARGE_BLOCK_UNITS as i128 * unit.size_bytes() as i128;
+            let displacements: [MPI_Aint; 2] = [
+                0,
+                MPI_Aint::try_from(tail_bytes)
+                    .map_err(|_| Error::CountTooLarge { count: units })?,
+            ];
+            let types: [MPI_Datatype; 2] = [result.0, unit_type];
+            let mut s: MPI_Datatype = unit_type;
+            // SAFETY: arrays of length 2 as the count says; valid old types.
+            unsafe {
+                mpi::ffi::MPI_Type_create_struct(
+                    2,
+                    lengths.as_ptr(),
+                    displacements.as_ptr(),
+                    types.as_ptr(),
+                    &mut s,
+                )
+            };
+            result = Temp(s, true);
+        }
+        // SAFETY: a type built above.
+        unsafe { mpi::ffi::MPI_Type_commit(&mut result.0) };
+        result.1 = false;
+        Ok(result.0)
+    })
+}
