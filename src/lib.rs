@@ -37,3 +37,8 @@ mod pack;
 pub mod spec;
 
 pub use error::{Error, Result};
+
+/// The README's code blocks, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

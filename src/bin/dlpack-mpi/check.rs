@@ -9,6 +9,7 @@
 //! and arrived values, and the rank that saw it.
 
 use std::fmt::Debug;
+use std::io::Write;
 use std::process::ExitCode;
 
 use dlpack_mpi::comm::TensorComm;
@@ -643,19 +644,20 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
         if s.is_empty() {
             continue;
         }
+        // A message without a "rank N: " prefix is the same on every rank: keep it once.
         let (who, what) = match s.strip_prefix("rank ").and_then(|t| t.split_once(": ")) {
-            Some((r, rest)) => (r.to_string(), rest.to_string()),
-            None => (String::new(), s),
+            Some((r, rest)) => (Some(r.to_string()), rest.to_string()),
+            None => (None, s),
         };
         match messages.iter_mut().find(|(_, m)| *m == what) {
-            Some((ranks, _)) => ranks.push(who),
-            None => messages.push((vec![who], what)),
+            Some((ranks, _)) => ranks.extend(who),
+            None => messages.push((who.into_iter().collect(), what)),
         }
     }
     let messages: Vec<String> = messages
         .into_iter()
         .map(|(ranks, what)| match ranks.as_slice() {
-            [r] if r.is_empty() => what,
+            [] => what,
             [r] => format!("rank {r}: {what}"),
             _ => format!("ranks {}: {what}", ranks.join(", ")),
         })
@@ -721,8 +723,12 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     }
     if args.list {
         if w.rank() == 0 {
+            // A closed pipe (`--list | head`) ends the listing quietly.
+            let mut out = std::io::stdout().lock();
             for c in &cases {
-                println!("{}", c.name());
+                if writeln!(out, "{}", c.name()).is_err() {
+                    break;
+                }
             }
         }
         return ExitCode::SUCCESS;
@@ -780,8 +786,10 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     if w.rank() == 0 {
         if known > 0 {
             println!(
-                "{known} cases hit known MPI-library bugs (KNOWN-BUG lines above): the library \
-                 computed a wrong result; see the workaround given there"
+                "{known} case{} hit known MPI-library bugs (KNOWN-BUG lines above; counted as neither \
+                 passed, failed nor skipped): the library \
+                 computed a wrong result; see the workaround given there",
+                if known == 1 { "" } else { "s" }
             );
         }
         println!("{passed} passed, {failed} failed, {skipped} skipped");
