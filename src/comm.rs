@@ -315,6 +315,7 @@ pub trait TensorComm: Communicator {
         check_rank(root, self.size())?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
+        let mop = op_handle(op, s.dtype())?;
         let process = self.process_at_rank(root);
         let unit = s.element_type().row.unit;
         if self.rank() == root {
@@ -338,7 +339,7 @@ pub trait TensorComm: Communicator {
                         rf.ptr.cast::<u8>().add(offset).cast(),
                         n,
                         unit.datatype().as_raw(),
-                        op.system_operation().as_raw(),
+                        mop,
                         root,
                         self.as_raw(),
                     );
@@ -359,7 +360,7 @@ pub trait TensorComm: Communicator {
                         std::ptr::null_mut(),
                         n,
                         unit.datatype().as_raw(),
-                        op.system_operation().as_raw(),
+                        mop,
                         root,
                         self.as_raw(),
                     );
@@ -384,6 +385,7 @@ pub trait TensorComm: Communicator {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
+        let mop = op_handle(op, s.dtype())?;
         let mut r = RecvSpec::new(recv)?;
         check_pair("all-reduce send vs receive", &s, &r)?;
         check_count(|| "all-reduce receive".into(), s.len_elems(), r.len_elems())?;
@@ -407,7 +409,7 @@ pub trait TensorComm: Communicator {
                     rf.ptr.cast::<u8>().add(offset).cast(),
                     n,
                     unit.datatype().as_raw(),
-                    op.system_operation().as_raw(),
+                    mop,
                     self.as_raw(),
                 );
             }
@@ -423,6 +425,7 @@ pub trait TensorComm: Communicator {
         check_intra(self)?;
         let mut r = RecvSpec::new(tensor)?;
         r.element_type().check_reduction(op)?;
+        let mop = op_handle(op, r.dtype())?;
         let unit = r.element_type().row.unit;
         let units = r.len_elems() as usize * r.element_type().units_per_element();
         let (derived, count) = (r.is_derived(), r.mpi_count());
@@ -437,7 +440,7 @@ pub trait TensorComm: Communicator {
                     info.1,
                     count,
                     unit.datatype().as_raw(),
-                    op.system_operation().as_raw(),
+                    mop,
                     self.as_raw(),
                 );
             }
@@ -452,7 +455,7 @@ pub trait TensorComm: Communicator {
                     flat.ptr.cast::<u8>().add(offset).cast(),
                     n,
                     unit.datatype().as_raw(),
-                    op.system_operation().as_raw(),
+                    mop,
                     self.as_raw(),
                 );
             }
@@ -726,7 +729,19 @@ pub trait TensorComm: Communicator {
             r.len_elems() * i64::from(size),
             s.len_elems(),
         )?;
-        self.reduce_scatter_block_into(&s, &mut r, op.system_operation());
+        let mop = op_handle(op, s.dtype())?;
+        // SAFETY: `r` holds `count` units of `unit` (its predefined type: blockable), `s`
+        // holds `size × count`; they are disjoint (checked).
+        unsafe {
+            mpi::ffi::MPI_Reduce_scatter_block(
+                s.pointer(),
+                r.pointer_mut(),
+                r.mpi_count(),
+                r.as_datatype().as_raw(),
+                mop,
+                self.as_raw(),
+            );
+        }
         Ok(())
     }
 }
@@ -814,7 +829,19 @@ fn finish_recv(flat: Flat, recv: &mut dyn Tensor, elem: usize) -> Result<()> {
 /// sequence of MPI calls matches across ranks.
 fn needs_flat(s: &SendSpec<'_>, recv_derived: bool) -> bool {
     let units = s.len_elems() as usize * s.element_type().units_per_element();
-    s.is_derived() || recv_derived || units > REDUCE_CHUNK_UNITS
+    s.is_derived()
+        || recv_derived
+        || units > REDUCE_CHUNK_UNITS
+        || crate::halfops::is_half(s.dtype())
+}
+
+/// The MPI operation for `op` on `dtype`: predefined, or user-defined for half precision.
+fn op_handle(op: ReduceOp, dtype: crate::dtype::DType) -> Result<mpi::ffi::MPI_Op> {
+    if crate::halfops::is_half(dtype) {
+        crate::halfops::op(dtype, op)
+    } else {
+        Ok(op.system_operation().as_raw())
+    }
 }
 
 /// Calls `f(send_offset_bytes, recv_offset_bytes, count)` for consecutive chunks of at most

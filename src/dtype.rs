@@ -10,8 +10,8 @@
 //! | Int (0) 8/16/32/64 | `MPI_INT{8,16,32,64}_T` | sum, prod, min, max, land, lor, lxor, band, bor, bxor |
 //! | UInt (1) 8/16/32/64 | `MPI_UINT{8,16,32,64}_T` | same as Int |
 //! | Float (2) 32/64 | `MPI_FLOAT`, `MPI_DOUBLE` | sum, prod, min, max |
-//! | Float (2) 16 | `MPI_UINT16_T` (transfer only) | none until half reductions land |
-//! | Bfloat (4) 16 | `MPI_UINT16_T` (transfer only) | none until half reductions land |
+//! | Float (2) 16 | `MPI_UINT16_T` (bits) | sum, prod, min, max through user-defined ops ([`crate::halfops`]) |
+//! | Bfloat (4) 16 | `MPI_UINT16_T` (bits) | sum, prod, min, max through user-defined ops |
 //! | Complex (5) 64/128 | `MPI_C_FLOAT_COMPLEX`, `MPI_C_DOUBLE_COMPLEX` | sum, prod |
 //! | Complex (5) 32 (complex half) | `MPI_UINT32_T` (transfer only) | none |
 //! | Bool (6) 8 | `MPI_C_BOOL` | land, lor, lxor |
@@ -405,7 +405,8 @@ pub struct Row {
     pub bits: u8,
     /// The MPI predefined type of the same size.
     pub unit: MpiUnit,
-    /// Whether the MPI type only carries the bits (no arithmetic meaning for MPI).
+    /// Whether the MPI type only carries the bits (no arithmetic meaning for MPI): such a
+    /// row's reductions, if any, go through user-defined operations.
     pub transfer_only: bool,
     /// The reductions that are correct for this type.
     pub reductions: Reductions,
@@ -431,6 +432,18 @@ const fn raw(code: u8, bits: u8, unit: MpiUnit) -> Row {
     }
 }
 
+/// Half-precision rows: the bits travel as `MPI_UINT16_T`; sum, product, min and max go
+/// through user-defined operations ([`crate::halfops`]).
+const fn half(code: u8, bits: u8) -> Row {
+    Row {
+        code,
+        bits,
+        unit: MpiUnit::Uint16,
+        transfer_only: true,
+        reductions: Reductions::FLOAT,
+    }
+}
+
 /// The dtype table (see the module docs). Data, not code: tests walk it.
 pub const TABLE: &[Row] = &[
     row(code::INT, 8, MpiUnit::Int8, Reductions::INTEGER),
@@ -441,10 +454,10 @@ pub const TABLE: &[Row] = &[
     row(code::UINT, 16, MpiUnit::Uint16, Reductions::INTEGER),
     row(code::UINT, 32, MpiUnit::Uint32, Reductions::INTEGER),
     row(code::UINT, 64, MpiUnit::Uint64, Reductions::INTEGER),
-    raw(code::FLOAT, 16, MpiUnit::Uint16),
+    half(code::FLOAT, 16),
     row(code::FLOAT, 32, MpiUnit::Float, Reductions::FLOAT),
     row(code::FLOAT, 64, MpiUnit::Double, Reductions::FLOAT),
-    raw(code::BFLOAT, 16, MpiUnit::Uint16),
+    half(code::BFLOAT, 16),
     raw(code::COMPLEX, 32, MpiUnit::Uint32),
     row(
         code::COMPLEX,

@@ -32,6 +32,7 @@ pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
+pub mod halfops;
 pub mod layout;
 mod pack;
 pub mod spec;

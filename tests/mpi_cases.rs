@@ -208,14 +208,62 @@ fn c31_half_bits_identical(w: &SimpleCommunicator) -> Outcome {
         got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
         bf16s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
     );
-    let out = Owned::new(vec![half::f16::ZERO; 4]);
-    let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
-    let t = acquire(&a, &opts()).map_err(|e| e.to_string())?;
-    let r = w.all_reduce_tensor(&t, &mut o, ReduceOp::Sum);
-    ensure!(
-        matches!(r, Err(Error::UnsupportedReduction { .. })),
-        "float16 sum must be refused until half reductions land, got {r:?}"
-    );
+    // Half reductions through user-defined ops: each rank contributes rank + 0.5 (and the
+    // product 2 per rank); results are exact in both formats.
+    let p = w.size();
+    let r = w.rank() as f32;
+    for bfloat in [false, true] {
+        let mk = |x: f32| {
+            if bfloat {
+                half::bf16::from_f32(x).to_bits()
+            } else {
+                half::f16::from_f32(x).to_bits()
+            }
+        };
+        let val = |bits: u16| {
+            if bfloat {
+                half::bf16::from_bits(bits).to_f32()
+            } else {
+                half::f16::from_bits(bits).to_f32()
+            }
+        };
+        let dtype = DType::new(if bfloat { 4 } else { 2 }, 16);
+        let src = Owned::new(vec![mk(r + 0.5), mk(2.0), mk(-r), mk(r)])
+            .with_dtype(dtype)
+            .map_err(|e| e.to_string())?
+            .read_only();
+        let s = acquire(&src, &opts()).map_err(|e| e.to_string())?;
+        for (op, lane, expect) in [
+            (
+                ReduceOp::Sum,
+                0,
+                (0..p).map(|k| k as f32 + 0.5).sum::<f32>(),
+            ),
+            (ReduceOp::Product, 1, 2f32.powi(p)),
+            (ReduceOp::Min, 2, -(p as f32 - 1.0)),
+            (ReduceOp::Max, 3, p as f32 - 1.0),
+        ] {
+            let out = Owned::new(vec![0u16; 4])
+                .with_dtype(dtype)
+                .map_err(|e| e.to_string())?;
+            {
+                let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+                w.all_reduce_tensor(&s, &mut o, op)
+                    .map_err(|e| e.to_string())?;
+            }
+            let got = val(out.into_vec()[lane]);
+            ensure!(got == expect, "{dtype} {op}: expected {expect}, got {got}");
+        }
+        let out = Owned::new(vec![0u16; 4])
+            .with_dtype(dtype)
+            .map_err(|e| e.to_string())?;
+        let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
+        let refused = w.all_reduce_tensor(&s, &mut o, ReduceOp::BitwiseOr);
+        ensure!(
+            matches!(refused, Err(Error::UnsupportedReduction { .. })),
+            "{refused:?}"
+        );
+    }
     Ok(())
 }
 
@@ -1028,7 +1076,10 @@ const CASES: &[Case] = &[
         "c30_bool_transfer_and_logical_reductions",
         c30_bool_transfer_and_logical_reductions,
     ),
-    ("c31_half_bits_identical", c31_half_bits_identical),
+    (
+        "c31_half_bits_identical_and_reductions",
+        c31_half_bits_identical,
+    ),
     ("c32_complex64", c32_complex64),
     (
         "c33_lanes_transfer_and_reduce_lane_wise",

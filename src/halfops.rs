@@ -1,0 +1,177 @@
+//! Sum, product, min and max for float16 and bfloat16: user-defined MPI operations.
+//!
+//! MPI has no predefined half-precision types, so these dtypes travel as `MPI_UINT16_T`
+//! units and reduce through `MPI_Op_create` operations (MPI-4.1 §6.9.5) that reinterpret
+//! the bits.
+//!
+//! **Numerics.** MPI reductions are element-wise: each application of the operation combines
+//! two values. Here each application widens both operands to `f32`, computes there, and
+//! rounds the result to the half format once. Because `f32` carries at least `2p + 2`
+//! significand bits for both half formats (p = 11 for float16, 8 for bfloat16), this double
+//! rounding equals a correctly rounded half-precision operation (Figueroa, "When is double
+//! rounding innocuous?", SIGNUM 1995): every step is exactly the IEEE result in the half
+//! format, round-to-nearest-even. As for any floating-point reduction, the order in which
+//! MPI combines ranks can change the last bit of a sum over more than two ranks.
+//! `min`/`max` return the smaller/larger operand; if one operand is NaN the other is
+//! returned (IEEE `minNum`/`maxNum`), like `f32::min`.
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+use mpi::ffi::{MPI_Datatype, MPI_Op};
+
+use crate::dtype::{code, DType, ReduceOp};
+use crate::error::{Error, Result};
+
+macro_rules! half_op {
+    ($name:ident, $t:ty, |$a:ident, $b:ident| $body:expr) => {
+        unsafe extern "C" fn $name(
+            invec: *mut c_void,
+            inoutvec: *mut c_void,
+            len: *mut c_int,
+            _datatype: *mut MPI_Datatype,
+        ) {
+            // SAFETY: MPI passes `*len` units of MPI_UINT16_T in both vectors (the datatype
+            // every caller in this crate uses with these operations); reads and writes are
+            // unaligned-safe.
+            unsafe {
+                let n = usize::try_from(*len).unwrap_or(0);
+                let x = invec.cast::<u16>().cast_const();
+                let y = inoutvec.cast::<u16>();
+                for i in 0..n {
+                    let $a = <$t>::from_bits(x.add(i).read_unaligned()).to_f32();
+                    let $b = <$t>::from_bits(y.add(i).read_unaligned()).to_f32();
+                    y.add(i).write_unaligned(<$t>::from_f32($body).to_bits());
+                }
+            }
+        }
+    };
+}
+
+half_op!(f16_sum, f16, |a, b| a + b);
+half_op!(f16_prod, f16, |a, b| a * b);
+half_op!(f16_min, f16, |a, b| a.min(b));
+half_op!(f16_max, f16, |a, b| a.max(b));
+half_op!(bf16_sum, bf16, |a, b| a + b);
+half_op!(bf16_prod, bf16, |a, b| a * b);
+half_op!(bf16_min, bf16, |a, b| a.min(b));
+half_op!(bf16_max, bf16, |a, b| a.max(b));
+
+#[derive(Clone, Copy)]
+struct Ops([MPI_Op; 8]);
+
+// SAFETY: MPI_Op handles are opaque values, valid on every thread.
+unsafe impl Send for Ops {}
+// SAFETY: as above; never mutated after creation.
+unsafe impl Sync for Ops {}
+
+fn ops() -> Result<&'static Ops> {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return Err(Error::MpiNotInitialized);
+    }
+    static OPS: OnceLock<Ops> = OnceLock::new();
+    Ok(OPS.get_or_init(|| {
+        type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype);
+        let functions: [UserFn; 8] = [
+            f16_sum, f16_prod, f16_min, f16_max, bf16_sum, bf16_prod, bf16_min, bf16_max,
+        ];
+        // SAFETY: MPI_Op is a handle (a pointer in Open MPI, an int in MPICH): all-zero is a
+        // valid placeholder, overwritten below.
+        let mut handles: [MPI_Op; 8] = unsafe { std::mem::zeroed() };
+        for (h, f) in handles.iter_mut().zip(functions) {
+            // SAFETY: the functions follow MPI's user-function contract; all four operations
+            // are commutative. The handles live until MPI_Finalize.
+            unsafe { mpi::ffi::MPI_Op_create(Some(f), 1, h) };
+        }
+        Ops(handles)
+    }))
+}
+
+/// Whether `dtype` reduces through these user-defined operations.
+pub fn is_half(dtype: DType) -> bool {
+    matches!(
+        (dtype.code, dtype.bits),
+        (code::FLOAT, 16) | (code::BFLOAT, 16)
+    )
+}
+
+/// The user-defined operation for `op` on a half dtype.
+///
+/// # Errors
+/// [`Error::MpiNotInitialized`]; [`Error::UnsupportedReduction`] for operations other than
+/// sum, product, min and max.
+pub fn op(dtype: DType, op: ReduceOp) -> Result<MPI_Op> {
+    let base = if dtype.code == code::BFLOAT { 4 } else { 0 };
+    let index = match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Product => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+        _ => {
+            return Err(Error::UnsupportedReduction {
+                op,
+                dtype,
+                allowed: "sum, prod, min, max".into(),
+            })
+        }
+    };
+    Ok(ops()?.0[base + index])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(
+        f: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype),
+        a: &[u16],
+        b: &mut [u16],
+    ) {
+        let mut n = a.len() as c_int;
+        // SAFETY: two buffers of n u16 each; the datatype is not read.
+        unsafe {
+            f(
+                a.as_ptr() as *mut c_void,
+                b.as_mut_ptr().cast(),
+                &mut n,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+
+    #[test]
+    fn half_sums_are_correctly_rounded() {
+        // 1 + 2^-11 is halfway between 1 and the next float16 (1 + 2^-10): ties to even -> 1.
+        let one = f16::ONE.to_bits();
+        let tiny = f16::from_f32(2f32.powi(-11)).to_bits();
+        let mut out = [tiny];
+        apply(f16_sum, &[one], &mut out);
+        assert_eq!(f16::from_bits(out[0]), f16::ONE);
+        // Exhaustively against f64 reference rounding for a slice of operand pairs.
+        for a in (0u16..0x7c00).step_by(97) {
+            for b in (0u16..0x7c00).step_by(89) {
+                let mut out = [b];
+                apply(f16_sum, &[a], &mut out);
+                let exact = f16::from_bits(a).to_f64() + f16::from_bits(b).to_f64();
+                assert_eq!(out[0], f16::from_f64(exact).to_bits(), "{a:#x} + {b:#x}");
+            }
+        }
+        let mut out = [bf16::from_f32(3.0).to_bits()];
+        apply(bf16_prod, &[bf16::from_f32(-2.5).to_bits()], &mut out);
+        assert_eq!(bf16::from_bits(out[0]).to_f32(), -7.5);
+        let mut out = [f16::from_f32(1.0).to_bits(), f16::NAN.to_bits()];
+        apply(
+            f16_max,
+            &[f16::from_f32(-4.0).to_bits(), f16::from_f32(2.0).to_bits()],
+            &mut out,
+        );
+        assert_eq!(
+            (
+                f16::from_bits(out[0]).to_f32(),
+                f16::from_bits(out[1]).to_f32()
+            ),
+            (1.0, 2.0)
+        );
+    }
+}
