@@ -25,15 +25,17 @@ stage() {
     fi
 }
 
-mpi_cases_at() {
+# Runs the harness=false test binary $1 under mpirun at $2 ranks.
+test_binary_at() {
     local bin
-    bin=$(cargo test --test mpi_cases --no-run --message-format=json 2>/dev/null |
+    bin=$(cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
+name = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "mpi_cases":
-        print(m["executable"])')
-    timeout 300 mpirun "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
+        print(m["executable"])' "$1")
+    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$2" "$bin"
 }
 
 check_at() {
@@ -44,8 +46,9 @@ stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
 stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
 for n in 2 3 4; do
-    stage "multi-rank cases at $n ranks" mpi_cases_at "$n"
+    stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
+stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
 stage "examples at 1-4 ranks" scripts/examples.sh
 cargo build --bin dlpack-mpi
 for n in 1 2 3 4; do

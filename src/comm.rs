@@ -895,23 +895,28 @@ fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64])
     Ok(())
 }
 
-/// Compares a probed message with a receive spec, in elements.
+/// Compares a probed message with a receive spec: the message must be exactly `count`
+/// items of the spec's datatype (so strided and large-count receives compare whole
+/// messages); the error reports elements.
 fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()> {
-    let bytes = i64::from(status.count(u8::equivalent_datatype()));
-    let elem = spec.element_type().size_bytes() as i64;
-    let expected = spec.len_elems();
-    if bytes == expected * elem {
+    if status.count(spec.as_datatype()) == spec.mpi_count() {
         return Ok(());
     }
+    let bytes = i64::from(status.count(u8::equivalent_datatype()));
+    let elem = spec.element_type().size_bytes() as i64;
     Err(Error::CountMismatch {
         what: format!(
-            "incoming message from rank {} tag {} ({} bytes of {}-byte elements)",
+            "incoming message from rank {} tag {} ({} of {}-byte elements)",
             status.source_rank(),
             status.tag(),
-            bytes,
+            if bytes >= 0 {
+                format!("{bytes} bytes")
+            } else {
+                "more than 2^31 bytes".to_string()
+            },
             elem
         ),
-        expected,
-        actual: bytes / elem,
+        expected: spec.len_elems(),
+        actual: if bytes >= 0 { bytes / elem } else { -1 },
     })
 }
