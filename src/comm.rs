@@ -15,18 +15,22 @@
 //!
 //! All counts and displacements are in DLPack elements.
 
-use mpi::datatype::{AsDatatype, Equivalence, Pointer, PointerMut};
+use mpi::datatype::{
+    AsDatatype, Buffer, BufferMut, Collection, Equivalence, Partition, PartitionMut, Pointer,
+    PointerMut,
+};
 use mpi::point_to_point::Status;
 use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
+use mpi::Count;
 use mpi::Tag;
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
-use crate::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
+use crate::spec::{RecvSpec, SendSpec};
 
 extern "C" {
     /// `MPI_IN_PLACE`, from `src/shim.c`.
@@ -92,35 +96,6 @@ fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
     } else {
         Ok(())
     }
-}
-
-/// Collectives whose buffers hold one block per rank (the root's receive of a gather, the
-/// root's send of a scatter, both sides of all-to-all and reduce-scatter-block, the receive
-/// of an all-gather) pass per-rank counts of the predefined type; a strided tensor (one
-/// derived datatype for the whole tensor) or a count beyond `int` cannot be split that way.
-/// The other side of those collectives may be strided: its one derived datatype has the
-/// same type signature as the block it matches (MPI-4.1 §3.3.1).
-fn check_blockable(
-    operation: &'static str,
-    len_elems: i64,
-    derived: bool,
-    contiguous: bool,
-) -> Result<()> {
-    match (derived, contiguous) {
-        (false, _) => Ok(()),
-        (true, false) => Err(Error::StridedNotSupported { operation }),
-        (true, true) => Err(Error::CountTooLarge {
-            count: len_elems.max(0) as u64,
-        }),
-    }
-}
-
-fn blockable_send(operation: &'static str, s: &SendSpec<'_>) -> Result<()> {
-    check_blockable(operation, s.len_elems(), s.is_derived(), s.is_contiguous())
-}
-
-fn blockable_recv(operation: &'static str, r: &RecvSpec<'_>) -> Result<()> {
-    check_blockable(operation, r.len_elems(), r.is_derived(), r.is_contiguous())
 }
 
 /// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
@@ -330,7 +305,7 @@ pub trait TensorComm: Communicator {
             let info = recv_info(&mut r);
             // `r` ends here (non-lexical lifetime): the tensor is used directly below.
             let sf = flat_send(send, &s)?;
-            let rf = flat_recv(&*recv, info)?;
+            let rf = flat_recv(&*recv, info, false)?;
             in_chunks(sf.units, unit.size_bytes(), |offset, n| {
                 // SAFETY: as in all_reduce_tensor.
                 unsafe {
@@ -399,7 +374,7 @@ pub trait TensorComm: Communicator {
         // `r` ends here (non-lexical lifetime): the tensor is used directly below.
         let unit = s.element_type().row.unit;
         let sf = flat_send(send, &s)?;
-        let rf = flat_recv(recv, info)?;
+        let rf = flat_recv(recv, info, false)?;
         in_chunks(sf.units, unit.size_bytes(), |offset, n| {
             // SAFETY: both buffers hold `units` units of `unit` (checked counts and spans);
             // the chunk lies inside both; send and receive are disjoint (checked).
@@ -446,7 +421,7 @@ pub trait TensorComm: Communicator {
             }
             return Ok(());
         }
-        let flat = flat_recv(&*tensor, info)?;
+        let flat = flat_recv(&*tensor, info, true)?;
         in_chunks(flat.units, unit.size_bytes(), |offset, n| {
             // SAFETY: the flat buffer holds `units` units; the chunk lies inside it.
             unsafe {
@@ -480,20 +455,23 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
-            let mut r = RecvSpec::new(recv.ok_or_else(|| missing("gather receive buffer"))?)?;
+            let recv = recv.ok_or_else(|| missing("gather receive buffer"))?;
+            let mut r = RecvSpec::new(&mut *recv)?;
             check_pair("gather send vs receive", &s, &r)?;
-            blockable_recv("gather blocks", &r)?;
             let size = self.size();
             check_count(
                 || format!("gather receive (= send count × {size} ranks)"),
                 s.len_elems() * i64::from(size),
                 r.len_elems(),
             )?;
-            process.gather_into_root(&s, &mut r);
+            let info = recv_info(&mut r);
+            let mut rf = flat_recv(&*recv, info, false)?.counted()?;
+            process.gather_into_root(&s, &mut rf);
+            finish_recv(rf, recv, info.3)
         } else {
             process.gather_into(&s);
+            Ok(())
         }
-        Ok(())
     }
 
     /// Gather blocks of varying size (`MPI_Gatherv`, §6.5). At the root, `recv` is the
@@ -515,21 +493,26 @@ pub trait TensorComm: Communicator {
         let s = SendSpec::new(send)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
-            let (t, counts, displs) = recv.ok_or_else(|| missing("gatherv receive buffer"))?;
-            let r = RecvSpec::new(t)?;
+            let (recv, counts, displs) = recv.ok_or_else(|| missing("gatherv receive buffer"))?;
+            let mut r = RecvSpec::new(&mut *recv)?;
             check_pair("gatherv send vs receive", &s, &r)?;
-            blockable_recv("gatherv blocks", &r)?;
-            let mut v = vector_recv(self, r, counts, displs)?;
+            let (cu, du) = blocks_in_units(self, &r, counts, displs, true)?;
             check_count(
                 || format!("gatherv counts[{root}] (the root's own send)"),
                 counts[root as usize],
                 s.len_elems(),
             )?;
-            process.gather_varcount_into_root(&s, &mut v);
+            let info = recv_info(&mut r);
+            let mut rf = flat_recv(&*recv, info, true)?.counted()?;
+            {
+                let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
+                process.gather_varcount_into_root(&s, &mut part);
+            }
+            finish_recv(rf, recv, info.3)
         } else {
             process.gather_varcount_into(&s);
+            Ok(())
         }
-        Ok(())
     }
 
     /// Scatter consecutive blocks of the root's `send` to every rank's `recv`
@@ -548,17 +531,17 @@ pub trait TensorComm: Communicator {
         let mut r = RecvSpec::new(recv)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
-            let s = SendSpec::new(send.ok_or_else(|| missing("scatter send buffer"))?)?;
+            let send = send.ok_or_else(|| missing("scatter send buffer"))?;
+            let s = SendSpec::new(send)?;
             check_pair("scatter send vs receive", &s, &r)?;
-            blockable_send("scatter blocks", &s)?;
-
             let size = self.size();
             check_count(
                 || format!("scatter send (= receive count × {size} ranks)"),
                 r.len_elems() * i64::from(size),
                 s.len_elems(),
             )?;
-            process.scatter_into_root(&s, &mut r);
+            let sf = flat_send(send, &s)?.counted()?;
+            process.scatter_into_root(&sf, &mut r);
         } else {
             process.scatter_into(&mut r);
         }
@@ -580,18 +563,18 @@ pub trait TensorComm: Communicator {
         let mut r = RecvSpec::new(recv)?;
         let process = self.process_at_rank(root);
         if self.rank() == root {
-            let (t, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
-            let s = SendSpec::new(t)?;
+            let (send, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
+            let s = SendSpec::new(send)?;
             check_pair("scatterv send vs receive", &s, &r)?;
-            blockable_send("scatterv blocks", &s)?;
-
-            let v = vector_send(self, s, counts, displs)?;
+            let (cu, du) = send_blocks_in_units(self, &s, counts, displs)?;
             check_count(
                 || format!("scatterv counts[{root}] (the root's own receive)"),
                 counts[root as usize],
                 r.len_elems(),
             )?;
-            process.scatter_varcount_into_root(&v, &mut r);
+            let sf = flat_send(send, &s)?.counted()?;
+            let part = Partition::new(&sf, &cu[..], &du[..]);
+            process.scatter_varcount_into_root(&part, &mut r);
         } else {
             process.scatter_varcount_into(&mut r);
         }
@@ -605,17 +588,18 @@ pub trait TensorComm: Communicator {
     fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
-        let mut r = RecvSpec::new(recv)?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_pair("all-gather send vs receive", &s, &r)?;
-        blockable_recv("all-gather blocks", &r)?;
         let size = self.size();
         check_count(
             || format!("all-gather receive (= send count × {size} ranks)"),
             s.len_elems() * i64::from(size),
             r.len_elems(),
         )?;
-        self.all_gather_into(&s, &mut r);
-        Ok(())
+        let info = recv_info(&mut r);
+        let mut rf = flat_recv(&*recv, info, false)?.counted()?;
+        self.all_gather_into(&s, &mut rf);
+        finish_recv(rf, recv, info.3)
     }
 
     /// All-gather with blocks of varying size (`MPI_Allgatherv`, §6.7): `counts` and
@@ -633,18 +617,26 @@ pub trait TensorComm: Communicator {
     ) -> Result<()> {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
-        let r = RecvSpec::new(recv)?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_pair("all-gatherv send vs receive", &s, &r)?;
-        blockable_recv("all-gatherv blocks", &r)?;
-        let mut v = vector_recv(self, r, counts, displacements)?;
+        let (cu, du) = blocks_in_units(self, &r, counts, displacements, true)?;
         let rank = self.rank();
         check_count(
             || format!("all-gatherv counts[{rank}] (this rank's send)"),
             counts[rank as usize],
             s.len_elems(),
         )?;
-        self.all_gather_varcount_into(&s, &mut v);
-        Ok(())
+        let info = recv_info(&mut r);
+        let mut rf = flat_recv(&*recv, info, true)?.counted()?;
+        // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks when
+        // one rank sends a derived datatype of 64 Ki elements (found by `dlpack-mpi check
+        // --layout step`).
+        let sf = flat_send(send, &s)?.counted()?;
+        {
+            let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
+            self.all_gather_varcount_into(&sf, &mut part);
+        }
+        finish_recv(rf, recv, info.3)
     }
 
     /// Personalized exchange: block `i` of `send` goes to rank `i`, block `j` of `recv`
@@ -656,10 +648,8 @@ pub trait TensorComm: Communicator {
     fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
-        let mut r = RecvSpec::new(recv)?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_pair("all-to-all send vs receive", &s, &r)?;
-        blockable_send("all-to-all blocks", &s)?;
-        blockable_recv("all-to-all blocks", &r)?;
         check_count(|| "all-to-all receive".into(), s.len_elems(), r.len_elems())?;
         let size = i64::from(self.size());
         let n = s.len_elems();
@@ -668,8 +658,11 @@ pub trait TensorComm: Communicator {
             n - n % size,
             n,
         )?;
-        self.all_to_all_into(&s, &mut r);
-        Ok(())
+        let info = recv_info(&mut r);
+        let sf = flat_send(send, &s)?.counted()?;
+        let mut rf = flat_recv(&*recv, info, false)?.counted()?;
+        self.all_to_all_into(&sf, &mut rf);
+        finish_recv(rf, recv, info.3)
     }
 
     /// All-to-all with blocks of varying size (`MPI_Alltoallv`, §6.8).
@@ -688,20 +681,25 @@ pub trait TensorComm: Communicator {
     ) -> Result<()> {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
-        let r = RecvSpec::new(recv)?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_pair("all-to-allv send vs receive", &s, &r)?;
-        blockable_send("all-to-allv blocks", &s)?;
-        blockable_recv("all-to-allv blocks", &r)?;
-        let vs = vector_send(self, s, send_counts, send_displacements)?;
-        let mut vr = vector_recv(self, r, recv_counts, recv_displacements)?;
+        let (scu, sdu) = send_blocks_in_units(self, &s, send_counts, send_displacements)?;
+        let (rcu, rdu) = blocks_in_units(self, &r, recv_counts, recv_displacements, true)?;
         let rank = self.rank() as usize;
         check_count(
             || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),
             send_counts[rank],
             recv_counts[rank],
         )?;
-        self.all_to_all_varcount_into(&vs, &mut vr);
-        Ok(())
+        let info = recv_info(&mut r);
+        let sf = flat_send(send, &s)?.counted()?;
+        let mut rf = flat_recv(&*recv, info, true)?.counted()?;
+        {
+            let sp = Partition::new(&sf, &scu[..], &sdu[..]);
+            let mut rp = PartitionMut::new(&mut rf, &rcu[..], &rdu[..]);
+            self.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        finish_recv(rf, recv, info.3)
     }
 
     /// Reduce `send` element-wise over all ranks and scatter equal blocks of the result
@@ -719,91 +717,161 @@ pub trait TensorComm: Communicator {
         check_intra(self)?;
         let s = SendSpec::new(send)?;
         s.element_type().check_reduction(op)?;
-        let mut r = RecvSpec::new(recv)?;
+        let mop = op_handle(op, s.dtype())?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_pair("reduce-scatter-block send vs receive", &s, &r)?;
-        blockable_send("reduce-scatter-block blocks", &s)?;
-        blockable_recv("reduce-scatter-block blocks", &r)?;
         let size = self.size();
         check_count(
             || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
             r.len_elems() * i64::from(size),
             s.len_elems(),
         )?;
-        let mop = op_handle(op, s.dtype())?;
-        // SAFETY: `r` holds `count` units of `unit` (its predefined type: blockable), `s`
-        // holds `size × count`; they are disjoint (checked).
+        let info = recv_info(&mut r);
+        let sf = flat_send(send, &s)?.counted()?;
+        let mut rf = flat_recv(&*recv, info, false)?.counted()?;
+        // SAFETY: `rf` holds `count` units of `unit`, `sf` holds `size × count`; both are
+        // contiguous runs of the predefined type and disjoint (checked).
         unsafe {
             mpi::ffi::MPI_Reduce_scatter_block(
-                s.pointer(),
-                r.pointer_mut(),
-                r.mpi_count(),
-                r.as_datatype().as_raw(),
+                sf.pointer(),
+                rf.pointer_mut(),
+                rf.count(),
+                rf.as_datatype().as_raw(),
                 mop,
                 self.as_raw(),
             );
         }
-        Ok(())
+        finish_recv(rf, recv, info.3)
     }
 }
 
 /// Units per chunk when a reduction is split: element-wise reductions may be cut anywhere.
 const REDUCE_CHUNK_UNITS: usize = 1 << 30;
 
-/// The contiguous form of one side of a reduction: the tensor's own memory when it is one
-/// run, else a packed copy (MPI's predefined reductions take predefined datatypes only).
+/// The contiguous form of one side of a collective: the tensor's own memory when it is one
+/// run, else a packed copy in logical order. MPI's predefined reductions take predefined
+/// datatypes only, and per-rank blocks need a buffer that splits into equal units, so these
+/// paths hand MPI a `Flat` of `count` units of the predefined unit type.
 struct Flat {
     ptr: *mut std::ffi::c_void,
     units: usize,
+    unit: crate::dtype::MpiUnit,
     scratch: Option<Vec<u8>>,
 }
+
+impl Flat {
+    /// A flat used as one rsmpi buffer: its unit count must fit MPI's int.
+    fn counted(self) -> Result<Self> {
+        if self.units > i32::MAX as usize {
+            return Err(Error::CountTooLarge {
+                count: self.units as u64,
+            });
+        }
+        Ok(self)
+    }
+
+    fn new(
+        ptr: *mut std::ffi::c_void,
+        units: usize,
+        unit: crate::dtype::MpiUnit,
+        scratch: Option<Vec<u8>>,
+    ) -> Self {
+        Flat {
+            ptr,
+            units,
+            unit,
+            scratch,
+        }
+    }
+}
+
+// SAFETY: `ptr` is the tensor's validated first element or the scratch buffer, holding
+// `units` units of `unit`.
+unsafe impl Pointer for Flat {
+    fn pointer(&self) -> *const std::ffi::c_void {
+        self.ptr
+    }
+}
+
+// SAFETY: as above; receive flats come from validated receive specs or owned scratch.
+unsafe impl PointerMut for Flat {
+    fn pointer_mut(&mut self) -> *mut std::ffi::c_void {
+        self.ptr
+    }
+}
+
+// SAFETY: `units` fits an int whenever a Flat is used as an rsmpi buffer (blocked
+// collectives check it: `fits_int`).
+unsafe impl Collection for Flat {
+    fn count(&self) -> mpi::Count {
+        mpi::Count::try_from(self.units).unwrap_or(mpi::Count::MAX)
+    }
+}
+
+// SAFETY: the predefined unit type of the elements.
+unsafe impl AsDatatype for Flat {
+    type Out = mpi::datatype::DatatypeRef<'static>;
+    fn as_datatype(&self) -> Self::Out {
+        self.unit.datatype()
+    }
+}
+
+// SAFETY: see the impls above.
+unsafe impl Buffer for Flat {}
+// SAFETY: see the impls above.
+unsafe impl BufferMut for Flat {}
 
 fn flat_send(send: &dyn Tensor, s: &SendSpec<'_>) -> Result<Flat> {
     let e = s.element_type();
     let units = s.len_elems() as usize * e.units_per_element();
     if s.is_contiguous() {
-        return Ok(Flat {
-            ptr: s.pointer() as *mut _,
-            units,
-            scratch: None,
-        });
+        return Ok(Flat::new(s.pointer() as *mut _, units, e.row.unit, None));
     }
     let mut data = crate::pack::pack(send, e.size_bytes())?;
-    Ok(Flat {
-        ptr: scratch_ptr(&mut data),
+    Ok(Flat::new(
+        scratch_ptr(&mut data),
         units,
-        scratch: Some(data),
-    })
+        e.row.unit,
+        Some(data),
+    ))
 }
 
 /// Receive side, after its spec validated it (and was dropped): the tensor's memory when it
 /// is one run, else a scratch buffer holding its current values (for in-place use) that
 /// [`finish_recv`] unpacks.
-fn flat_recv(recv: &dyn Tensor, info: (bool, *mut std::ffi::c_void, usize, usize)) -> Result<Flat> {
-    let (contiguous, ptr, units, elem) = info;
+fn flat_recv(recv: &dyn Tensor, info: RecvInfo, preserve: bool) -> Result<Flat> {
+    let (contiguous, ptr, units, elem, unit) = info;
     if contiguous {
-        return Ok(Flat {
-            ptr,
-            units,
-            scratch: None,
-        });
+        return Ok(Flat::new(ptr, units, unit, None));
     }
-    let mut data = crate::pack::pack(recv, elem)?;
-    Ok(Flat {
-        ptr: scratch_ptr(&mut data),
-        units,
-        scratch: Some(data),
-    })
+    // `preserve`: the operation reads the buffer (in place) or leaves parts of it alone
+    // (v-variants), so the scratch starts as a packed copy of the current values.
+    let mut data = if preserve {
+        crate::pack::pack(recv, elem)?
+    } else {
+        vec![0u8; units * unit.size_bytes()]
+    };
+    Ok(Flat::new(scratch_ptr(&mut data), units, unit, Some(data)))
 }
 
-/// What the reduction paths need from a receive spec: contiguous?, pointer, units, element
-/// size in bytes.
-fn recv_info(r: &mut RecvSpec<'_>) -> (bool, *mut std::ffi::c_void, usize, usize) {
+/// What the flat paths need from a receive spec: contiguous?, pointer, units, element size
+/// in bytes, unit type.
+type RecvInfo = (
+    bool,
+    *mut std::ffi::c_void,
+    usize,
+    usize,
+    crate::dtype::MpiUnit,
+);
+
+fn recv_info(r: &mut RecvSpec<'_>) -> RecvInfo {
     let e = r.element_type();
     (
         r.is_contiguous(),
         r.pointer_mut(),
         r.len_elems() as usize * e.units_per_element(),
         e.size_bytes(),
+        e.row.unit,
     )
 }
 
@@ -861,24 +929,43 @@ fn in_chunks(units: usize, unit_bytes: usize, mut f: impl FnMut(usize, i32)) {
 
 impl<C: Communicator + ?Sized> TensorComm for C {}
 
-fn vector_recv<'t, C: Communicator + ?Sized>(
+/// Per-rank blocks of a receive tensor (elements) checked against it (inside, disjoint)
+/// and converted to MPI units of its predefined type.
+fn blocks_in_units<C: Communicator + ?Sized>(
     comm: &C,
-    r: RecvSpec<'t>,
+    r: &RecvSpec<'_>,
     counts: &[i64],
     displs: &[i64],
-) -> Result<VectorRecvSpec<'t>> {
+    disjoint: bool,
+) -> Result<(Vec<Count>, Vec<Count>)> {
     check_len(comm, counts, displs)?;
-    VectorRecvSpec::new(r, counts, displs)
+    crate::layout::check_blocks(counts, displs, counts.len(), r.len_elems(), disjoint)?;
+    to_units(counts, displs, r.element_type().units_per_element())
 }
 
-fn vector_send<'t, C: Communicator + ?Sized>(
+/// Per-rank blocks of a send tensor (elements), checked and converted to units.
+fn send_blocks_in_units<C: Communicator + ?Sized>(
     comm: &C,
-    s: SendSpec<'t>,
+    s: &SendSpec<'_>,
     counts: &[i64],
     displs: &[i64],
-) -> Result<VectorSendSpec<'t>> {
+) -> Result<(Vec<Count>, Vec<Count>)> {
     check_len(comm, counts, displs)?;
-    VectorSendSpec::new(s, counts, displs)
+    crate::layout::check_blocks(counts, displs, counts.len(), s.len_elems(), false)?;
+    to_units(counts, displs, s.element_type().units_per_element())
+}
+
+fn to_units(counts: &[i64], displs: &[i64], lanes: usize) -> Result<(Vec<Count>, Vec<Count>)> {
+    let unit = |x: &i64| {
+        let u = i128::from(*x) * lanes as i128;
+        Count::try_from(u).map_err(|_| Error::CountTooLarge {
+            count: u.max(0) as u64,
+        })
+    };
+    Ok((
+        counts.iter().map(unit).collect::<Result<_>>()?,
+        displs.iter().map(unit).collect::<Result<_>>()?,
+    ))
 }
 
 fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64]) -> Result<()> {

@@ -110,6 +110,7 @@ impl Drop for Temp {
 /// `int`; [`Error::Overflow`] when a stride in bytes exceeds `MPI_Aint`.
 pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype> {
     let elem_bytes = unit.size_bytes() as i128 * i128::from(lanes);
+    let elem_bytes_is_one = elem_bytes == 1;
     // Validate before taking the lock or calling MPI.
     let mut sizes = Vec::with_capacity(axes.len());
     for a in axes {
@@ -143,6 +144,11 @@ pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype>
             if i == innermost && unit_stride {
                 // SAFETY: valid old type; `t` receives the new handle.
                 unsafe { mpi::ffi::MPI_Type_contiguous(extent, current.0, &mut t) };
+            } else if i == innermost && stride == -1 && elem_bytes_is_one {
+                // Open MPI 4.1 builds hvector(n, 1, -1 byte, <1-byte type>) as a *forward*
+                // contiguous run (it reads and writes past the buffer); found by
+                // `dlpack-mpi check --layout negative`. Spell the reversed run out instead.
+                t = reversed_bytes(extent, current.0)?;
             } else {
                 // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
                 unsafe { mpi::ffi::MPI_Type_create_hvector(extent, 1, stride, current.0, &mut t) };
@@ -154,6 +160,50 @@ pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype>
         current.1 = false; // kept: the cache owns it now
         Ok(current.0)
     })
+}
+
+/// `n` one-byte elements going downwards from the first (displacements 0, −1, …), without
+/// an hvector of stride −1: hindexed blocks of 2^16 displacements, repeated by an hvector of
+/// stride −2^16 bytes, plus the remainder (one struct).
+fn reversed_bytes(n: c_int, byte: MPI_Datatype) -> Result<MPI_Datatype> {
+    const B: c_int = 1 << 16;
+    let block = |len: c_int| -> MPI_Datatype {
+        let displacements: Vec<MPI_Aint> = (0..len).map(|k| -(k as MPI_Aint)).collect();
+        let mut t = byte;
+        // SAFETY: `len` displacements as the count says; valid old type.
+        unsafe {
+            mpi::ffi::MPI_Type_create_hindexed_block(len, 1, displacements.as_ptr(), byte, &mut t)
+        };
+        t
+    };
+    if n <= B {
+        return Ok(block(n));
+    }
+    let (q, r) = (n / B, n % B);
+    let full = Temp(block(B), true);
+    let mut body = byte;
+    // SAFETY: valid old type; the stride is -2^16 bytes (not the -1 that trips Open MPI).
+    unsafe { mpi::ffi::MPI_Type_create_hvector(q, 1, -(B as MPI_Aint), full.0, &mut body) };
+    if r == 0 {
+        return Ok(body);
+    }
+    let body = Temp(body, true);
+    let tail = Temp(block(r), true);
+    let lengths: [c_int; 2] = [1, 1];
+    let displacements: [MPI_Aint; 2] = [0, -((q as MPI_Aint) * (B as MPI_Aint))];
+    let types: [MPI_Datatype; 2] = [body.0, tail.0];
+    let mut t = byte;
+    // SAFETY: arrays of length 2 as the count says; valid old types.
+    unsafe {
+        mpi::ffi::MPI_Type_create_struct(
+            2,
+            lengths.as_ptr(),
+            displacements.as_ptr(),
+            types.as_ptr(),
+            &mut t,
+        )
+    };
+    Ok(t)
 }
 
 /// The committed datatype of `units` consecutive units (for `units > i32::MAX`), sent with

@@ -17,6 +17,20 @@
 //! one after the other, in an order rotated from round to round, with a barrier before
 //! each. Reported: median and best round, in µs per message (ping-pong: half the
 //! round-trip time; all-reduce: the slowest rank's time per call), and the ratios to raw.
+//!
+//! `--op strided` sends strided views of one 64 MiB f32 storage from rank 0 to rank 1
+//! (one-way; rank 1 answers every message with a 1-byte ack, which ends the message's time):
+//! every other element (shape `[N/2]`, stride `[2]`) and a transposed 4096 × 4096 matrix
+//! (shape `[4096, 4096]`, strides `[1, 4096]`). Three paths, scheduled as above:
+//!
+//! - **derived**: [`SendSpec::new`] on the strided tensor per message (a cached, committed
+//!   derived datatype, count 1) handed to rsmpi's `send`: MPI reads the elements in place.
+//! - **pack**: a Rust loop copies the logical elements into a contiguous buffer (allocated
+//!   once, reused; the copy is timed), which is then sent.
+//! - **contiguous**: the same number of bytes sent from a contiguous slice (the lower bound).
+//!
+//! Rank 1 receives every message with `receive_into(&mut [f32])` of the logical size. Before
+//! timing, one message per path is checked element by element on rank 1.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -59,8 +73,11 @@ pub enum Op {
     Pingpong,
     /// All-reduce (sum of f32) over all ranks.
     Allreduce,
-    /// Both, ping-pong first.
+    /// Ping-pong, all-reduce, then strided (skipped when --max-size is below 64 MiB).
     All,
+    /// Strided views (every other element; a transposed matrix) from rank 0 to rank 1:
+    /// derived datatype vs pack-and-send vs contiguous send of the same bytes.
+    Strided,
 }
 
 /// Options of `bench`.
@@ -77,7 +94,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub iters: u64,
     /// Largest message in bytes (ping-pong from 8 B, all-reduce from 1 KiB up to at most
-    /// 16 MiB); sizes are powers of two.
+    /// 16 MiB); sizes are powers of two. Strided sizes are fixed (a 64 MiB storage); `all`
+    /// skips them below 64 MiB.
     #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
     pub max_size: u64,
 }
@@ -159,13 +177,19 @@ impl Aligned {
     /// Makes the exporter hand out `n` elements starting at the aligned address, and checks
     /// that the exported tensor and the raw slice start at the same aligned address.
     fn set_len(self, n: usize) -> dlpack_mpi::Result<Self> {
+        self.set_layout(&[n as i64], None)
+    }
+
+    /// Makes the exporter hand out `shape` with `strides` (elements; `None` = compact) whose
+    /// first element is the aligned address, and checks that address.
+    fn set_layout(self, shape: &[i64], strides: Option<&[i64]>) -> dlpack_mpi::Result<Self> {
         let Aligned { owned, off } = self;
-        let mut owned = owned.with_layout(&[n as i64], None, (off * ELEM) as u64)?;
+        let mut owned = owned.with_layout(shape, strides, (off * ELEM) as u64)?;
         let tensor_addr = {
             let t = acquire(&owned, &AcquireOptions::default())?;
             t.first_element_ptr() as usize
         };
-        let raw_addr = owned.as_slice()[off..off + n].as_ptr() as usize;
+        let raw_addr = owned.as_slice()[off..].as_ptr() as usize;
         assert_eq!(tensor_addr, raw_addr, "tensor and raw slice differ");
         assert_eq!(raw_addr % ALIGN, 0, "buffer not {ALIGN}-byte aligned");
         Ok(Aligned { owned, off })
@@ -362,27 +386,39 @@ fn measure(
     rounds: u32,
     bytes: usize,
     iters: u64,
-    mut once: impl FnMut(Path, u64) -> dlpack_mpi::Result<f64>,
+    once: impl FnMut(Path, u64) -> dlpack_mpi::Result<f64>,
 ) -> dlpack_mpi::Result<Row> {
-    let warm = (iters / 5).max(2);
-    for p in PATHS {
-        once(p, warm)?;
-    }
-    let mut paths: [Samples; 4] = Default::default();
-    for round in 0..rounds as usize {
-        world.barrier();
-        for k in 0..PATHS.len() {
-            let p = PATHS[(round + k) % PATHS.len()];
-            let secs = once(p, iters)?;
-            paths[p as usize].0.push(secs * 1e6);
-        }
-    }
-    world.barrier();
+    let paths = measure_paths(world, rounds, iters, PATHS, once)?;
     Ok(Row {
         bytes,
         iters,
         paths,
     })
+}
+
+/// [`measure`] over any list of paths: samples (µs per message) in the order of `order`.
+fn measure_paths<P: Copy, const N: usize>(
+    world: &SimpleCommunicator,
+    rounds: u32,
+    iters: u64,
+    order: [P; N],
+    mut once: impl FnMut(P, u64) -> dlpack_mpi::Result<f64>,
+) -> dlpack_mpi::Result<[Samples; N]> {
+    let warm = (iters / 5).max(2);
+    for p in order {
+        once(p, warm)?;
+    }
+    let mut paths: [Samples; N] = std::array::from_fn(|_| Samples::default());
+    for round in 0..rounds as usize {
+        world.barrier();
+        for k in 0..N {
+            let i = (round + k) % N;
+            let secs = once(order[i], iters)?;
+            paths[i].0.push(secs * 1e6);
+        }
+    }
+    world.barrier();
+    Ok(paths)
 }
 
 fn print_header() {
@@ -586,6 +622,360 @@ fn allreduce(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result
     Ok(bad.is_none())
 }
 
+/// Elements of the sender's storage in `--op strided` (64 MiB of f32), which both cases view.
+/// Element `k` holds `k`, exact in f32 (`k < 2^24`), so the receiver can tell which storage
+/// element it got.
+const STRIDED_STORAGE: usize = (64 << 20) / ELEM;
+/// Rows and columns of the transposed matrix.
+const TRANSPOSE_DIM: usize = 4096;
+/// Target for both cases: derived / pack ≤ 1 (the derived datatype at least as fast as
+/// packing by hand and sending).
+const TARGET_VS_PACK: f64 = 1.0;
+
+/// A strided view of the sender's storage (one or two axes, strides in elements).
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    name: &'static str,
+    shape: &'static [i64],
+    strides: &'static [i64],
+    /// Target for derived / contiguous, if any.
+    contig_target: Option<f64>,
+}
+
+const CASES: [Case; 2] = [
+    Case {
+        name: "step 2",
+        shape: &[(STRIDED_STORAGE / 2) as i64],
+        strides: &[2],
+        contig_target: Some(1.5),
+    },
+    Case {
+        name: "transpose",
+        shape: &[TRANSPOSE_DIM as i64, TRANSPOSE_DIM as i64],
+        strides: &[1, TRANSPOSE_DIM as i64],
+        contig_target: None,
+    },
+];
+
+impl Case {
+    /// `(rows, row stride, columns, column stride)`; a 1-d view is one row.
+    fn dims(&self) -> (usize, usize, usize, usize) {
+        match (self.shape, self.strides) {
+            (&[n], &[s]) => (1, 0, n as usize, s as usize),
+            (&[r, c], &[rs, cs]) => (r as usize, rs as usize, c as usize, cs as usize),
+            _ => unreachable!("strided cases have one or two axes"),
+        }
+    }
+
+    /// Number of logical elements.
+    fn len(&self) -> usize {
+        let (rows, _, cols, _) = self.dims();
+        rows * cols
+    }
+
+    /// Storage index of logical element `l` (row-major).
+    fn source_index(&self, l: usize) -> usize {
+        let (_, row_stride, cols, col_stride) = self.dims();
+        l / cols * row_stride + l % cols * col_stride
+    }
+}
+
+/// The copy of the pack-and-send path: the logical elements of `case` in row-major order,
+/// from `src` (first element at index 0) into `dst`.
+fn pack(case: &Case, src: &[Elem], dst: &mut [Elem]) {
+    let (_, row_stride, cols, col_stride) = case.dims();
+    for (i, row) in dst.chunks_exact_mut(cols).enumerate() {
+        let from = src[i * row_stride..].iter().step_by(col_stride);
+        for (d, s) in row.iter_mut().zip(from) {
+            *d = *s;
+        }
+    }
+}
+
+/// A path through which a strided view is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StridedPath {
+    Derived,
+    Pack,
+    Contiguous,
+}
+
+const STRIDED_PATHS: [StridedPath; 3] = [
+    StridedPath::Derived,
+    StridedPath::Pack,
+    StridedPath::Contiguous,
+];
+
+impl StridedPath {
+    fn name(self) -> &'static str {
+        match self {
+            StridedPath::Derived => "derived",
+            StridedPath::Pack => "pack",
+            StridedPath::Contiguous => "contiguous",
+        }
+    }
+}
+
+/// The buffers of `--op strided`, each allocated at full size only on the rank that uses it.
+struct StridedBuffers {
+    /// Rank 0: the storage the strided tensors view and the contiguous path sends from.
+    src: Aligned,
+    /// Rank 0: the pack path's contiguous buffer (allocated once, reused).
+    packed: Aligned,
+    /// Rank 1: the receive buffer (logical size of the largest case).
+    recv: Aligned,
+}
+
+/// One timed run of `iters` messages of `case` through `path`, rank 0 to rank 1, each
+/// acknowledged by a 1-byte message back; seconds per message on rank 0, 0 elsewhere.
+fn strided_once(
+    world: &SimpleCommunicator,
+    path: StridedPath,
+    case: &Case,
+    bufs: &mut StridedBuffers,
+    iters: u64,
+) -> dlpack_mpi::Result<f64> {
+    let rank = world.rank();
+    let n = case.len();
+    let mut ack = 0u8;
+    if rank > 1 {
+        world.barrier();
+        return Ok(0.0);
+    }
+    if rank == 1 {
+        // The same receive on every path: the logical elements into a contiguous buffer.
+        let peer = world.process_at_rank(0);
+        let r = bufs.recv.raw(n);
+        world.barrier();
+        for _ in 0..iters {
+            peer.receive_into(&mut *r);
+            peer.send(&ack);
+        }
+        return Ok(0.0);
+    }
+    let peer = world.process_at_rank(1);
+    let start;
+    match path {
+        StridedPath::Derived => {
+            let t = acquire(&bufs.src.owned, &AcquireOptions::default())?;
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                peer.send(&SendSpec::new(&t)?);
+                peer.receive_into(&mut ack);
+            }
+        }
+        StridedPath::Pack => {
+            let src = bufs.src.raw(STRIDED_STORAGE);
+            let dst = bufs.packed.raw(n);
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                pack(case, src, dst);
+                peer.send(&*dst);
+                peer.receive_into(&mut ack);
+            }
+        }
+        StridedPath::Contiguous => {
+            let s = bufs.src.raw(n);
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                peer.send(&*s);
+                peer.receive_into(&mut ack);
+            }
+        }
+    }
+    Ok((mpi::time() - start) / iters as f64)
+}
+
+/// Sends one message of `case` through every path; rank 1 checks that it received the
+/// logical elements (derived, pack) or the first storage elements (contiguous). Returns, on
+/// every rank, whether all arrived intact.
+fn strided_verify(
+    world: &SimpleCommunicator,
+    case: &Case,
+    bufs: &mut StridedBuffers,
+) -> dlpack_mpi::Result<bool> {
+    let n = case.len();
+    let mut ok = true;
+    for p in STRIDED_PATHS {
+        if world.rank() == 1 {
+            bufs.recv.raw(n).fill(-1.0);
+        }
+        strided_once(world, p, case, bufs, 1)?;
+        if world.rank() == 1 {
+            let expected = |l: usize| match p {
+                StridedPath::Contiguous => l as Elem,
+                _ => case.source_index(l) as Elem,
+            };
+            let got = bufs.recv.raw(n);
+            if let Some((l, &x)) = got.iter().enumerate().find(|&(l, &x)| x != expected(l)) {
+                eprintln!(
+                    "dlpack-mpi bench: rank 1: strided {} via {}: element {l} is {x}, expected {}",
+                    case.name,
+                    p.name(),
+                    expected(l)
+                );
+                ok = false;
+            }
+        }
+    }
+    let mut all = 0i32;
+    world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
+    Ok(all == 1)
+}
+
+/// Results of one strided case: samples of every path, in `STRIDED_PATHS` order.
+#[derive(Debug)]
+struct StridedRow {
+    case: Case,
+    iters: u64,
+    paths: [Samples; 3],
+}
+
+impl StridedRow {
+    fn get(&self, p: StridedPath) -> &Samples {
+        &self.paths[p as usize]
+    }
+
+    /// `a / b` of the medians and of the best rounds.
+    fn ratios(&self, a: StridedPath, b: StridedPath) -> (f64, f64) {
+        (
+            self.get(a).median() / self.get(b).median(),
+            self.get(a).best() / self.get(b).best(),
+        )
+    }
+}
+
+fn print_strided_header() {
+    let mut line = format!("{:>10} {:>8} {:>6}", "case", "logical", "iters");
+    for name in ["contig", "pack", "derived"] {
+        line += &format!(" | {:>12} {:>10}", format!("{name} med"), "best");
+    }
+    for name in ["derived/pack", "derived/contig"] {
+        line += &format!(" | {:>18} {:>6}", format!("{name} med"), "best");
+    }
+    println!("{line}");
+}
+
+fn print_strided_row(r: &StridedRow) {
+    let mut line = format!(
+        "{:>10} {:>8} {:>6}",
+        r.case.name,
+        fmt_size(r.case.len() * ELEM),
+        r.iters
+    );
+    for p in [
+        StridedPath::Contiguous,
+        StridedPath::Pack,
+        StridedPath::Derived,
+    ] {
+        let x = r.get(p);
+        line += &format!(" | {:>12.1} {:>10.1}", x.median(), x.best());
+    }
+    for base in [StridedPath::Pack, StridedPath::Contiguous] {
+        let (med, best) = r.ratios(StridedPath::Derived, base);
+        line += &format!(" | {med:>18.3} {best:>6.3}");
+    }
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}
+
+fn print_strided_summary(rows: &[StridedRow], verified: bool) {
+    println!(
+        "verification (one message per case and path, every element checked on rank 1): {}",
+        if verified { "passed" } else { "FAILED" }
+    );
+    for r in rows {
+        let (pm, pb) = r.ratios(StridedPath::Derived, StridedPath::Pack);
+        let (cm, cb) = r.ratios(StridedPath::Derived, StridedPath::Contiguous);
+        let contig = match r.case.contig_target {
+            Some(t) => format!(
+                "target ≤ {t:.2}: median {}, best {}",
+                met(cm <= t),
+                met(cb <= t)
+            ),
+            None => "no target".to_string(),
+        };
+        println!(
+            "{}: derived/pack {pm:.3} median, {pb:.3} best (target ≤ {TARGET_VS_PACK:.2}: median \
+             {}, best {}); derived/contiguous {cm:.3} median, {cb:.3} best ({contig})",
+            r.case.name,
+            met(pm <= TARGET_VS_PACK),
+            met(pb <= TARGET_VS_PACK),
+        );
+    }
+}
+
+/// Returns whether every path delivered the expected elements.
+fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<bool> {
+    let rank = world.rank();
+    let root = rank == 0;
+    if world.size() < 2 {
+        if root {
+            println!("strided: skipped (needs at least 2 ranks)\n");
+        }
+        return Ok(true);
+    }
+    if root {
+        println!(
+            "# strided send, rank 0 -> rank 1 (ranks: {}, others idle), f32 views of a 64 MiB \
+             storage; one-way: µs per message from the start of the pack or send to the receipt \
+             of rank 1's 1-byte ack; rounds: {}; ratio = derived / path",
+            world.size(),
+            args.rounds
+        );
+        println!(
+            "paths: derived = SendSpec::new(&strided tensor) per message (cached derived \
+             datatype, count 1) + rsmpi send; pack = Rust loop into a reused contiguous buffer \
+             (timed) + send; contig = send of the same bytes from a contiguous slice; rank 1 \
+             receives into &mut [f32] of the logical size on every path"
+        );
+        print_strided_header();
+    }
+    let largest = CASES.iter().map(Case::len).max().unwrap_or(0);
+    let mut bufs = StridedBuffers {
+        src: Aligned::new(if root { STRIDED_STORAGE } else { 0 }, 0.0),
+        packed: Aligned::new(if root { largest } else { 0 }, 0.0),
+        recv: Aligned::new(if rank == 1 { largest } else { 0 }, -1.0),
+    };
+    if root {
+        for (k, x) in bufs.src.raw(STRIDED_STORAGE).iter_mut().enumerate() {
+            *x = k as Elem;
+        }
+    }
+    let mut verified = true;
+    let mut rows = Vec::new();
+    for case in CASES {
+        if root {
+            bufs.src = bufs.src.set_layout(case.shape, Some(case.strides))?;
+            let t = acquire(&bufs.src.owned, &AcquireOptions::default())?;
+            let spec = SendSpec::new(&t)?;
+            assert!(
+                spec.is_derived() && spec.mpi_count() == 1,
+                "{}: not sent as one derived datatype",
+                case.name
+            );
+        }
+        verified &= strided_verify(world, &case, &mut bufs)?;
+        let iters = iters_for(args.iters, case.len() * ELEM);
+        let paths = measure_paths(world, args.rounds, iters, STRIDED_PATHS, |p, it| {
+            strided_once(world, p, &case, &mut bufs, it)
+        })?;
+        let row = StridedRow { case, iters, paths };
+        if root {
+            print_strided_row(&row);
+        }
+        rows.push(row);
+    }
+    if root {
+        print_strided_summary(&rows, verified);
+        println!();
+    }
+    Ok(verified)
+}
+
 /// Runs the benchmark; prints the tables on rank 0.
 pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
     if world.rank() == 0 {
@@ -609,16 +999,30 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
             args.rounds,
             mpi::time_resolution() * 1e6,
         );
-        println!(
-            "paths: raw = rsmpi on &[f32] / &mut [f32]; dlpack = SendSpec/RecvSpec built per \
-             message + rsmpi; reused = specs built once per round + rsmpi; checked = \
-             TensorComm (recv_tensor probes first)\n"
-        );
+        if args.op != Op::Strided {
+            println!(
+                "paths: raw = rsmpi on &[f32] / &mut [f32]; dlpack = SendSpec/RecvSpec built per \
+                 message + rsmpi; reused = specs built once per round + rsmpi; checked = \
+                 TensorComm (recv_tensor probes first)\n"
+            );
+        }
     }
     let result = match args.op {
         Op::Pingpong => pingpong(world, args).map(|()| true),
         Op::Allreduce => allreduce(world, args),
-        Op::All => pingpong(world, args).and_then(|()| allreduce(world, args)),
+        Op::All => pingpong(world, args)
+            .and_then(|()| allreduce(world, args))
+            .and_then(|ok| {
+                if args.max_size < (STRIDED_STORAGE * ELEM) as u64 {
+                    if world.rank() == 0 {
+                        println!("strided: skipped (--max-size below 64 MiB)\n");
+                    }
+                    Ok(ok)
+                } else {
+                    Ok(strided(world, args)? && ok)
+                }
+            }),
+        Op::Strided => strided(world, args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
