@@ -1073,9 +1073,189 @@ fn one_byte_reversed_axis_is_really_reversed(w: &SimpleCommunicator) -> Outcome 
     Ok(())
 }
 
+/// One random layout: per axis (extent, step, reversed, memory-order key).
+type AxisSpec = (i64, i64, bool, u32);
+
+/// Shape, strides (elements), first-element offset (elements) and storage length
+/// (elements) of a layout that puts axes in memory in the order of their keys, each axis
+/// `step` apart and optionally reversed. Built independently of the crate's layout code.
+fn random_layout(axes: &[AxisSpec]) -> (Vec<i64>, Vec<i64>, i64, i64) {
+    let shape: Vec<i64> = axes.iter().map(|a| a.0).collect();
+    let mut order: Vec<usize> = (0..axes.len()).collect();
+    order.sort_by_key(|&k| (axes[k].3, k));
+    let mut strides = vec![0i64; axes.len()];
+    let mut span = 1i64;
+    for &k in order.iter().rev() {
+        let (n, step, _, _) = axes[k];
+        strides[k] = span * step;
+        span *= (n * step).max(1);
+    }
+    let mut first = 0;
+    for (k, a) in axes.iter().enumerate() {
+        if a.2 {
+            first += (a.0 - 1).max(0) * strides[k];
+            strides[k] = -strides[k];
+        }
+    }
+    (shape, strides, first, span)
+}
+
+/// The elements (bytes of `esize` each) of `storage` in logical row-major order.
+fn reference_gather(
+    storage: &[u8],
+    shape: &[i64],
+    strides: &[i64],
+    first: i64,
+    esize: usize,
+) -> Vec<u8> {
+    let total: i64 = shape.iter().product();
+    let mut out = Vec::with_capacity(total.max(0) as usize * esize);
+    let mut index = vec![0i64; shape.len()];
+    for _ in 0..total.max(0) {
+        let off = first + index.iter().zip(strides).map(|(i, s)| i * s).sum::<i64>();
+        let at = off as usize * esize;
+        out.extend_from_slice(&storage[at..at + esize]);
+        for k in (0..shape.len()).rev() {
+            index[k] += 1;
+            if index[k] < shape[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    out
+}
+
+/// Property (issue: strided layouts): for random shapes (0 included), memory orders, steps
+/// and reversed axes, and every dtype, a receiver holds exactly the reference gather of the
+/// sender's elements in logical order; and a strided receiver gets each logical element at
+/// its place, with every other byte of its storage untouched.
+fn prop_strided_delivery_equals_reference_gather(w: &SimpleCommunicator) -> Outcome {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+
+    let mut dtypes: Vec<DType> = dtype::TABLE
+        .iter()
+        .map(|r| DType::new(r.code, r.bits))
+        .collect();
+    dtypes.push(DType::new(2, 32).with_lanes(4));
+    let n_dtypes = dtypes.len();
+    let (next, prev) = ring(w);
+    let config = Config {
+        cases: 48,
+        max_shrink_iters: 0,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    // Every rank draws the same cases (same seed), so the exchanges pair up.
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let strategy = (
+        0..n_dtypes,
+        prop::collection::vec((0i64..5, 1i64..4, any::<bool>(), any::<u32>()), 0..4),
+    );
+    let result = runner.run(&strategy, |(d, axes)| {
+        let dtype = dtypes[d];
+        let esize = dtype.size_bytes().unwrap();
+        let (shape, strides, first, span) = random_layout(&axes);
+        let n: i64 = shape.iter().product();
+        let fill = |rank: i32| -> Vec<u8> {
+            (0..span as usize * esize)
+                .map(|j| (j * 31 + rank as usize * 7 + 1) as u8)
+                .collect()
+        };
+        let mut local = Ok(());
+        // 1. strided sender -> contiguous receiver
+        let src = Owned::new(fill(w.rank()))
+            .with_dtype(dtype)
+            .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize as u64))
+            .map(Owned::read_only);
+        let dst = Owned::new(vec![0u8; n as usize * esize]).with_dtype(dtype);
+        let (src, dst) = match (src, dst) {
+            (Ok(s), Ok(d)) => (s, d),
+            (s, d) => {
+                return Err(TestCaseError::fail(format!(
+                    "building: {:?} {:?}",
+                    s.err(),
+                    d.err()
+                )))
+            }
+        };
+        {
+            let s = acquire(&src, &opts()).unwrap();
+            let mut d = acquire(&dst, &opts()).unwrap();
+            if let Err(e) = w.sendrecv_tensor(&s, next, 51, &mut d, prev, 51) {
+                local = Err(format!("send: {e}"));
+            }
+        }
+        let expect = reference_gather(&fill(prev), &shape, &strides, first, esize);
+        if local.is_ok() && dst.into_vec() != expect {
+            local = Err(format!(
+                "{dtype} {shape:?} {strides:?}: strided send delivered wrong bytes"
+            ));
+        }
+        // 2. contiguous sender -> strided receiver (storage pre-filled with 0xEE)
+        let mine = reference_gather(&fill(w.rank()), &shape, &strides, first, esize);
+        let src = Owned::new(mine).with_dtype(dtype).unwrap().read_only();
+        let dst = Owned::new(vec![0xEEu8; span as usize * esize])
+            .with_dtype(dtype)
+            .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize as u64))
+            .unwrap();
+        {
+            let s = acquire(&src, &opts()).unwrap();
+            let mut d = acquire(&dst, &opts()).unwrap();
+            if let Err(e) = w.sendrecv_tensor(&s, next, 52, &mut d, prev, 52) {
+                local = local.and(Err(format!("receive: {e}")));
+            }
+        }
+        let got = dst.into_vec();
+        let landed = reference_gather(&got, &shape, &strides, first, esize);
+        if local.is_ok() && landed != expect {
+            local = Err(format!(
+                "{dtype} {shape:?} {strides:?}: strided receive misplaced bytes"
+            ));
+        }
+        // Bytes outside the elements keep the canary.
+        let mut touched = vec![false; got.len()];
+        let mut index = vec![0i64; shape.len()];
+        for _ in 0..n.max(0) {
+            let off = first + index.iter().zip(&strides).map(|(i, s)| i * s).sum::<i64>();
+            for b in 0..esize {
+                touched[off as usize * esize + b] = true;
+            }
+            for k in (0..shape.len()).rev() {
+                index[k] += 1;
+                if index[k] < shape[k] {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+        if local.is_ok() && got.iter().zip(&touched).any(|(&b, &t)| !t && b != 0xEE) {
+            local = Err(format!(
+                "{dtype} {shape:?} {strides:?}: a byte outside the elements changed"
+            ));
+        }
+        // Every rank fails together, so that all draw the same next case.
+        let mine = i32::from(local.is_err());
+        let mut any = 0;
+        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
+        match (local, any) {
+            (Err(m), _) => Err(TestCaseError::fail(m)),
+            (Ok(()), 0) => Ok(()),
+            (Ok(()), _) => Err(TestCaseError::fail("failed on another rank")),
+        }
+    });
+    result.map_err(|e| e.to_string())
+}
+
 type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 
 const CASES: &[Case] = &[
+    (
+        "prop_strided_delivery_equals_reference_gather",
+        prop_strided_delivery_equals_reference_gather,
+    ),
     (
         "one_byte_reversed_axis_is_really_reversed",
         one_byte_reversed_axis_is_really_reversed,
