@@ -144,7 +144,12 @@ pub trait TensorComm: Communicator {
         check_rank(dest, self.target_size())?;
         check_tag(tag)?;
         let spec = SendSpec::new(tensor)?;
-        self.process_at_rank(dest).send_with_tag(&spec, tag);
+        if copy_packing(spec.is_contiguous()) {
+            let flat = flat_send(tensor, &spec)?.counted()?;
+            self.process_at_rank(dest).send_with_tag(&flat, tag);
+        } else {
+            self.process_at_rank(dest).send_with_tag(&spec, tag);
+        }
         Ok(())
     }
 
@@ -159,10 +164,17 @@ pub trait TensorComm: Communicator {
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
         check_rank(source, self.target_size())?;
         check_tag(tag)?;
-        let mut spec = RecvSpec::new(tensor)?;
+        let mut spec = RecvSpec::new(&mut *tensor)?;
         let process = self.process_at_rank(source);
         let status = process.probe_with_tag(tag);
         check_incoming(&spec, &status)?;
+        if copy_packing(spec.is_contiguous()) {
+            let info = recv_info(&mut spec);
+            let mut flat = flat_recv(&*tensor, info, false)?.counted()?;
+            let status = process.receive_into_with_tag(&mut flat, tag);
+            finish_recv(flat, tensor, info.3)?;
+            return Ok(status);
+        }
         Ok(process.receive_into_with_tag(&mut spec, tag))
     }
 
@@ -187,10 +199,25 @@ pub trait TensorComm: Communicator {
         check_tag(send_tag)?;
         check_tag(recv_tag)?;
         let s = SendSpec::new(send)?;
-        let mut r = RecvSpec::new(recv)?;
+        let mut r = RecvSpec::new(&mut *recv)?;
         check_disjoint(&s, &r)?;
         let src = self.process_at_rank(source);
         let dst = self.process_at_rank(dest);
+        if copy_packing(s.is_contiguous() && r.is_contiguous()) {
+            let info = recv_info(&mut r);
+            let sf = flat_send(send, &s)?.counted()?;
+            let mut rf = flat_recv(&*recv, info, false)?.counted()?;
+            let result = mpi::request::scope(|scope| {
+                let req = dst.immediate_send_with_tag(scope, &sf, send_tag);
+                let status = src.probe_with_tag(recv_tag);
+                let checked = check_incoming_units(rf.units, &status, info.3, rf.unit);
+                let result = checked.map(|()| src.receive_into_with_tag(&mut rf, recv_tag));
+                req.wait();
+                result
+            })?;
+            finish_recv(rf, recv, info.3)?;
+            return Ok(result);
+        }
         mpi::request::scope(|scope| {
             let req = dst.immediate_send_with_tag(scope, &s, send_tag);
             let status = src.probe_with_tag(recv_tag);
@@ -256,20 +283,32 @@ pub trait TensorComm: Communicator {
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let spec = SendSpec::new(&*tensor)?;
-            // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); the spec
-            // describes `count` readable units of `datatype` inside the borrowed tensor.
-            unsafe {
-                mpi::ffi::MPI_Bcast(
+            let flat = if copy_packing(spec.is_contiguous()) {
+                Some(flat_send(&*tensor, &spec)?.counted()?)
+            } else {
+                None
+            };
+            let (ptr, count, datatype) = match &flat {
+                Some(f) => (f.ptr, f.count(), f.unit.datatype().as_raw()),
+                None => (
                     spec.pointer() as *mut std::ffi::c_void,
                     spec.mpi_count(),
                     spec.as_datatype().as_raw(),
-                    root,
-                    self.as_raw(),
-                );
-            }
+                ),
+            };
+            // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); it holds
+            // `count` readable units of `datatype` (the tensor, or its packed copy).
+            unsafe { mpi::ffi::MPI_Bcast(ptr, count, datatype, root, self.as_raw()) };
         } else {
-            let mut spec = RecvSpec::new(tensor)?;
-            process.broadcast_into(&mut spec);
+            let mut spec = RecvSpec::new(&mut *tensor)?;
+            if copy_packing(spec.is_contiguous()) {
+                let info = recv_info(&mut spec);
+                let mut flat = flat_recv(&*tensor, info, false)?.counted()?;
+                process.broadcast_into(&mut flat);
+                finish_recv(flat, tensor, info.3)?;
+            } else {
+                process.broadcast_into(&mut spec);
+            }
         }
         Ok(())
     }
@@ -980,6 +1019,34 @@ fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64])
         }
     }
     Ok(())
+}
+
+/// Whether the [`crate::spec::Packing::Copy`] policy applies to a non-contiguous side.
+fn copy_packing(contiguous: bool) -> bool {
+    !contiguous && crate::spec::packing() == crate::spec::Packing::Copy
+}
+
+/// Compares a probed message with a flat receive buffer of `units` units.
+fn check_incoming_units(
+    units: usize,
+    status: &Status,
+    elem: usize,
+    unit: crate::dtype::MpiUnit,
+) -> Result<()> {
+    if status.count(unit.datatype()) as i64 == units as i64 {
+        return Ok(());
+    }
+    let bytes = i64::from(status.count(u8::equivalent_datatype()));
+    let lanes = (elem / unit.size_bytes()).max(1);
+    Err(Error::CountMismatch {
+        what: format!(
+            "incoming message from rank {} tag {} ({bytes} bytes of {elem}-byte elements)",
+            status.source_rank(),
+            status.tag()
+        ),
+        expected: (units / lanes) as i64,
+        actual: if bytes >= 0 { bytes / elem as i64 } else { -1 },
+    })
 }
 
 /// Compares a probed message with a receive spec: the message must be exactly `count`

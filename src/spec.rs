@@ -609,3 +609,47 @@ impl Partitioned for VectorRecvSpec<'_> {
 }
 
 impl PartitionedBufferMut for VectorRecvSpec<'_> {}
+
+/// How strided (non-contiguous) tensors reach MPI in [`crate::comm::TensorComm`]'s
+/// point-to-point and broadcast operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Packing {
+    /// Zero-copy: one derived datatype describes the elements in place (the default).
+    #[default]
+    DerivedDatatype,
+    /// Pack into a contiguous scratch buffer before sending and unpack after a receive
+    /// completes: for MPI stacks where derived datatypes are slow (some GPU paths).
+    Copy,
+}
+
+static PACKING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
+/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=copy` in the
+/// environment, else [`Packing::DerivedDatatype`]. Reductions and per-rank blocks of
+/// strided tensors always go through packed copies (MPI's predefined reductions take
+/// predefined datatypes only); the nonblocking operations always use the spec as given.
+pub fn packing() -> Packing {
+    use std::sync::atomic::Ordering;
+    match PACKING.load(Ordering::Relaxed) {
+        0 => Packing::DerivedDatatype,
+        1 => Packing::Copy,
+        _ => {
+            let from_env = match std::env::var("DLPACK_MPI_PACKING").as_deref() {
+                Ok("copy") => Packing::Copy,
+                _ => Packing::DerivedDatatype,
+            };
+            set_packing(from_env);
+            from_env
+        }
+    }
+}
+
+/// Sets the process-wide packing policy (see [`packing`]). Every rank of a job may choose
+/// independently: both forms put the same bytes on the wire.
+pub fn set_packing(policy: Packing) {
+    let v = match policy {
+        Packing::DerivedDatatype => 0,
+        Packing::Copy => 1,
+    };
+    PACKING.store(v, std::sync::atomic::Ordering::Relaxed);
+}
