@@ -198,6 +198,47 @@ fn mpi_units(elems: i64, element: &ElementType) -> Result<Count> {
     })
 }
 
+/// The accessors both spec kinds share.
+macro_rules! spec_accessors {
+    () => {
+        /// Number of DLPack elements described.
+        pub fn len_elems(&self) -> i64 {
+            self.d.len_elems
+        }
+
+        /// The resolved element type (DLPack dtype and MPI unit).
+        pub fn element_type(&self) -> ElementType {
+            self.d.element
+        }
+
+        /// The DLPack dtype.
+        pub fn dtype(&self) -> DType {
+            self.d.element.dtype
+        }
+
+        /// The MPI count: elements × lanes units of the predefined type, or 1 of a derived
+        /// datatype (strided layouts, counts beyond `int`).
+        pub fn mpi_count(&self) -> Count {
+            self.d.count
+        }
+
+        /// Whether MPI gets a derived datatype (strided layout or large count) for this spec.
+        pub fn is_derived(&self) -> bool {
+            self.d.derived.is_some()
+        }
+
+        /// Whether the elements are one run in memory in logical order.
+        pub fn is_contiguous(&self) -> bool {
+            self.d.contiguous
+        }
+
+        /// Lowest and one-past-highest byte address the elements touch.
+        pub fn byte_range(&self) -> (usize, usize) {
+            (self.d.start, self.d.end)
+        }
+    };
+}
+
 /// A send buffer: `(pointer, count, datatype)` over a borrowed tensor.
 #[derive(Debug, Clone, Copy)]
 pub struct SendSpec<'t> {
@@ -241,20 +282,7 @@ impl<'t> SendSpec<'t> {
         })
     }
 
-    /// Number of DLPack elements described.
-    pub fn len_elems(&self) -> i64 {
-        self.d.len_elems
-    }
-
-    /// The resolved element type (DLPack dtype and MPI unit).
-    pub fn element_type(&self) -> ElementType {
-        self.d.element
-    }
-
-    /// The DLPack dtype.
-    pub fn dtype(&self) -> DType {
-        self.d.element.dtype
-    }
+    spec_accessors!();
 
     /// Elements `[displacement, displacement + count)` of this spec.
     ///
@@ -262,27 +290,6 @@ impl<'t> SendSpec<'t> {
     /// [`Error::OutOfBounds`], [`Error::CountTooLarge`].
     pub fn range_of(&self, displacement_elems: i64, count_elems: i64) -> Result<SendSpec<'t>> {
         Self::from_described(self.d.range("range", displacement_elems, count_elems)?)
-    }
-
-    /// The MPI count: elements × lanes units of the predefined type, or 1 of a derived
-    /// datatype (strided layouts, counts beyond `int`).
-    pub fn mpi_count(&self) -> Count {
-        self.d.count
-    }
-
-    /// Whether MPI gets a derived datatype (strided layout or large count) for this spec.
-    pub fn is_derived(&self) -> bool {
-        self.d.derived.is_some()
-    }
-
-    /// Whether the elements are one run in memory in logical order.
-    pub fn is_contiguous(&self) -> bool {
-        self.d.contiguous
-    }
-
-    /// Lowest and one-past-highest byte address the elements touch.
-    pub fn byte_range(&self) -> (usize, usize) {
-        (self.d.start, self.d.end)
     }
 }
 
@@ -369,41 +376,7 @@ impl<'t> RecvSpec<'t> {
         })
     }
 
-    /// Number of DLPack elements described.
-    pub fn len_elems(&self) -> i64 {
-        self.d.len_elems
-    }
-
-    /// The resolved element type.
-    pub fn element_type(&self) -> ElementType {
-        self.d.element
-    }
-
-    /// The DLPack dtype.
-    pub fn dtype(&self) -> DType {
-        self.d.element.dtype
-    }
-
-    /// The MPI count: elements × lanes units of the predefined type, or 1 of a derived
-    /// datatype (strided layouts, counts beyond `int`).
-    pub fn mpi_count(&self) -> Count {
-        self.d.count
-    }
-
-    /// Whether MPI gets a derived datatype (strided layout or large count) for this spec.
-    pub fn is_derived(&self) -> bool {
-        self.d.derived.is_some()
-    }
-
-    /// Whether the elements are one run in memory in logical order.
-    pub fn is_contiguous(&self) -> bool {
-        self.d.contiguous
-    }
-
-    /// Lowest and one-past-highest byte address the elements touch.
-    pub fn byte_range(&self) -> (usize, usize) {
-        (self.d.start, self.d.end)
-    }
+    spec_accessors!();
 
     /// Reads this receive buffer as a send buffer (for the root of a broadcast, or an
     /// in-place reduction). The returned spec borrows `self`.

@@ -13,7 +13,7 @@
 //! the caller. Both implement [`Tensor`], the read-only accessors every spec is built from.
 //!
 //! The producer protocol ([`Exporter`], [`acquire`]) and the built-in exporters live in
-//! [`export`] and are re-exported here.
+//! a private submodule and are re-exported here.
 
 use std::ffi::c_void;
 use std::fmt;
