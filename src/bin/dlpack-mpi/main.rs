@@ -29,7 +29,8 @@ enum Command {
     /// Run every operation × dtype × length through dlpack-mpi and compare with values
     /// computed independently. Prints a line per case and `N passed, N failed, N skipped`.
     Check(check::CheckArgs),
-    /// Ping-pong and all-reduce through dlpack-mpi next to raw rsmpi on the same buffers.
+    /// Ping-pong, all-reduce and strided sends through dlpack-mpi next to raw rsmpi (and
+    /// packing by hand) on the same buffers.
     Bench(bench::BenchArgs),
 }
 
