@@ -844,36 +844,18 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
 /// Runs the check matrix; exit status 1 on any failure.
 pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let kinds = kinds();
-    for o in &args.op {
-        if !OPS.contains(&o.as_str()) {
+    let kind_names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let layout_names: Vec<&str> = LAYOUTS.iter().map(|l| l.name()).collect();
+    for (what, given, known) in [
+        ("operation", &args.op, OPS),
+        ("dtype", &args.dtype, &kind_names[..]),
+        ("layout", &args.layout, &layout_names[..]),
+    ] {
+        if let Some(bad) = given.iter().find(|g| !known.contains(&g.as_str())) {
             if w.rank() == 0 {
                 eprintln!(
-                    "dlpack-mpi check: unknown operation `{o}` (known: {})",
-                    OPS.join(", ")
-                );
-            }
-            return ExitCode::from(2);
-        }
-    }
-    for d in &args.dtype {
-        if !kinds.iter().any(|k| k.name() == d) {
-            if w.rank() == 0 {
-                let names: Vec<_> = kinds.iter().map(|k| k.name()).collect();
-                eprintln!(
-                    "dlpack-mpi check: unknown dtype `{d}` (known: {})",
-                    names.join(", ")
-                );
-            }
-            return ExitCode::from(2);
-        }
-    }
-    for l in &args.layout {
-        if !LAYOUTS.iter().any(|k| k.name() == l) {
-            if w.rank() == 0 {
-                let names: Vec<_> = LAYOUTS.iter().map(|k| k.name()).collect();
-                eprintln!(
-                    "dlpack-mpi check: unknown layout `{l}` (known: {})",
-                    names.join(", ")
+                    "dlpack-mpi check: unknown {what} `{bad}` (known: {})",
+                    known.join(", ")
                 );
             }
             return ExitCode::from(2);
