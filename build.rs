@@ -3,6 +3,7 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
+    println!("cargo:rerun-if-changed=src/query.c");
     let lib = match build_probe_mpi::probe() {
         Ok(lib) => lib,
         Err(errs) => {
@@ -14,6 +15,7 @@ fn main() {
     };
     let mut build = cc::Build::new();
     build.file("src/shim.c");
+    build.file("src/query.c");
     if let Some(mpicc) = lib.mpicc {
         build.compiler(mpicc);
     } else {

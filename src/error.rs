@@ -312,6 +312,17 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// An environment setting has a value this crate does not read.
+    #[error("environment variable {name}={value:?} is not valid: expected {expected}")]
+    InvalidSetting {
+        /// The variable, e.g. `DLPACK_MPI_CUDA_AWARE`.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may be.
+        expected: &'static str,
+    },
+
     /// A shape or dtype given to a constructor does not match the data it describes.
     #[error("shape/data mismatch: {what}: shape needs {expected} bytes, data has {actual}")]
     ShapeMismatch {

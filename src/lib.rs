@@ -18,6 +18,7 @@
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing.
 //! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
+//! - [`transport`]: whether the MPI library is CUDA-aware, and why.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
 //!   every rsmpi communicator.
 //!
@@ -36,6 +37,7 @@ pub mod halfops;
 pub mod layout;
 mod pack;
 pub mod spec;
+pub mod transport;
 
 pub use error::{Error, Result};
 

@@ -39,8 +39,9 @@ use clap::ValueEnum;
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec};
 use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -50,11 +51,6 @@ const ALIGN: usize = 4096;
 type Elem = f32;
 /// Bytes per element.
 const ELEM: usize = std::mem::size_of::<Elem>();
-/// Smallest ping-pong message, bytes.
-const PINGPONG_MIN: usize = 8;
-/// Smallest and largest all-reduce message, bytes.
-const ALLREDUCE_MIN: usize = 1 << 10;
-const ALLREDUCE_MAX: usize = 16 << 20;
 /// Sizes up to this many bytes run `--iters` iterations per round; larger ones run
 /// `iters × SCALE_REF / size` (at least `MIN_ITERS`), so every round moves about the same
 /// number of bytes.
@@ -69,15 +65,137 @@ const LARGE: usize = 1 << 20;
 /// Which benchmark to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Op {
-    /// Ping-pong between rank 0 and rank 1 (other ranks wait at barriers).
-    Pingpong,
-    /// All-reduce (sum of f32) over all ranks.
+    /// Ping-pong between rank 0 and rank 1 (other ranks wait at barriers): µs per message
+    /// (half a round trip), as osu_latency.
+    #[value(alias = "pingpong")]
+    Latency,
+    /// Rank 0 streams a window of nonblocking sends to rank 1, which acknowledges each
+    /// window: µs per message and MB/s, as osu_bw.
+    Bandwidth,
+    /// All-reduce (sum of f32) over all ranks: µs per call of the slowest rank.
     Allreduce,
-    /// Ping-pong, all-reduce, then strided (skipped when --max-size is below 64 MiB).
-    All,
+    /// All-gatherv, every rank contributing one block of the size: µs per call of the
+    /// slowest rank.
+    Allgatherv,
+    /// All-to-all, one block of the size to every rank: µs per call of the slowest rank.
+    Alltoall,
     /// Strided views (every other element; a transposed matrix) from rank 0 to rank 1:
     /// derived datatype vs pack-and-send vs contiguous send of the same bytes.
     Strided,
+    /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
+    /// --max-size is below 64 MiB).
+    All,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Latency => "latency",
+            Op::Bandwidth => "bandwidth",
+            Op::Allreduce => "allreduce",
+            Op::Allgatherv => "allgatherv",
+            Op::Alltoall => "alltoall",
+            Op::Strided => "strided",
+            Op::All => "all",
+        }
+    }
+
+    /// Whether the operation is between rank 0 and rank 1 only.
+    fn point_to_point(self) -> bool {
+        matches!(self, Op::Latency | Op::Bandwidth | Op::Strided)
+    }
+
+    /// Default sizes, bytes (per rank's block for all-gatherv and all-to-all), for a
+    /// largest size of `max`.
+    fn default_sizes(self, max: usize) -> Vec<usize> {
+        match self {
+            Op::Latency => sizes(8, max),
+            Op::Bandwidth => sizes(8, max.min(16 << 20)),
+            Op::Allreduce => sizes(1 << 10, max.min(16 << 20)),
+            _ => sizes(8, max.min(4 << 20)),
+        }
+    }
+}
+
+/// How the dlpack-mpi side lays out its tensors (`--layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchLayout {
+    /// Dense, C order.
+    Contiguous,
+    /// Every other element of a storage twice the size (stride 2): point-to-point goes
+    /// through a derived datatype, collectives through packing. The raw path sends the same
+    /// number of bytes from a contiguous slice: the lower bound.
+    Step,
+}
+
+impl BenchLayout {
+    fn name(self) -> &'static str {
+        match self {
+            BenchLayout::Contiguous => "contiguous",
+            BenchLayout::Step => "step",
+        }
+    }
+}
+
+/// Message sizes in bytes: a comma-separated list of sizes (`8,1K,64KiB,4M`; K/M/G are
+/// powers of 1024) or ranges `A:B` (every power of two from A to B).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizes(pub Vec<u64>);
+
+fn parse_one_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size `{t}` is not a number of bytes"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "size `{t}` has an unknown unit `{other}` (use K, M or G)"
+            ))
+        }
+    };
+    let bytes = n
+        .checked_mul(scale)
+        .filter(|b| (4..=1 << 30).contains(b))
+        .ok_or_else(|| format!("size `{t}` is outside 4 B ..= 1 GiB"))?;
+    if bytes % ELEM as u64 != 0 {
+        return Err(format!(
+            "size `{t}` is not a whole number of f32 elements (4 bytes)"
+        ));
+    }
+    Ok(bytes)
+}
+
+fn parse_sizes(text: &str) -> Result<Sizes, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        match part.split_once(':') {
+            Some((lo, hi)) => {
+                let (lo, hi) = (parse_one_size(lo)?, parse_one_size(hi)?);
+                if lo > hi {
+                    return Err(format!("size range `{part}` runs backwards"));
+                }
+                let mut s = lo;
+                while s <= hi {
+                    out.push(s);
+                    s *= 2;
+                }
+            }
+            None => out.push(parse_one_size(part)?),
+        }
+    }
+    if out.is_empty() {
+        return Err("no sizes given".into());
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(Sizes(out))
 }
 
 /// Options of `bench`.
@@ -86,6 +204,10 @@ pub struct BenchArgs {
     /// Which benchmark to run.
     #[arg(long, value_enum, default_value_t = Op::All)]
     pub op: Op,
+    /// Message sizes in bytes (per rank's block for allgatherv and alltoall), e.g.
+    /// `8,1K,1M` or `8:64M` (powers of two); default: powers of two up to --max-size.
+    #[arg(long, value_parser = parse_sizes)]
+    pub sizes: Option<Sizes>,
     /// Timed rounds per size and path (median and best are reported).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
@@ -93,11 +215,23 @@ pub struct BenchArgs {
     /// fewer (iters × 16 KiB / size, at least 4).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub iters: u64,
-    /// Largest message in bytes (ping-pong from 8 B, all-reduce from 1 KiB up to at most
-    /// 16 MiB); sizes are powers of two. Strided sizes are fixed (a 64 MiB storage); `all`
-    /// skips them below 64 MiB.
+    /// Largest message in bytes when --sizes is not given (latency from 8 B; bandwidth and
+    /// all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB). Strided sizes are
+    /// fixed (a 64 MiB storage); `all` skips them below 64 MiB.
     #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
     pub max_size: u64,
+    /// Where the tensors live.
+    #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
+    pub device: crate::DeviceArg,
+    /// Layout of the dlpack-mpi side's tensors.
+    #[arg(long, value_enum, default_value_t = BenchLayout::Contiguous)]
+    pub layout: BenchLayout,
+    /// Write every measurement to FILE as CSV (rank 0): one row per operation, size and path.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<std::path::PathBuf>,
+    /// Draw latency and bandwidth against size, one curve per path, to FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// A path through which messages are sent.
@@ -110,6 +244,17 @@ enum Path {
 }
 
 const PATHS: [Path; 4] = [Path::Raw, Path::Dlpack, Path::Reused, Path::Checked];
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Raw => "raw",
+            Path::Dlpack => "dlpack",
+            Path::Reused => "reused",
+            Path::Checked => "checked",
+        }
+    }
+}
 
 /// Per-round times of one path at one size, µs per message.
 #[derive(Debug, Default, Clone)]
@@ -134,17 +279,22 @@ impl Samples {
     }
 }
 
-/// Results of one size: samples of every path, in `PATHS` order.
+/// Results of one size: samples of every path, in `PATHS` order (`None`: the path does not
+/// exist for this operation and layout).
 #[derive(Debug)]
 struct Row {
+    op: Op,
     bytes: usize,
     iters: u64,
-    paths: [Samples; 4],
+    paths: [Option<Samples>; 4],
 }
+
+/// An empty sample set for paths that did not run (every statistic is NaN).
+static NO_SAMPLES: Samples = Samples(Vec::new());
 
 impl Row {
     fn get(&self, p: Path) -> &Samples {
-        &self.paths[p as usize]
+        self.paths[p as usize].as_ref().unwrap_or(&NO_SAMPLES)
     }
 
     fn ratio_median(&self, p: Path) -> f64 {
@@ -172,12 +322,6 @@ impl Aligned {
             owned,
             off: off_bytes / ELEM,
         }
-    }
-
-    /// Makes the exporter hand out `n` elements starting at the aligned address, and checks
-    /// that the exported tensor and the raw slice start at the same aligned address.
-    fn set_len(self, n: usize) -> dlpack_mpi::Result<Self> {
-        self.set_layout(&[n as i64], None)
     }
 
     /// Makes the exporter hand out `shape` with `strides` (elements; `None` = compact) whose
@@ -229,9 +373,57 @@ fn fmt_size(bytes: usize) -> String {
     }
 }
 
+/// Messages in flight per window of `--op bandwidth` for messages of `bytes`: 64 (as
+/// osu_bw), fewer above 1 MiB so that a window holds at most 64 MiB (the receiver needs a
+/// buffer per message).
+fn window_for(bytes: usize) -> usize {
+    ((64 << 20) / bytes.max(1)).clamp(1, 64)
+}
+
+/// The value stored at storage index `k` of rank `r`'s send buffer: exact in f32, distinct
+/// per rank, and small enough that sums over a few ranks stay exact.
+fn value(r: i32, k: usize) -> Elem {
+    ((k % 4096) + 4096 * r as usize) as Elem
+}
+
+/// The paths that exist for `op` with `layout`: per-message and reused specs go straight to
+/// rsmpi, which cannot reduce or split into blocks a strided (derived-datatype) buffer; there
+/// only the checked path (which packs) runs beside raw.
+fn available(op: Op, layout: BenchLayout) -> Vec<Path> {
+    if layout == BenchLayout::Contiguous || op.point_to_point() {
+        PATHS.to_vec()
+    } else {
+        vec![Path::Raw, Path::Checked]
+    }
+}
+
+/// Distance in storage elements between logical elements of a buffer on `path`.
+fn stride_of(path: Path, layout: BenchLayout) -> usize {
+    if path == Path::Raw || layout == BenchLayout::Contiguous {
+        1
+    } else {
+        2
+    }
+}
+
+/// An aligned buffer able to hold `n` logical elements in `layout`, holding `fill(k)` at
+/// storage index `k`, exporting `n` elements in `layout`.
+fn buffer(
+    layout: BenchLayout,
+    n: usize,
+    fill: impl Fn(usize) -> Elem,
+) -> dlpack_mpi::Result<Aligned> {
+    let stride = stride_of(Path::Dlpack, layout);
+    let mut a = Aligned::new(n * stride, 0.0);
+    for (k, x) in a.raw(n * stride).iter_mut().enumerate() {
+        *x = fill(k);
+    }
+    a.set_layout(&[n as i64], Some(&[stride as i64]))
+}
+
 /// One timed ping-pong run of `iters` round trips; seconds per message (half a round trip)
 /// on rank 0, 0 elsewhere.
-fn pingpong_once(
+fn latency_once(
     world: &SimpleCommunicator,
     path: Path,
     buf: &mut Aligned,
@@ -322,10 +514,184 @@ fn pingpong_once(
     })
 }
 
-/// One timed all-reduce run of `iters` calls; seconds per call of the slowest rank, on
-/// every rank.
-fn allreduce_once(
+/// Waits for every request of a window (rsmpi panics on a request dropped uncompleted).
+fn wait_all<'a, B: ?Sized, S: mpi::request::Scope<'a>>(reqs: Vec<mpi::request::Request<'a, B, S>>) {
+    for r in reqs {
+        r.wait();
+    }
+}
+
+fn acquire_all(bufs: &[Aligned]) -> dlpack_mpi::Result<Vec<dlpack_mpi::dlpack::ManagedTensor<'_>>> {
+    bufs.iter()
+        .map(|b| acquire(&b.owned, &AcquireOptions::default()))
+        .collect()
+}
+
+/// Posts one nonblocking receive from rank 0 per spec (through `TensorComm` when `checked`,
+/// else rsmpi directly) and waits for all of them.
+fn recv_window(
     world: &SimpleCommunicator,
+    specs: &mut [RecvSpec<'_>],
+    checked: bool,
+    tag: mpi::Tag,
+) -> dlpack_mpi::Result<()> {
+    let peer = world.process_at_rank(0);
+    mpi::request::scope(|sc| {
+        let mut reqs = Vec::with_capacity(specs.len());
+        let mut failed = None;
+        for spec in specs.iter_mut() {
+            if checked {
+                match world.immediate_recv_tensor(sc, spec, 0, tag) {
+                    Ok(r) => reqs.push(r),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            } else {
+                reqs.push(peer.immediate_receive_into_with_tag(sc, spec, tag));
+            }
+        }
+        wait_all(reqs);
+        failed.map_or(Ok(()), Err)
+    })
+}
+
+/// One timed bandwidth run: `iters` windows of `window` nonblocking sends from rank 0 to
+/// rank 1 (into `window` distinct receive buffers), each window acknowledged by 1 byte;
+/// seconds per message on rank 0, 0 elsewhere.
+fn bandwidth_once(
+    world: &SimpleCommunicator,
+    path: Path,
+    send: &mut Aligned,
+    recv: &mut [Aligned],
+    n: usize,
+    window: usize,
+    iters: u64,
+) -> dlpack_mpi::Result<f64> {
+    use mpi::request::scope;
+    let rank = world.rank();
+    if rank > 1 {
+        world.barrier();
+        return Ok(0.0);
+    }
+    let mut ack = 0u8;
+    let tag = 1;
+    if rank == 1 {
+        let peer = world.process_at_rank(0);
+        match path {
+            Path::Raw => {
+                let mut bufs: Vec<&mut [Elem]> = recv.iter_mut().map(|b| b.raw(n)).collect();
+                world.barrier();
+                for _ in 0..iters {
+                    scope(|sc| {
+                        let reqs: Vec<_> = bufs
+                            .iter_mut()
+                            .map(|b| peer.immediate_receive_into_with_tag(sc, &mut **b, tag))
+                            .collect();
+                        wait_all(reqs);
+                    });
+                    peer.send(&ack);
+                }
+            }
+            Path::Reused => {
+                let mut ts = acquire_all(recv)?;
+                let mut specs = ts
+                    .iter_mut()
+                    .map(RecvSpec::new)
+                    .collect::<dlpack_mpi::Result<Vec<_>>>()?;
+                world.barrier();
+                for _ in 0..iters {
+                    recv_window(world, &mut specs, false, tag)?;
+                    peer.send(&ack);
+                }
+            }
+            Path::Dlpack | Path::Checked => {
+                let mut ts = acquire_all(recv)?;
+                world.barrier();
+                for _ in 0..iters {
+                    let mut specs = ts
+                        .iter_mut()
+                        .map(RecvSpec::new)
+                        .collect::<dlpack_mpi::Result<Vec<_>>>()?;
+                    recv_window(world, &mut specs, path == Path::Checked, tag)?;
+                    peer.send(&ack);
+                }
+            }
+        }
+        return Ok(0.0);
+    }
+    let peer = world.process_at_rank(1);
+    let start;
+    match path {
+        Path::Raw => {
+            let b = send.raw(n);
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                scope(|sc| {
+                    let reqs: Vec<_> = (0..window)
+                        .map(|_| peer.immediate_send_with_tag(sc, &*b, tag))
+                        .collect();
+                    wait_all(reqs);
+                });
+                peer.receive_into(&mut ack);
+            }
+        }
+        Path::Dlpack | Path::Checked | Path::Reused => {
+            let t = acquire(&send.owned, &AcquireOptions::default())?;
+            let reused = SendSpec::new(&t)?;
+            world.barrier();
+            start = mpi::time();
+            for _ in 0..iters {
+                let specs = match path {
+                    Path::Reused => Vec::new(),
+                    _ => (0..window)
+                        .map(|_| SendSpec::new(&t))
+                        .collect::<dlpack_mpi::Result<Vec<_>>>()?,
+                };
+                let posted = scope(|sc| -> dlpack_mpi::Result<()> {
+                    let mut reqs = Vec::with_capacity(window);
+                    let mut failed = None;
+                    for i in 0..window {
+                        let spec = specs.get(i).unwrap_or(&reused);
+                        match path {
+                            Path::Reused | Path::Dlpack => {
+                                reqs.push(peer.immediate_send_with_tag(sc, spec, tag));
+                            }
+                            _ => match world.immediate_send_tensor(sc, spec, 1, tag) {
+                                Ok(r) => reqs.push(r),
+                                Err(e) => {
+                                    failed = Some(e);
+                                    break;
+                                }
+                            },
+                        }
+                    }
+                    wait_all(reqs);
+                    failed.map_or(Ok(()), Err)
+                });
+                posted?;
+                peer.receive_into(&mut ack);
+            }
+        }
+    }
+    Ok((mpi::time() - start) / (iters as f64 * window as f64))
+}
+
+/// A collective benchmarked by [`collective_once`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Collective {
+    Allreduce,
+    Allgatherv,
+    Alltoall,
+}
+
+/// One timed run of `iters` calls of a collective on `n` elements per rank's block (the
+/// whole vector for all-reduce); seconds per call of the slowest rank, on every rank.
+fn collective_once(
+    world: &SimpleCommunicator,
+    what: Collective,
     path: Path,
     send: &mut Aligned,
     recv: &mut Aligned,
@@ -333,15 +699,32 @@ fn allreduce_once(
     iters: u64,
 ) -> dlpack_mpi::Result<f64> {
     let sum = SystemOperation::sum();
+    let p = world.size() as usize;
+    let (send_n, recv_n) = match what {
+        Collective::Allreduce => (n, n),
+        Collective::Allgatherv => (n, p * n),
+        Collective::Alltoall => (p * n, p * n),
+    };
+    let counts32 = vec![n as i32; p];
+    let displs32: Vec<i32> = (0..p).map(|i| (i * n) as i32).collect();
+    let counts: Vec<i64> = counts32.iter().map(|&c| i64::from(c)).collect();
+    let displs: Vec<i64> = displs32.iter().map(|&d| i64::from(d)).collect();
     let start;
     match path {
         Path::Raw => {
-            let s = send.raw(n);
-            let r = recv.raw(n);
+            let s = send.raw(send_n);
+            let r = recv.raw(recv_n);
             world.barrier();
             start = mpi::time();
             for _ in 0..iters {
-                world.all_reduce_into(&*s, &mut *r, sum);
+                match what {
+                    Collective::Allreduce => world.all_reduce_into(&*s, &mut *r, sum),
+                    Collective::Allgatherv => world.all_gather_varcount_into(
+                        &*s,
+                        &mut PartitionMut::new(&mut *r, &counts32[..], &displs32[..]),
+                    ),
+                    Collective::Alltoall => world.all_to_all_into(&*s, &mut *r),
+                }
             }
         }
         Path::Dlpack => {
@@ -350,18 +733,42 @@ fn allreduce_once(
             world.barrier();
             start = mpi::time();
             for _ in 0..iters {
-                world.all_reduce_into(&SendSpec::new(&s)?, &mut RecvSpec::new(&mut r)?, sum);
+                let sspec = SendSpec::new(&s)?;
+                let rspec = RecvSpec::new(&mut r)?;
+                match what {
+                    Collective::Allreduce => world.all_reduce_into(&sspec, &mut { rspec }, sum),
+                    Collective::Allgatherv => world.all_gather_varcount_into(
+                        &sspec,
+                        &mut VectorRecvSpec::new(rspec, &counts, &displs)?,
+                    ),
+                    Collective::Alltoall => world.all_to_all_into(&sspec, &mut { rspec }),
+                }
             }
         }
         Path::Reused => {
             let s = acquire(&send.owned, &AcquireOptions::default())?;
             let mut r = acquire(&recv.owned, &AcquireOptions::default())?;
-            let s = SendSpec::new(&s)?;
-            let mut r = RecvSpec::new(&mut r)?;
+            let sspec = SendSpec::new(&s)?;
+            let mut rspec = RecvSpec::new(&mut r)?;
             world.barrier();
             start = mpi::time();
-            for _ in 0..iters {
-                world.all_reduce_into(&s, &mut r, sum);
+            match what {
+                Collective::Allgatherv => {
+                    let mut v = VectorRecvSpec::new(rspec, &counts, &displs)?;
+                    for _ in 0..iters {
+                        world.all_gather_varcount_into(&sspec, &mut v);
+                    }
+                }
+                Collective::Allreduce => {
+                    for _ in 0..iters {
+                        world.all_reduce_into(&sspec, &mut rspec, sum);
+                    }
+                }
+                Collective::Alltoall => {
+                    for _ in 0..iters {
+                        world.all_to_all_into(&sspec, &mut rspec);
+                    }
+                }
             }
         }
         Path::Checked => {
@@ -370,7 +777,13 @@ fn allreduce_once(
             world.barrier();
             start = mpi::time();
             for _ in 0..iters {
-                world.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)?;
+                match what {
+                    Collective::Allreduce => world.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)?,
+                    Collective::Allgatherv => {
+                        world.all_gatherv_tensor(&s, &mut r, &counts, &displs)?
+                    }
+                    Collective::Alltoall => world.all_to_all_tensor(&s, &mut r)?,
+                }
             }
         }
     }
@@ -380,23 +793,45 @@ fn allreduce_once(
     Ok(slowest)
 }
 
-/// Warm-up, then `rounds` rounds of every path in rotated order.
+/// Warm-up, then `rounds` rounds of every available path in rotated order.
 fn measure(
     world: &SimpleCommunicator,
+    op: Op,
+    paths: &[Path],
     rounds: u32,
     bytes: usize,
     iters: u64,
-    once: impl FnMut(Path, u64) -> dlpack_mpi::Result<f64>,
+    mut once: impl FnMut(Path, u64) -> dlpack_mpi::Result<f64>,
 ) -> dlpack_mpi::Result<Row> {
-    let paths = measure_paths(world, rounds, iters, PATHS, once)?;
+    let warm = (iters / 5).max(2);
+    for &p in paths {
+        once(p, warm)?;
+    }
+    let mut samples: [Option<Samples>; 4] = Default::default();
+    for &p in paths {
+        samples[p as usize] = Some(Samples::default());
+    }
+    for round in 0..rounds as usize {
+        world.barrier();
+        for k in 0..paths.len() {
+            let p = paths[(round + k) % paths.len()];
+            let secs = once(p, iters)?;
+            if let Some(s) = samples[p as usize].as_mut() {
+                s.0.push(secs * 1e6);
+            }
+        }
+    }
+    world.barrier();
     Ok(Row {
+        op,
         bytes,
         iters,
-        paths,
+        paths: samples,
     })
 }
 
-/// [`measure`] over any list of paths: samples (µs per message) in the order of `order`.
+/// [`measure`] for the strided benchmark's fixed list of paths: samples (µs per message) in
+/// the order of `order`.
 fn measure_paths<P: Copy, const N: usize>(
     world: &SimpleCommunicator,
     rounds: u32,
@@ -421,11 +856,14 @@ fn measure_paths<P: Copy, const N: usize>(
     Ok(paths)
 }
 
-fn print_header() {
+fn print_header(bandwidth: bool) {
     let mut line = format!(
         "{:>10} {:>8} | {:>8} {:>8}",
         "size", "iters", "raw med", "best"
     );
+    if bandwidth {
+        line += &format!(" {:>9}", "MB/s");
+    }
     for name in ["dlpack", "reused", "checked"] {
         line += &format!(
             " | {:>11} {:>8} {:>11} {:>6}",
@@ -438,6 +876,11 @@ fn print_header() {
     println!("{line}");
 }
 
+/// MB/s (10^6 bytes per second) of messages of `bytes` taking `us` µs each.
+fn mb_per_s(bytes: usize, us: f64) -> f64 {
+    bytes as f64 / us
+}
+
 fn print_row(r: &Row) {
     let w = r.get(Path::Raw);
     let mut line = format!(
@@ -447,7 +890,14 @@ fn print_row(r: &Row) {
         w.median(),
         w.best()
     );
+    if r.op == Op::Bandwidth {
+        line += &format!(" {:>9.1}", mb_per_s(r.bytes, w.median()));
+    }
     for p in [Path::Dlpack, Path::Reused, Path::Checked] {
+        if r.paths[p as usize].is_none() {
+            line += &format!(" | {:>11} {:>8} {:>11} {:>6}", "-", "-", "-", "-");
+            continue;
+        }
         let x = r.get(p);
         line += &format!(
             " | {:>11.3} {:>8.3} {:>11.4} {:>6.4}",
@@ -486,28 +936,41 @@ fn worst_and_geomean(rows: &[&Row], f: impl Fn(&Row) -> f64) -> (f64, usize, f64
 /// Prints the smallest-size overhead (judged against the 0.05 µs target when `small_target`)
 /// and the ≥ 1 MiB ratios against the 2 % target, with the `reused` path as a noise control:
 /// it makes exactly the MPI calls of the `dlpack` path with no per-message work, so its
-/// spread around 1.0 is what this machine's noise does to a ratio.
+/// spread around 1.0 is what this machine's noise does to a ratio. Rows without the
+/// `dlpack` path (strided collectives) get the checked path's ratios only.
 fn print_summary(rows: &[Row], small_target: bool) {
-    if let Some(first) = rows.first() {
-        let diff = |p: Path| first.get(p).best() - first.get(Path::Raw).best();
-        let diff_med = first.get(Path::Dlpack).median() - first.get(Path::Raw).median();
-        let judged = if small_target {
-            format!(
-                "target: best ≤ {TARGET_SMALL_US:.3} µs: {}",
-                met(diff(Path::Dlpack) <= TARGET_SMALL_US)
-            )
-        } else {
-            "no target".to_string()
-        };
+    let Some(first) = rows.first() else {
+        return;
+    };
+    if first.paths[Path::Dlpack as usize].is_none() {
+        let (w, at, g) = worst_and_geomean(&rows.iter().collect::<Vec<_>>(), |r| {
+            r.ratio_median(Path::Checked)
+        });
         println!(
-            "{}: dlpack − raw = {:+.3} µs best round, {diff_med:+.3} µs median ({judged}); \
-             reused − raw = {:+.3} µs, checked − raw = {:+.3} µs (best rounds)",
-            fmt_size(first.bytes),
-            diff(Path::Dlpack),
-            diff(Path::Reused),
-            diff(Path::Checked),
+            "checked/raw (median): worst {w:.4} (at {}), geomean {g:.4}; raw sends the same \
+             bytes contiguously",
+            fmt_size(at)
         );
+        return;
     }
+    let diff = |p: Path| first.get(p).best() - first.get(Path::Raw).best();
+    let diff_med = first.get(Path::Dlpack).median() - first.get(Path::Raw).median();
+    let judged = if small_target {
+        format!(
+            "target: best ≤ {TARGET_SMALL_US:.3} µs: {}",
+            met(diff(Path::Dlpack) <= TARGET_SMALL_US)
+        )
+    } else {
+        "no target".to_string()
+    };
+    println!(
+        "{}: dlpack − raw = {:+.3} µs best round, {diff_med:+.3} µs median ({judged}); \
+         reused − raw = {:+.3} µs, checked − raw = {:+.3} µs (best rounds)",
+        fmt_size(first.bytes),
+        diff(Path::Dlpack),
+        diff(Path::Reused),
+        diff(Path::Checked),
+    );
     let large: Vec<&Row> = rows.iter().filter(|r| r.bytes >= LARGE).collect();
     if large.is_empty() {
         println!("≥ 1 MiB: no sizes measured");
@@ -531,95 +994,214 @@ fn print_summary(rows: &[Row], small_target: bool) {
     }
 }
 
-fn pingpong(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<()> {
-    let root = world.rank() == 0;
-    if world.size() < 2 {
-        if root {
-            println!("ping-pong: skipped (needs at least 2 ranks)\n");
-        }
-        return Ok(());
-    }
-    let max = args.max_size as usize;
-    if root {
-        println!(
-            "# ping-pong, rank 0 <-> rank 1 (ranks: {}, others idle), f32, µs per message = \
-             half round trip; rounds: {}; ratio = path / raw",
-            world.size(),
-            args.rounds
-        );
-        print_header();
-    }
-    let mut buf = Aligned::new(max / ELEM, 1.0);
-    let mut rows = Vec::new();
-    for bytes in sizes(PINGPONG_MIN, max) {
-        let n = bytes / ELEM;
-        buf = buf.set_len(n)?;
-        let iters = iters_for(args.iters, bytes);
-        let row = measure(world, args.rounds, bytes, iters, |p, it| {
-            pingpong_once(world, p, &mut buf, n, it)
-        })?;
-        if root {
-            print_row(&row);
-        }
-        rows.push(row);
-    }
-    if root {
-        print_summary(&rows, true);
-        println!();
-    }
-    Ok(())
+/// Checks, after one untimed call per path, what a rank received: `got(l)` is logical
+/// element `l` of the receive buffer and `want(l)` what it must hold. Returns a message for
+/// the first difference.
+fn first_difference(
+    what: &str,
+    path: Path,
+    len: usize,
+    got: impl Fn(usize) -> Elem,
+    want: impl Fn(usize) -> Elem,
+) -> Option<String> {
+    (0..len).find(|&l| got(l) != want(l)).map(|l| {
+        format!(
+            "{what} via {}: element {l} is {}, expected {}",
+            path.name(),
+            got(l),
+            want(l)
+        )
+    })
 }
 
-/// Returns whether the last all-reduce result was right on this rank.
-fn allreduce(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<bool> {
-    let root = world.rank() == 0;
-    let max = (args.max_size as usize).min(ALLREDUCE_MAX);
-    if max < ALLREDUCE_MIN {
+/// Runs one operation over its sizes; returns its rows and whether every path delivered
+/// the expected values (checked once per size and path after the timing).
+fn sweep(
+    world: &SimpleCommunicator,
+    args: &BenchArgs,
+    op: Op,
+) -> dlpack_mpi::Result<(Vec<Row>, bool)> {
+    let (rank, p) = (world.rank(), world.size());
+    let root = rank == 0;
+    if op.point_to_point() && p < 2 {
         if root {
-            println!("all-reduce: skipped (--max-size below 1 KiB)\n");
+            println!("{}: skipped (needs at least 2 ranks)\n", op.name());
         }
-        return Ok(true);
+        return Ok((Vec::new(), true));
     }
+    let list: Vec<usize> = match &args.sizes {
+        Some(s) => s.0.iter().map(|&b| b as usize).collect(),
+        None => op.default_sizes(args.max_size as usize),
+    };
+    let paths = available(op, args.layout);
     if root {
+        let what = match op {
+            Op::Latency => "ping-pong, rank 0 <-> rank 1 (others idle), µs per message = half \
+                            round trip"
+                .to_string(),
+            Op::Bandwidth => "rank 0 -> rank 1 windows of nonblocking sends (64 messages, at \
+                              most 64 MiB per window), µs per message; MB/s = 10^6 B/s of the \
+                              raw path"
+                .to_string(),
+            Op::Allreduce => {
+                format!("all-reduce (sum) over {p} ranks, µs per call of the slowest rank")
+            }
+            Op::Allgatherv => format!(
+                "all-gatherv over {p} ranks, size = each rank's block, µs per call of the \
+                 slowest rank"
+            ),
+            _ => format!(
+                "all-to-all over {p} ranks, size = the block for each rank, µs per call of \
+                 the slowest rank"
+            ),
+        };
         println!(
-            "# all-reduce (sum, f32) over all ranks ({}), µs per call of the slowest rank; \
-             rounds: {}; ratio = path / raw",
-            world.size(),
+            "# {}: {what}; f32, {} layout; rounds: {}; ratio = path / raw",
+            op.name(),
+            args.layout.name(),
             args.rounds
         );
-        print_header();
+        if paths.len() < PATHS.len() {
+            println!(
+                "# strided collectives: only the checked path (which packs) runs beside raw \
+                 (contiguous, same bytes)"
+            );
+        }
+        print_header(op == Op::Bandwidth);
     }
-    let mut send = Aligned::new(max / ELEM, 1.0);
-    let mut recv = Aligned::new(max / ELEM, 0.0);
     let mut rows = Vec::new();
-    for bytes in sizes(ALLREDUCE_MIN, max) {
+    let mut ok = true;
+    for bytes in list {
         let n = bytes / ELEM;
-        send = send.set_len(n)?;
-        recv = recv.set_len(n)?;
         let iters = iters_for(args.iters, bytes);
-        let row = measure(world, args.rounds, bytes, iters, |p, it| {
-            allreduce_once(world, p, &mut send, &mut recv, n, it)
-        })?;
+        let mut problems = Vec::new();
+        let row = match op {
+            Op::Latency => {
+                let mut buf = buffer(
+                    args.layout,
+                    n,
+                    |k| {
+                        if rank == 0 {
+                            value(0, k)
+                        } else {
+                            -1.0
+                        }
+                    },
+                )?;
+                let row = measure(world, op, &paths, args.rounds, bytes, iters, |path, it| {
+                    latency_once(world, path, &mut buf, n, it)
+                })?;
+                for &path in &paths {
+                    let stride = stride_of(path, args.layout);
+                    if rank == 1 {
+                        buf.raw(n * stride).fill(-1.0);
+                    }
+                    latency_once(world, path, &mut buf, n, 1)?;
+                    if rank == 1 {
+                        let store = buf.raw(n * stride);
+                        problems.extend(first_difference(
+                            "rank 1: latency",
+                            path,
+                            n,
+                            |l| store[l * stride],
+                            |l| value(0, l * stride),
+                        ));
+                    }
+                }
+                row
+            }
+            Op::Bandwidth => {
+                let window = window_for(bytes);
+                let mut send = buffer(args.layout, if rank == 0 { n } else { 0 }, |k| value(0, k))?;
+                let mut recv = (0..if rank == 1 { window } else { 0 })
+                    .map(|_| buffer(args.layout, n, |_| -1.0))
+                    .collect::<dlpack_mpi::Result<Vec<_>>>()?;
+                let row = measure(world, op, &paths, args.rounds, bytes, iters, |path, it| {
+                    bandwidth_once(world, path, &mut send, &mut recv, n, window, it)
+                })?;
+                for &path in &paths {
+                    let stride = stride_of(path, args.layout);
+                    for b in recv.iter_mut() {
+                        b.raw(n * stride).fill(-1.0);
+                    }
+                    bandwidth_once(world, path, &mut send, &mut recv, n, window, 1)?;
+                    for b in recv.iter_mut() {
+                        let store = b.raw(n * stride);
+                        problems.extend(first_difference(
+                            "rank 1: bandwidth",
+                            path,
+                            n,
+                            |l| store[l * stride],
+                            |l| value(0, l * stride),
+                        ));
+                    }
+                }
+                row
+            }
+            _ => {
+                let what = match op {
+                    Op::Allreduce => Collective::Allreduce,
+                    Op::Allgatherv => Collective::Allgatherv,
+                    _ => Collective::Alltoall,
+                };
+                let pu = p as usize;
+                let (send_n, recv_n) = match what {
+                    Collective::Allreduce => (n, n),
+                    Collective::Allgatherv => (n, pu * n),
+                    Collective::Alltoall => (pu * n, pu * n),
+                };
+                let mut send = buffer(args.layout, send_n, |k| value(rank, k))?;
+                let mut recv = buffer(args.layout, recv_n, |_| -1.0)?;
+                let row = measure(world, op, &paths, args.rounds, bytes, iters, |path, it| {
+                    collective_once(world, what, path, &mut send, &mut recv, n, it)
+                })?;
+                for &path in &paths {
+                    let stride = stride_of(path, args.layout);
+                    recv.raw(recv_n * stride).fill(-1.0);
+                    collective_once(world, what, path, &mut send, &mut recv, n, 1)?;
+                    let store = recv.raw(recv_n * stride);
+                    let want = |l: usize| -> Elem {
+                        match what {
+                            // Σ_r value(r, k) = p·(k mod 4096) + 4096·p(p−1)/2.
+                            Collective::Allreduce => (0..p).map(|r| value(r, l * stride)).sum(),
+                            Collective::Allgatherv => value((l / n) as i32, (l % n) * stride),
+                            Collective::Alltoall => {
+                                value((l / n) as i32, (rank as usize * n + l % n) * stride)
+                            }
+                        }
+                    };
+                    problems.extend(first_difference(
+                        &format!("rank {rank}: {}", op.name()),
+                        path,
+                        recv_n,
+                        |l| store[l * stride],
+                        want,
+                    ));
+                }
+                row
+            }
+        };
+        for m in &problems {
+            eprintln!("dlpack-mpi bench: {m} ({})", fmt_size(bytes));
+        }
+        ok &= problems.is_empty();
         if root {
             print_row(&row);
         }
         rows.push(row);
     }
-    // Every path summed the same all-ones buffer: each element is the number of ranks.
-    let expected = world.size() as Elem;
-    let n = ALLREDUCE_MIN / ELEM;
-    let bad = recv.raw(n).iter().find(|&&x| x != expected).copied();
-    if let Some(bad) = bad {
-        eprintln!(
-            "dlpack-mpi bench: rank {}: all-reduce result {bad}, expected {expected}",
-            world.rank()
-        );
-    }
+    let mut all_ok = 0i32;
+    world.all_reduce_into(&i32::from(ok), &mut all_ok, SystemOperation::min());
     if root {
-        print_summary(&rows, false);
+        println!(
+            "verification (one call per size and path after the timing, every element \
+             checked): {}",
+            if all_ok == 1 { "passed" } else { "FAILED" }
+        );
+        print_summary(&rows, op == Op::Latency);
         println!();
     }
-    Ok(bad.is_none())
+    Ok((rows, all_ok == 1))
 }
 
 /// Elements of the sender's storage in `--op strided` (64 MiB of f32), which both cases view.
@@ -909,14 +1491,17 @@ fn print_strided_summary(rows: &[StridedRow], verified: bool) {
 }
 
 /// Returns whether every path delivered the expected elements.
-fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<bool> {
+fn strided(
+    world: &SimpleCommunicator,
+    args: &BenchArgs,
+) -> dlpack_mpi::Result<(Vec<StridedRow>, bool)> {
     let rank = world.rank();
     let root = rank == 0;
     if world.size() < 2 {
         if root {
             println!("strided: skipped (needs at least 2 ranks)\n");
         }
-        return Ok(true);
+        return Ok((Vec::new(), true));
     }
     if root {
         println!(
@@ -973,27 +1558,255 @@ fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> dlpack_mpi::Result<b
         print_strided_summary(&rows, verified);
         println!();
     }
-    Ok(verified)
+    Ok((rows, verified))
 }
 
-/// Runs the benchmark; prints the tables on rank 0.
-pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
-    if world.rank() == 0 {
-        let library = mpi::environment::library_version()
-            .map(|s| {
-                s.trim_end_matches(['\0', '\n'])
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .to_string()
+/// One line of `--csv`: a measurement of one path at one size.
+#[derive(Debug, serde::Serialize)]
+struct CsvRow<'a> {
+    op: &'a str,
+    layout: &'a str,
+    device: &'a str,
+    ranks: i32,
+    /// Message size in bytes (per rank's block for all-gatherv and all-to-all; the logical
+    /// bytes of the view for strided).
+    bytes: usize,
+    iters: u64,
+    path: &'a str,
+    /// Median over rounds, µs per message (or per collective call).
+    median_us: f64,
+    /// Best round, µs per message.
+    best_us: f64,
+    /// median_us / the baseline's median_us (raw; contiguous for strided).
+    ratio_median: f64,
+    /// best_us / the baseline's best_us.
+    ratio_best: f64,
+    /// bytes / median_us: 10^6 bytes per second.
+    mb_per_s: f64,
+}
+
+fn write_csv(
+    path: &std::path::Path,
+    args: &BenchArgs,
+    ranks: i32,
+    rows: &[Row],
+    strided: &[StridedRow],
+) -> Result<(), String> {
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut w = csv::Writer::from_path(path).map_err(|e| fail(&e))?;
+    let layout = args.layout.name();
+    for r in rows {
+        for p in PATHS {
+            if r.paths[p as usize].is_none() {
+                continue;
+            }
+            let x = r.get(p);
+            w.serialize(CsvRow {
+                op: r.op.name(),
+                layout,
+                device: args.device.name(),
+                ranks,
+                bytes: r.bytes,
+                iters: r.iters,
+                path: p.name(),
+                median_us: x.median(),
+                best_us: x.best(),
+                ratio_median: r.ratio_median(p),
+                ratio_best: r.ratio_best(p),
+                mb_per_s: mb_per_s(r.bytes, x.median()),
             })
-            .unwrap_or_default();
+            .map_err(|e| fail(&e))?;
+        }
+    }
+    for r in strided {
+        let op = format!("strided {}", r.case.name);
+        let bytes = r.case.len() * ELEM;
+        for p in STRIDED_PATHS {
+            let x = r.get(p);
+            let (ratio_median, ratio_best) = r.ratios(p, StridedPath::Contiguous);
+            w.serialize(CsvRow {
+                op: &op,
+                layout: "strided",
+                device: args.device.name(),
+                ranks,
+                bytes,
+                iters: r.iters,
+                path: p.name(),
+                median_us: x.median(),
+                best_us: x.best(),
+                ratio_median,
+                ratio_best,
+                mb_per_s: mb_per_s(bytes, x.median()),
+            })
+            .map_err(|e| fail(&e))?;
+        }
+    }
+    w.flush().map_err(|e| fail(&e))
+}
+
+/// Draws, for every operation measured, latency (µs, median) and bandwidth (MB/s) against
+/// message size on log–log axes, one curve per path, into an SVG file.
+fn write_plot(path: &std::path::Path, rows: &[Row], title: &str) -> Result<(), String> {
+    use plotters::prelude::*;
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut ops: Vec<Op> = Vec::new();
+    for r in rows {
+        if !ops.contains(&r.op) {
+            ops.push(r.op);
+        }
+    }
+    if ops.is_empty() {
+        return Err(format!("{}: nothing was measured to plot", path.display()));
+    }
+    let root = SVGBackend::new(path, (1100, 360 * ops.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let root = root
+        .titled(title, ("sans-serif", 18))
+        .map_err(|e| fail(&e))?;
+    let panels = root.split_evenly((ops.len(), 2));
+    let colors = [BLACK, RED, BLUE, GREEN];
+    for (i, op) in ops.iter().enumerate() {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.op == *op).collect();
+        let (lo, hi) = (
+            mine.iter().map(|r| r.bytes).min().unwrap_or(1) as f64,
+            mine.iter().map(|r| r.bytes).max().unwrap_or(1) as f64,
+        );
+        let x_range = (lo * 0.8)..(hi * 1.25);
+        for (j, bandwidth) in [false, true].into_iter().enumerate() {
+            let point = |r: &Row, p: Path| -> Option<(f64, f64)> {
+                let m = r.paths[p as usize].as_ref()?.median();
+                let y = if bandwidth { mb_per_s(r.bytes, m) } else { m };
+                (y.is_finite() && y > 0.0).then_some((r.bytes as f64, y))
+            };
+            let ys: Vec<f64> = mine
+                .iter()
+                .flat_map(|r| PATHS.iter().filter_map(move |&p| point(r, p)))
+                .map(|(_, y)| y)
+                .collect();
+            let y_lo = ys.iter().copied().fold(f64::INFINITY, f64::min);
+            let y_hi = ys.iter().copied().fold(0.0, f64::max);
+            if ys.is_empty() {
+                continue;
+            }
+            let area = &panels[2 * i + j];
+            let caption = format!(
+                "{}: {}",
+                op.name(),
+                if bandwidth {
+                    "bandwidth, MB/s (median)"
+                } else {
+                    "latency, µs per message (median)"
+                }
+            );
+            let mut chart = ChartBuilder::on(area)
+                .caption(caption, ("sans-serif", 15))
+                .margin(8)
+                .x_label_area_size(36)
+                .y_label_area_size(60)
+                .build_cartesian_2d(
+                    x_range.clone().log_scale(),
+                    ((y_lo * 0.8)..(y_hi * 1.25)).log_scale(),
+                )
+                .map_err(|e| fail(&e))?;
+            chart
+                .configure_mesh()
+                .x_desc("message size, bytes")
+                .x_label_formatter(&|b| fmt_size(*b as usize))
+                .draw()
+                .map_err(|e| fail(&e))?;
+            for (k, &p) in PATHS.iter().enumerate() {
+                let pts: Vec<(f64, f64)> = mine.iter().filter_map(|r| point(r, p)).collect();
+                if pts.is_empty() {
+                    continue;
+                }
+                let color = colors[k];
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                    .map_err(|e| fail(&e))?
+                    .label(p.name())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(pts.into_iter().map(|xy| Circle::new(xy, 3, color.filled())))
+                    .map_err(|e| fail(&e))?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(|e| fail(&e))?;
+        }
+    }
+    root.present().map_err(|e| fail(&e))
+}
+
+/// The library's version string, first line.
+fn library_line() -> String {
+    mpi::environment::library_version()
+        .map(|s| {
+            s.trim_end_matches(['\0', '\n'])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// Refuses options this build or this job cannot honour, in one line; `None` = go on.
+fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
+    if args.device != crate::DeviceArg::Cpu {
+        return Some(format!(
+            "device `{}` needs GPU support, which this build does not have (feature `cuda`)",
+            args.device.name()
+        ));
+    }
+    if args.op.point_to_point() && world.size() < 2 {
+        return Some(if crate::under_launcher() {
+            format!(
+                "--op {} needs at least 2 ranks; this job has 1 (mpirun -n 2 …)",
+                args.op.name()
+            )
+        } else {
+            format!(
+                "--op {} needs at least 2 ranks, and this process was not started by mpirun: \
+                 run `mpirun -n 2 dlpack-mpi bench --op {}`",
+                args.op.name(),
+                args.op.name()
+            )
+        });
+    }
+    if args.op == Op::Strided && (args.layout != BenchLayout::Contiguous || args.sizes.is_some()) {
+        return Some(
+            "--op strided has fixed views (step 2 and a transpose of a 64 MiB storage): \
+             --layout and --sizes do not apply"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Runs the benchmark; prints the tables on rank 0. Exit status 0, 1 when a path delivered
+/// wrong values, 2 when the options were refused or an output file could not be written.
+pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
+    let root = world.rank() == 0;
+    if let Some(why) = refuse(world, args) {
+        if root {
+            eprintln!("dlpack-mpi bench: {why}");
+        }
+        return ExitCode::from(2);
+    }
+    if root {
         println!(
-            "dlpack-mpi {} bench: ranks: {}; {library}; buffers {ALIGN}-byte aligned, shared by \
+            "dlpack-mpi {} bench: ranks: {}; {}; buffers {ALIGN}-byte aligned, shared by \
              all paths; iters {} (up to {}), rounds {}; timer resolution {:.3} µs",
             env!("CARGO_PKG_VERSION"),
             world.size(),
+            library_line(),
             args.iters,
             fmt_size(SCALE_REF),
             args.rounds,
@@ -1007,29 +1820,76 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
             );
         }
     }
-    let result = match args.op {
-        Op::Pingpong => pingpong(world, args).map(|()| true),
-        Op::Allreduce => allreduce(world, args),
-        Op::All => pingpong(world, args)
-            .and_then(|()| allreduce(world, args))
-            .and_then(|ok| {
-                if args.max_size < (STRIDED_STORAGE * ELEM) as u64 {
-                    if world.rank() == 0 {
-                        println!("strided: skipped (--max-size below 64 MiB)\n");
-                    }
-                    Ok(ok)
-                } else {
-                    Ok(strided(world, args)? && ok)
-                }
-            }),
-        Op::Strided => strided(world, args),
+    let ops: &[Op] = match args.op {
+        Op::All => &[
+            Op::Latency,
+            Op::Bandwidth,
+            Op::Allreduce,
+            Op::Allgatherv,
+            Op::Alltoall,
+            Op::Strided,
+        ],
+        _ => std::slice::from_ref(&args.op),
     };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("dlpack-mpi bench: rank {}: {e}", world.rank());
-            world.abort(1)
+    let mut rows = Vec::new();
+    let mut strided_rows = Vec::new();
+    let mut ok = true;
+    for &op in ops {
+        let result = if op == Op::Strided {
+            if args.op == Op::All
+                && (args.max_size < (STRIDED_STORAGE * ELEM) as u64
+                    || args.sizes.is_some()
+                    || args.layout != BenchLayout::Contiguous)
+            {
+                if root {
+                    println!("strided: skipped (it needs --max-size ≥ 64 MiB, no --sizes, contiguous --layout)\n");
+                }
+                continue;
+            }
+            strided(world, args).map(|(r, good)| {
+                strided_rows = r;
+                good
+            })
+        } else {
+            sweep(world, args, op).map(|(mut r, good)| {
+                rows.append(&mut r);
+                good
+            })
+        };
+        match result {
+            Ok(good) => ok &= good,
+            Err(e) => {
+                eprintln!("dlpack-mpi bench: rank {}: {e}", world.rank());
+                world.abort(1)
+            }
         }
+    }
+    let mut status = i32::from(!ok);
+    if root {
+        let mut written = Ok(());
+        if let Some(path) = &args.csv {
+            written =
+                written.and_then(|()| write_csv(path, args, world.size(), &rows, &strided_rows));
+        }
+        if let Some(path) = &args.plot {
+            let library = library_line();
+            let title = format!(
+                "dlpack-mpi bench: {} rank(s), {}, f32, {} layout",
+                world.size(),
+                library.split(',').next().unwrap_or(""),
+                args.layout.name()
+            );
+            written = written.and_then(|()| write_plot(path, &rows, &title));
+        }
+        if let Err(why) = written {
+            eprintln!("dlpack-mpi bench: cannot write: {why}");
+            status = 2;
+        }
+    }
+    world.process_at_rank(0).broadcast_into(&mut status);
+    match status {
+        0 => ExitCode::SUCCESS,
+        1 => ExitCode::FAILURE,
+        _ => ExitCode::from(2),
     }
 }

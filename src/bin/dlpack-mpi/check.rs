@@ -24,30 +24,82 @@ use mpi::traits::*;
 use num_complex::{Complex32, Complex64};
 
 /// Options of `check`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct CheckArgs {
+    /// Only cases whose name matches PATTERN (repeatable; a case runs if it matches any).
+    /// Names read `op/dtype/layout/device/transport/len`; a PATTERN with `*`, `?` or `[`
+    /// is a glob over the whole name, any other is a substring (`-k allreduce/float`).
+    #[arg(short = 'k', long = "include", value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Leave out cases whose name matches PATTERN (repeatable; same rules as `-k`).
+    #[arg(short = 'e', long = "exclude", value_name = "PATTERN")]
+    pub exclude: Vec<String>,
     /// Only these operations (repeatable or comma separated); see `--list`.
     #[arg(long, value_delimiter = ',')]
-    op: Vec<String>,
+    pub op: Vec<String>,
     /// Only these dtypes (repeatable or comma separated), e.g. `float32,int8`.
     #[arg(long, value_delimiter = ',')]
-    dtype: Vec<String>,
+    pub dtype: Vec<String>,
     /// Only these layouts (repeatable or comma separated): contiguous, fortran, transposed,
     /// step, negative, broadcast (send side), scalar (0-d, length 1).
     #[arg(long, value_delimiter = ',')]
-    layout: Vec<String>,
+    pub layout: Vec<String>,
     /// Tensor lengths in elements.
     #[arg(long, value_delimiter = ',', default_values_t = [0i64, 1, 7, 1000, 65_536])]
-    len: Vec<i64>,
+    pub len: Vec<i64>,
+    /// Where the tensors live.
+    #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
+    pub device: crate::DeviceArg,
+    /// Who makes the tensors: `rust` = dlpack-mpi's own `Owned` exporter.
+    #[arg(long, value_enum, default_value_t = Producer::Rust)]
+    pub producer: Producer,
+    /// How device memory reaches MPI: `auto` = what the MPI library supports; `direct` =
+    /// device pointers to a CUDA-aware MPI; `staged` = through pinned host memory. Host
+    /// tensors always go directly (transport `host` in case names).
+    #[arg(long, value_enum, default_value_t = Transport::Auto)]
+    pub transport: Transport,
     /// Stop at the first failure.
     #[arg(short = 'x', long)]
-    failfast: bool,
+    pub failfast: bool,
     /// Print only failures and the summary.
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Also print the full MPI library version and each case's time.
     #[arg(short, long)]
-    quiet: bool,
+    pub verbose: bool,
     /// List the case names and exit.
     #[arg(long)]
-    list: bool,
+    pub list: bool,
+    /// Write a JUnit XML report to FILE (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<std::path::PathBuf>,
+    /// Write a JSON report to FILE (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+    /// Testing the runner itself: corrupt what the last rank received in cases matching
+    /// PATTERN (operations that receive into a fresh tensor), so that they fail.
+    #[arg(long, value_name = "PATTERN", hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+/// Who makes the tensors of a check run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Producer {
+    /// dlpack-mpi's own `Owned` exporter (a Rust `Vec` with a DLPack view).
+    Rust,
+    /// NumPy arrays through `__dlpack__` (needs the `python` feature).
+    Numpy,
+}
+
+/// How device memory reaches MPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Direct when the MPI library is CUDA-aware, else staged.
+    Auto,
+    /// Device pointers passed to a CUDA-aware MPI.
+    Direct,
+    /// Copies through pinned host buffers around each MPI call.
+    Staged,
 }
 
 /// Operations the check runs, by name.
@@ -170,6 +222,13 @@ impl Layout {
 thread_local! {
     /// The layout of the case being run (the check runs cases one at a time).
     static LAYOUT: std::cell::Cell<Layout> = const { std::cell::Cell::new(Layout::Contiguous) };
+}
+
+thread_local! {
+    /// Set on the last rank for cases matching the hidden `--inject-fault` pattern: the
+    /// received values are corrupted at logical index 3 (or the last) before comparison, to
+    /// test the failure path (the report, `-x`, the exit status, the JUnit and JSON files).
+    static INJECT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 fn layout() -> Layout {
@@ -366,7 +425,12 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 other => e(other),
             })?;
         }
-        Ok(self.read(dst, recv_len))
+        let mut got = self.read(dst, recv_len);
+        if INJECT.with(|i| i.get()) && !got.is_empty() {
+            let at = 3.min(got.len() - 1);
+            got[at] = fill;
+        }
+        Ok(got)
     }
 
     fn case(&self, w: &SimpleCommunicator, op: &str, n: i64) -> Res<Verdict> {
@@ -756,13 +820,7 @@ struct Case<'k> {
 
 impl Case<'_> {
     fn name(&self) -> String {
-        format!(
-            "{}/{}/{}/cpu/host/{}",
-            self.op,
-            self.kind.name(),
-            self.layout.name(),
-            self.len
-        )
+        case_name(self.op, self.kind.name(), self.layout, self.len)
     }
 }
 
@@ -841,9 +899,62 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     })
 }
 
-/// Runs the check matrix; exit status 1 on any failure.
-pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
-    let kinds = kinds();
+/// How a pattern of `-k`/`-e` matches a case name.
+enum Pattern {
+    /// A plain string: matches names that contain it.
+    Substring(String),
+    /// A pattern with `*`, `?` or `[`: matches whole names as a glob.
+    Glob(glob::Pattern),
+}
+
+impl Pattern {
+    fn new(text: &str) -> Result<Pattern, String> {
+        if text.contains(['*', '?', '[']) {
+            glob::Pattern::new(text)
+                .map(Pattern::Glob)
+                .map_err(|err| format!("pattern `{text}` is not a valid glob: {err}"))
+        } else {
+            Ok(Pattern::Substring(text.to_string()))
+        }
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        match self {
+            Pattern::Substring(s) => name.contains(s.as_str()),
+            Pattern::Glob(g) => g.matches(name),
+        }
+    }
+}
+
+/// A case as indices into `OPS`, the dtype list, `LAYOUTS`, and its length: what rank 0
+/// broadcasts so that every rank runs the same list.
+type CaseIndex = [i64; 4];
+
+/// Rank 0's choice of cases from the options, or the one-line reason it refuses them.
+fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>, String> {
+    if args.device != crate::DeviceArg::Cpu && args.device != crate::DeviceArg::All {
+        return Err(format!(
+            "device `{}` needs GPU support, which this build does not have (feature `cuda`)",
+            args.device.name()
+        ));
+    }
+    if args.producer == Producer::Numpy {
+        return Err(
+            "producer `numpy` needs Python support, which this build does not have \
+             (feature `python`)"
+                .into(),
+        );
+    }
+    if args.transport != Transport::Auto {
+        return Err(format!(
+            "transport `{}` applies to GPU tensors, and no GPU device is selected \
+             (host tensors always go to MPI directly)",
+            match args.transport {
+                Transport::Direct => "direct",
+                _ => "staged",
+            }
+        ));
+    }
     let kind_names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     let layout_names: Vec<&str> = LAYOUTS.iter().map(|l| l.name()).collect();
     for (what, given, known) in [
@@ -852,51 +963,219 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         ("layout", &args.layout, &layout_names[..]),
     ] {
         if let Some(bad) = given.iter().find(|g| !known.contains(&g.as_str())) {
-            if w.rank() == 0 {
-                eprintln!(
-                    "dlpack-mpi check: unknown {what} `{bad}` (known: {})",
-                    known.join(", ")
-                );
-            }
-            return ExitCode::from(2);
+            return Err(format!(
+                "unknown {what} `{bad}` (known: {})",
+                known.join(", ")
+            ));
         }
     }
     if let Some(bad) = args.len.iter().find(|&&l| !(0..=1 << 24).contains(&l)) {
-        if w.rank() == 0 {
-            eprintln!("dlpack-mpi check: length {bad} is outside 0..=16777216 elements");
-        }
-        return ExitCode::from(2);
+        return Err(format!("length {bad} is outside 0..=16777216 elements"));
     }
+    let compile = |texts: &[String]| -> Result<Vec<(String, Pattern)>, String> {
+        texts
+            .iter()
+            .map(|t| Pattern::new(t).map(|p| (t.clone(), p)))
+            .collect()
+    };
+    let include = compile(&args.include)?;
+    let exclude = compile(&args.exclude)?;
+    let mut used_include = vec![false; include.len()];
+    let mut used_exclude = vec![false; exclude.len()];
+    let wanted = |given: &[String], name: &str| given.is_empty() || given.iter().any(|g| g == name);
     let mut cases = Vec::new();
-    for op in OPS {
-        if !args.op.is_empty() && !args.op.iter().any(|o| o == op) {
-            continue;
-        }
-        for kind in &kinds {
-            if !args.dtype.is_empty() && !args.dtype.iter().any(|d| d == kind.name()) {
-                continue;
-            }
-            for &layout in &LAYOUTS {
-                if !args.layout.is_empty() && !args.layout.iter().any(|l| l == layout.name()) {
-                    continue;
-                }
+    for (o, op) in OPS.iter().enumerate() {
+        for (k, kind) in kinds.iter().enumerate() {
+            for (l, layout) in LAYOUTS.iter().enumerate() {
                 for &len in &args.len {
                     // A 0-d tensor has exactly one element.
-                    if layout == Layout::Scalar && len != 1 {
+                    if *layout == Layout::Scalar && len != 1 {
                         continue;
                     }
-                    cases.push(Case {
-                        op,
-                        kind: kind.as_ref(),
-                        layout,
-                        len,
-                    });
+                    if !wanted(&args.op, op)
+                        || !wanted(&args.dtype, kind.name())
+                        || !wanted(&args.layout, layout.name())
+                    {
+                        continue;
+                    }
+                    let name = case_name(op, kind.name(), *layout, len);
+                    let mut included = include.is_empty();
+                    for (i, (_, p)) in include.iter().enumerate() {
+                        if p.matches(&name) {
+                            used_include[i] = true;
+                            included = true;
+                        }
+                    }
+                    if !included {
+                        continue;
+                    }
+                    let mut excluded = false;
+                    for (i, (_, p)) in exclude.iter().enumerate() {
+                        if p.matches(&name) {
+                            used_exclude[i] = true;
+                            excluded = true;
+                        }
+                    }
+                    if !excluded {
+                        cases.push([o as i64, k as i64, l as i64, len]);
+                    }
                 }
             }
         }
     }
+    for ((flag, patterns), used) in [("-k", &include), ("-e", &exclude)]
+        .into_iter()
+        .zip([used_include, used_exclude])
+    {
+        if let Some(((text, _), _)) = patterns.iter().zip(&used).find(|(_, u)| !**u) {
+            return Err(format!(
+                "{flag} `{text}` matches no case (names read op/dtype/layout/device/transport/len; \
+                 see --list)"
+            ));
+        }
+    }
+    Ok(cases)
+}
+
+/// Rank 0's [`select`] on every rank: rank 0 decides and broadcasts the case list (or that
+/// it refused the options, after printing why), so all ranks run the same cases even when
+/// their command lines differ.
+fn agree_on_cases(
+    w: &SimpleCommunicator,
+    kinds: &[Box<dyn Runner>],
+    args: &CheckArgs,
+) -> Option<Vec<CaseIndex>> {
+    let root = w.process_at_rank(0);
+    let mut chosen = Vec::new();
+    let mut count: i64 = -1;
+    if w.rank() == 0 {
+        match select(kinds, args) {
+            Ok(cases) => {
+                count = cases.len() as i64;
+                chosen = cases.into_iter().flatten().collect();
+            }
+            Err(why) => eprintln!("dlpack-mpi check: {why}"),
+        }
+    }
+    root.broadcast_into(&mut count);
+    if count < 0 {
+        return None;
+    }
+    chosen.resize(count as usize * 4, 0);
+    if count > 0 {
+        root.broadcast_into(&mut chosen[..]);
+    }
+    Some(
+        chosen
+            .chunks_exact(4)
+            .map(|c| [c[0], c[1], c[2], c[3]])
+            .collect(),
+    )
+}
+
+/// One finished case, as the JSON and JUnit reports hold it.
+#[derive(Debug, serde::Serialize)]
+struct Record {
+    name: String,
+    op: &'static str,
+    dtype: &'static str,
+    layout: &'static str,
+    device: &'static str,
+    transport: &'static str,
+    /// Logical elements per tensor.
+    len: i64,
+    /// `pass`, `fail`, `skip` or `known-bug`.
+    status: &'static str,
+    /// Why it failed, was skipped or hit a known bug.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    /// Wall time of the case on rank 0, including the agreement of the verdicts.
+    seconds: f64,
+}
+
+/// The JSON report.
+#[derive(Debug, serde::Serialize)]
+struct Report<'r> {
+    tool: String,
+    mpi_library: String,
+    ranks: i32,
+    passed: u32,
+    failed: u32,
+    skipped: u32,
+    known_bugs: u32,
+    cases: &'r [Record],
+}
+
+fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Result<(), String> {
+    use quick_junit::{NonSuccessKind, TestCase, TestCaseStatus, TestSuite};
+    let mut suite = TestSuite::new("dlpack-mpi check");
+    for r in records {
+        let mut status = match r.status {
+            "pass" => TestCaseStatus::success(),
+            "fail" => TestCaseStatus::non_success(NonSuccessKind::Failure),
+            // A known MPI-library bug: a wrong result the runner recognised; reported with
+            // its own type so that CI shows it without failing the run.
+            _ => TestCaseStatus::skipped(),
+        };
+        if let Some(m) = &r.message {
+            status.set_message(m.as_str());
+        }
+        if r.status == "known-bug" {
+            status.set_type("known-mpi-library-bug");
+        }
+        let mut case = TestCase::new(r.name.as_str(), status);
+        case.set_classname(format!("dlpack-mpi.check.{}", r.op));
+        case.set_time(std::time::Duration::from_secs_f64(r.seconds));
+        suite.add_test_case(case);
+    }
+    suite.set_time(std::time::Duration::from_secs_f64(seconds));
+    let mut report = quick_junit::Report::new("dlpack-mpi");
+    report.add_test_suite(suite);
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    report
+        .serialize(std::io::BufWriter::new(file))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write_json(path: &std::path::Path, report: &Report<'_>) -> Result<(), String> {
+    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    serde_json::to_writer_pretty(&mut out, report)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(out).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn case_name(op: &str, dtype: &str, layout: Layout, len: i64) -> String {
+    format!("{op}/{dtype}/{}/cpu/host/{len}", layout.name())
+}
+
+fn library_name() -> String {
+    mpi::environment::library_version()
+        .unwrap_or_default()
+        .trim_end_matches(['\0', '\n'])
+        .trim()
+        .to_string()
+}
+
+/// Runs the check matrix. Exit status: 0 when no case failed, 1 when one did, 2 when the
+/// options were refused (one line on standard error) or a report could not be written.
+pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
+    let kinds = kinds();
+    let Some(indices) = agree_on_cases(w, &kinds, args) else {
+        return ExitCode::from(2);
+    };
+    let cases: Vec<Case> = indices
+        .iter()
+        .map(|&[o, k, l, len]| Case {
+            op: OPS[o as usize],
+            kind: kinds[k as usize].as_ref(),
+            layout: LAYOUTS[l as usize],
+            len,
+        })
+        .collect();
+    let root = w.rank() == 0;
     if args.list {
-        if w.rank() == 0 {
+        if root {
             // A closed pipe (`--list | head`) ends the listing quietly.
             let mut out = std::io::stdout().lock();
             for c in &cases {
@@ -907,48 +1186,102 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if w.rank() == 0 && !args.quiet {
+    let library = library_name();
+    if root && !args.quiet {
         println!(
             "dlpack-mpi check: {} cases at {} rank(s), host memory, {}",
             cases.len(),
             w.size(),
-            mpi::environment::library_version()
-                .unwrap_or_default()
-                .split(',')
-                .next()
-                .unwrap_or("")
-                .trim_end_matches('\0')
+            library.split(',').next().unwrap_or("")
         );
+        if args.verbose {
+            println!("MPI library: {library}");
+        }
     }
+    // On a terminal, a progress bar on standard error; elsewhere (pipes, files, mpirun's
+    // forwarding) indicatif hides it and only the lines are printed.
+    let bar = if root {
+        let bar = indicatif::ProgressBar::new(cases.len() as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} {elapsed_precise} {wide_msg}",
+        ) {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let inject = match args.inject_fault.as_deref().map(Pattern::new).transpose() {
+        Ok(p) => p,
+        Err(why) => {
+            if root {
+                eprintln!("dlpack-mpi check: --inject-fault: {why}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut records = Vec::new();
     let (mut passed, mut failed, mut skipped, mut known) = (0u32, 0u32, 0u32, 0u32);
     for case in &cases {
+        let t0 = std::time::Instant::now();
+        let corrupt =
+            w.rank() == w.size() - 1 && inject.as_ref().is_some_and(|p| p.matches(&case.name()));
+        INJECT.with(|i| i.set(corrupt));
         let verdict = case.kind.run(w, case.op, case.layout, case.len);
         let agreed = agree(w, verdict);
+        let seconds = t0.elapsed().as_secs_f64();
         let mut stop = false;
         if let Some(v) = agreed {
-            match v {
+            let name = case.name();
+            let took = if args.verbose {
+                format!(" [{:.2} ms]", seconds * 1e3)
+            } else {
+                String::new()
+            };
+            let (status, message, line) = match v {
                 Verdict::Pass => {
                     passed += 1;
-                    if !args.quiet {
-                        println!("PASS {}", case.name());
-                    }
+                    (
+                        "pass",
+                        None,
+                        (!args.quiet).then(|| format!("PASS {name}{took}")),
+                    )
                 }
                 Verdict::Skip(why) => {
                     skipped += 1;
-                    if !args.quiet {
-                        println!("SKIP {} ({why})", case.name());
-                    }
+                    let line = (!args.quiet).then(|| format!("SKIP {name} ({why}){took}"));
+                    ("skip", Some(why), line)
                 }
                 Verdict::KnownBug(why) => {
                     known += 1;
-                    println!("KNOWN-BUG {}: {why}; {SATURATING_SUM_BUG}", case.name());
+                    let why = format!("{why}; {SATURATING_SUM_BUG}");
+                    let line = Some(format!("KNOWN-BUG {name}: {why}{took}"));
+                    ("known-bug", Some(why), line)
                 }
                 Verdict::Fail(why) => {
                     failed += 1;
-                    println!("FAIL {}: {why}", case.name());
                     stop = args.failfast;
+                    let line = Some(format!("FAIL {name}: {why}{took}"));
+                    ("fail", Some(why), line)
                 }
+            };
+            if let Some(line) = line {
+                bar.suspend(|| println!("{line}"));
             }
+            bar.inc(1);
+            records.push(Record {
+                name,
+                op: case.op,
+                dtype: case.kind.name(),
+                layout: case.layout.name(),
+                device: "cpu",
+                transport: "host",
+                len: case.len,
+                status,
+                message,
+                seconds,
+            });
         }
         // Rank 0 decides whether to stop; everyone follows.
         let mut stop_flag = i32::from(stop);
@@ -957,7 +1290,9 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
             break;
         }
     }
-    if w.rank() == 0 {
+    bar.finish_and_clear();
+    let mut status = i32::from(failed > 0);
+    if root {
         if known > 0 {
             println!(
                 "{known} case{} hit known MPI-library bugs (KNOWN-BUG lines above; counted as neither \
@@ -967,12 +1302,33 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
             );
         }
         println!("{passed} passed, {failed} failed, {skipped} skipped");
+        let total = started.elapsed().as_secs_f64();
+        let mut written = Ok(());
+        if let Some(path) = &args.junit {
+            written = written.and_then(|()| write_junit(path, &records, total));
+        }
+        if let Some(path) = &args.json {
+            let report = Report {
+                tool: format!("dlpack-mpi {}", env!("CARGO_PKG_VERSION")),
+                mpi_library: library,
+                ranks: w.size(),
+                passed,
+                failed,
+                skipped,
+                known_bugs: known,
+                cases: &records,
+            };
+            written = written.and_then(|()| write_json(path, &report));
+        }
+        if let Err(why) = written {
+            eprintln!("dlpack-mpi check: cannot write the report: {why}");
+            status = 2;
+        }
     }
-    let mut any_failed = i32::from(failed > 0);
-    w.process_at_rank(0).broadcast_into(&mut any_failed);
-    if any_failed != 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
+    w.process_at_rank(0).broadcast_into(&mut status);
+    match status {
+        0 => ExitCode::SUCCESS,
+        1 => ExitCode::FAILURE,
+        _ => ExitCode::from(2),
     }
 }

@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "dlpack-mpi",
     version,
-    about = "DLPack tensors over MPI: check, bench, info"
+    about = "DLPack tensors over MPI: check, bench, info",
+    after_help = "Start it under mpirun, e.g. `mpirun -n 4 dlpack-mpi check`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,18 +25,92 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the MPI library, its version, the thread level and the ranks.
+    /// Print the MPI library, its version, the thread level, CUDA awareness and why, the
+    /// devices seen and the features built.
     Info,
-    /// Run every operation × dtype × length through dlpack-mpi and compare with values
-    /// computed independently. Prints a line per case and `N passed, N failed, N skipped`.
+    /// Run every operation × dtype × layout × length through dlpack-mpi and compare with
+    /// values computed independently. Prints a line per case and `N passed, N failed, N
+    /// skipped`.
     Check(check::CheckArgs),
-    /// Ping-pong, all-reduce and strided sends through dlpack-mpi next to raw rsmpi (and
-    /// packing by hand) on the same buffers.
+    /// OSU-style latency, bandwidth and collectives through dlpack-mpi next to raw rsmpi on
+    /// the same buffers, with the ratio; CSV and plot output.
     Bench(bench::BenchArgs),
 }
 
+/// Where tensors live (`--device` of `check` and `bench`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// Host memory (`kDLCPU`).
+    Cpu,
+    /// CUDA device memory (`kDLCUDA`).
+    Cuda,
+    /// CUDA pinned host memory (`kDLCUDAHost`).
+    CudaHost,
+    /// CUDA managed memory (`kDLCUDAManaged`).
+    CudaManaged,
+    /// Every device this build and machine support.
+    All,
+}
+
+impl DeviceArg {
+    /// The name as given on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceArg::Cpu => "cpu",
+            DeviceArg::Cuda => "cuda",
+            DeviceArg::CudaHost => "cuda-host",
+            DeviceArg::CudaManaged => "cuda-managed",
+            DeviceArg::All => "all",
+        }
+    }
+}
+
+/// This process's rank in `MPI_COMM_WORLD` as the launcher announces it, before `MPI_Init`;
+/// `None` when no launcher we know started it (Open MPI, MPICH/Hydra, PMIx, Slurm).
+fn launcher_rank() -> Option<u32> {
+    [
+        "OMPI_COMM_WORLD_RANK",
+        "PMIX_RANK",
+        "PMI_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+}
+
+/// Whether an MPI launcher (`mpirun`, `mpiexec`, `srun`) started this process.
+pub fn under_launcher() -> bool {
+    launcher_rank().is_some()
+}
+
+/// A command-line error as one line: clap's first line without its `error: ` prefix, and a
+/// pointer to `--help`.
+fn one_line(err: &clap::Error) -> String {
+    let text = err.to_string();
+    let first = text.lines().next().unwrap_or("invalid arguments");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("dlpack-mpi: {first} (see `dlpack-mpi --help`)")
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            use clap::error::ErrorKind;
+            match err.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
+                _ => {
+                    // Every rank parses the same line: only rank 0 (or a lone process) says so.
+                    if launcher_rank().unwrap_or(0) == 0 {
+                        eprintln!("{}", one_line(&err));
+                    }
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let Some(universe) = mpi::initialize() else {
         eprintln!("dlpack-mpi: MPI was already initialized");
         return ExitCode::from(2);
@@ -45,5 +120,155 @@ fn main() -> ExitCode {
         Command::Info => info::run(&world),
         Command::Check(args) => check::run(&world, &args),
         Command::Bench(args) => bench::run(&world, &args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("dlpack-mpi").chain(args.iter().copied()))
+    }
+
+    fn check(args: &[&str]) -> check::CheckArgs {
+        let mut all = vec!["check"];
+        all.extend_from_slice(args);
+        match parse(&all).expect("parses").command {
+            Command::Check(a) => a,
+            other => panic!("not check: {other:?}"),
+        }
+    }
+
+    fn bench(args: &[&str]) -> bench::BenchArgs {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        match parse(&all).expect("parses").command {
+            Command::Bench(a) => a,
+            other => panic!("not bench: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn check_defaults() {
+        let a = check(&[]);
+        assert!(a.include.is_empty() && a.exclude.is_empty());
+        assert_eq!(a.len, vec![0, 1, 7, 1000, 65_536]);
+        assert_eq!(a.device, DeviceArg::Cpu);
+        assert_eq!(a.producer, check::Producer::Rust);
+        assert_eq!(a.transport, check::Transport::Auto);
+        assert!(!a.failfast && !a.quiet && !a.verbose && !a.list);
+        assert!(a.junit.is_none() && a.json.is_none());
+    }
+
+    #[test]
+    fn check_flags() {
+        let a = check(&[
+            "-k",
+            "allreduce/",
+            "--include",
+            "*/float32/*",
+            "-e",
+            "scalar",
+            "--exclude",
+            "x",
+            "-x",
+            "-v",
+            "--list",
+            "--device",
+            "cuda-managed",
+            "--producer",
+            "numpy",
+            "--transport",
+            "staged",
+            "--dtype",
+            "int8,float32",
+            "--dtype",
+            "bool",
+            "--op",
+            "bcast",
+            "--layout",
+            "step,negative",
+            "--len",
+            "3,5",
+            "--junit",
+            "out.xml",
+            "--json",
+            "out.json",
+        ]);
+        assert_eq!(a.include, ["allreduce/", "*/float32/*"]);
+        assert_eq!(a.exclude, ["scalar", "x"]);
+        assert!(a.failfast && a.verbose && a.list && !a.quiet);
+        assert_eq!(a.device, DeviceArg::CudaManaged);
+        assert_eq!(a.producer, check::Producer::Numpy);
+        assert_eq!(a.transport, check::Transport::Staged);
+        assert_eq!(a.dtype, ["int8", "float32", "bool"]);
+        assert_eq!(a.op, ["bcast"]);
+        assert_eq!(a.layout, ["step", "negative"]);
+        assert_eq!(a.len, [3, 5]);
+        assert_eq!(a.junit.as_deref(), Some(std::path::Path::new("out.xml")));
+        assert_eq!(a.json.as_deref(), Some(std::path::Path::new("out.json")));
+        assert!(check(&["-q"]).quiet);
+    }
+
+    #[test]
+    fn check_refuses_bad_flags_in_one_line() {
+        for bad in [
+            &["check", "--frobnicate"][..],
+            &["check", "-q", "-v"],
+            &["check", "--device", "tpu"],
+            &["check", "--len", "seven"],
+            &["check", "--transport"],
+            &["bench", "--op", "pingpang"],
+            &["bench", "--sizes", "12Q"],
+            &["bench", "--iters", "0"],
+        ] {
+            let err = parse(bad).expect_err("refused");
+            let line = one_line(&err);
+            assert!(!line.contains('\n'), "{bad:?}: {line}");
+            assert!(line.starts_with("dlpack-mpi: "), "{bad:?}: {line}");
+            assert!(!line.contains("error: "), "{bad:?}: {line}");
+        }
+        let err = parse(&["check", "--device", "tpu"]).unwrap_err();
+        assert!(one_line(&err).contains("tpu"), "{}", one_line(&err));
+    }
+
+    #[test]
+    fn bench_flags() {
+        let a = bench(&[]);
+        assert_eq!(a.op, bench::Op::All);
+        assert_eq!(a.device, DeviceArg::Cpu);
+        assert_eq!(a.layout, bench::BenchLayout::Contiguous);
+        assert!(a.sizes.is_none() && a.csv.is_none() && a.plot.is_none());
+        let a = bench(&[
+            "--op",
+            "bandwidth",
+            "--sizes",
+            "8,1K,64KiB,2M",
+            "--iters",
+            "7",
+            "--rounds",
+            "3",
+            "--layout",
+            "step",
+            "--csv",
+            "b.csv",
+            "--plot",
+            "b.svg",
+        ]);
+        assert_eq!(a.op, bench::Op::Bandwidth);
+        assert_eq!(
+            a.sizes.as_ref().map(|s| s.0.as_slice()),
+            Some(&[8u64, 1024, 64 << 10, 2 << 20][..])
+        );
+        assert_eq!((a.iters, a.rounds), (7, 3));
+        assert_eq!(a.layout, bench::BenchLayout::Step);
+        assert_eq!(a.csv.as_deref(), Some(std::path::Path::new("b.csv")));
+        assert_eq!(a.plot.as_deref(), Some(std::path::Path::new("b.svg")));
+        // The OSU name and the older one.
+        assert_eq!(bench(&["--op", "pingpong"]).op, bench::Op::Latency);
+        for op in ["latency", "allreduce", "allgatherv", "alltoall", "strided"] {
+            bench(&["--op", op]);
+        }
     }
 }

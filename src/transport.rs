@@ -1,0 +1,161 @@
+//! How device memory reaches MPI: whether the MPI library is CUDA-aware, and why we think so.
+//!
+//! The answer comes from, in this order (ARCHITECTURE.md, "Transport"):
+//!
+//! 1. the override `DLPACK_MPI_CUDA_AWARE=0|1` (also `false|true`, `no|yes`, `off|on`);
+//! 2. the MPI library's own run-time query, looked up by symbol name so that one binary works
+//!    with any library: Open MPI's `MPIX_Query_cuda_support()` (its `cuda` MPI extension,
+//!    `mpi-ext.h`), MPICH's `MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)`, or the
+//!    MPI-4.1 info key `mpi_memory_alloc_kinds` of `MPI_INFO_ENV` (§11.4.3) containing `cuda`;
+//! 3. otherwise: not CUDA-aware (the safe answer: device memory is staged through host
+//!    memory, which works with every MPI library).
+//!
+//! Open MPI answers its query correctly only after `MPI_Init` (and, for the CUDA part, once a
+//! CUDA context exists); call [`cuda_awareness`] after initializing MPI.
+
+use crate::error::{Error, Result};
+
+/// The environment variable that overrides the library's own answer.
+pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";
+
+/// Which source decided [`CudaAwareness::aware`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AwarenessSource {
+    /// The `DLPACK_MPI_CUDA_AWARE` environment variable.
+    Environment,
+    /// Open MPI's `MPIX_Query_cuda_support()`.
+    OpenMpiQuery,
+    /// MPICH's `MPIX_GPU_query_support()`.
+    MpichQuery,
+    /// The MPI-4.1 info key `mpi_memory_alloc_kinds` of `MPI_INFO_ENV`.
+    MemoryAllocKinds,
+    /// No source answered; not CUDA-aware is assumed.
+    Default,
+}
+
+/// Whether the MPI library takes CUDA device pointers, and which source said so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaAwareness {
+    /// `true`: device pointers may be handed to MPI directly.
+    pub aware: bool,
+    /// Who decided.
+    pub source: AwarenessSource,
+}
+
+impl std::fmt::Display for CudaAwareness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let answer = if self.aware { "yes" } else { "no" };
+        let why = match self.source {
+            AwarenessSource::Environment => format!("set by {CUDA_AWARE_ENV}"),
+            AwarenessSource::OpenMpiQuery => "Open MPI's MPIX_Query_cuda_support()".into(),
+            AwarenessSource::MpichQuery => "MPICH's MPIX_GPU_query_support()".into(),
+            AwarenessSource::MemoryAllocKinds => {
+                "MPI_INFO_ENV key mpi_memory_alloc_kinds (MPI-4.1)".into()
+            }
+            AwarenessSource::Default => {
+                "the MPI library offers no query; assumed not CUDA-aware".into()
+            }
+        };
+        write!(f, "{answer} ({why})")
+    }
+}
+
+/// Reads a `DLPACK_MPI_CUDA_AWARE` value: `None` when unset or empty.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming the value when it is not one of `0 1 false true no yes
+/// off on` (any case).
+pub fn parse_override(value: Option<&str>) -> Result<Option<bool>> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        _ => Err(Error::InvalidSetting {
+            name: CUDA_AWARE_ENV,
+            value: v.to_string(),
+            expected: "0 or 1 (also false/true, no/yes, off/on)",
+        }),
+    }
+}
+
+extern "C" {
+    fn dlpack_mpi_query_cuda_aware(source: *mut std::ffi::c_int) -> std::ffi::c_int;
+}
+
+/// Asks the MPI library itself (step 2 of the module docs), ignoring the override.
+pub fn query_library() -> CudaAwareness {
+    let mut source: std::ffi::c_int = 0;
+    // SAFETY: the shim only writes through `source`, a valid pointer to a local, and calls
+    // MPI functions that are safe before and after `MPI_Init` (it checks `MPI_Initialized`
+    // before the info query).
+    let answer = unsafe { dlpack_mpi_query_cuda_aware(&mut source) };
+    let source = match source {
+        1 => AwarenessSource::OpenMpiQuery,
+        2 => AwarenessSource::MpichQuery,
+        3 => AwarenessSource::MemoryAllocKinds,
+        _ => AwarenessSource::Default,
+    };
+    CudaAwareness {
+        aware: answer == 1,
+        source,
+    }
+}
+
+/// Whether the MPI library is CUDA-aware: the override first, then the library's query.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_CUDA_AWARE` holds an unreadable value (it is
+/// not silently ignored: a typo would otherwise send device pointers to a library that
+/// cannot read them, or stage needlessly).
+pub fn cuda_awareness() -> Result<CudaAwareness> {
+    let value = std::env::var(CUDA_AWARE_ENV).ok();
+    Ok(match parse_override(value.as_deref())? {
+        Some(aware) => CudaAwareness {
+            aware,
+            source: AwarenessSource::Environment,
+        },
+        None => query_library(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_values() {
+        assert_eq!(parse_override(None).unwrap(), None);
+        assert_eq!(parse_override(Some(" ")).unwrap(), None);
+        for yes in ["1", "true", "YES", "On"] {
+            assert_eq!(parse_override(Some(yes)).unwrap(), Some(true), "{yes}");
+        }
+        for no in ["0", "false", "No", "OFF"] {
+            assert_eq!(parse_override(Some(no)).unwrap(), Some(false), "{no}");
+        }
+        match parse_override(Some("maybe")) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!(name, CUDA_AWARE_ENV);
+                assert_eq!(value, "maybe");
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn display_says_answer_and_source() {
+        let env = CudaAwareness {
+            aware: true,
+            source: AwarenessSource::Environment,
+        };
+        assert_eq!(env.to_string(), "yes (set by DLPACK_MPI_CUDA_AWARE)");
+        let none = CudaAwareness {
+            aware: false,
+            source: AwarenessSource::Default,
+        };
+        assert!(none
+            .to_string()
+            .starts_with("no (the MPI library offers no query"));
+    }
+}
