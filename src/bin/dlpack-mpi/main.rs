@@ -78,9 +78,13 @@ fn launcher_rank() -> Option<u32> {
     .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
+/// Whether a launcher started this process, read once before `MPI_Init` (a singleton
+/// Open MPI process sets the launcher's variables itself during `MPI_Init`).
+static UNDER_LAUNCHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 /// Whether an MPI launcher (`mpirun`, `mpiexec`, `srun`) started this process.
 pub fn under_launcher() -> bool {
-    launcher_rank().is_some()
+    *UNDER_LAUNCHER.get_or_init(|| launcher_rank().is_some())
 }
 
 /// A command-line error as one line: clap's first line without its `error: ` prefix, and a
@@ -93,6 +97,7 @@ fn one_line(err: &clap::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    under_launcher();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

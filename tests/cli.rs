@@ -1,0 +1,451 @@
+//! The `dlpack-mpi` command line under `mpirun` (and once without it): every flag of
+//! `check`, `bench` and `info`, by what it prints, writes and exits with.
+//!
+//! `mpirun` is `$DLPACK_MPI_MPIRUN` or `mpirun`; Open MPI's root and oversubscription
+//! permissions are given through its environment variables, which other launchers ignore.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dlpack-mpi");
+
+fn mpirun(n: u32, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let mut cmd = Command::new(launcher);
+    cmd.args(["-n", &n.to_string(), BIN])
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("mpirun starts")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("dlpack-mpi-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+#[test]
+fn check_patterns_reports_and_summary() {
+    let json = scratch("check.json");
+    let junit = scratch("check.xml");
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "-k",
+            "allreduce/float32",
+            "-e",
+            "*/negative/*",
+            "--len",
+            "7",
+            "--json",
+            json.to_str().unwrap(),
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    // A substring: float32 and float32x4; not allreduce-inplace; negative excluded; length 7
+    // has no 0-d case: 5 layouts × 2 dtypes.
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("PASS ")).collect();
+    assert_eq!(lines.len(), 10, "{stdout}");
+    for l in &lines {
+        assert!(l.contains("allreduce/float32"), "{l}");
+        assert!(!l.contains("negative"), "{l}");
+        assert!(l.ends_with("/cpu/host/7"), "{l}");
+    }
+    assert!(
+        stdout.contains("10 passed, 0 failed, 0 skipped"),
+        "{stdout}"
+    );
+    // Not a terminal: no progress bar on standard error.
+    assert_eq!(text(&out.stderr).trim(), "", "stderr not empty");
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["ranks"], 2);
+    assert_eq!(report["passed"], 10);
+    assert_eq!(report["failed"], 0);
+    let cases = report["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 10);
+    assert!(cases.iter().all(|c| c["status"] == "pass" && c["len"] == 7));
+    assert_eq!(cases[0]["name"], "allreduce/float32/contiguous/cpu/host/7");
+
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<testcase ").count(), 10, "{xml}");
+    assert!(xml.contains(r#"tests="10" failures="0""#), "{xml}");
+    assert!(
+        xml.contains(r#"name="allreduce/float32x4/step/cpu/host/7""#),
+        "{xml}"
+    );
+}
+
+#[test]
+fn check_failure_names_index_values_and_rank_and_failfast_stops() {
+    let json = scratch("fail.json");
+    let junit = scratch("fail.xml");
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "--op",
+            "allreduce",
+            "--dtype",
+            "float32",
+            "--layout",
+            "contiguous",
+            "--len",
+            "7,1000",
+            "-q",
+            "--inject-fault",
+            "allreduce/float32/contiguous/*",
+            "--json",
+            json.to_str().unwrap(),
+            "--junit",
+            junit.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let fails: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(fails.len(), 2, "{stdout}");
+    assert!(
+        fails[0].starts_with(
+            "FAIL allreduce/float32/contiguous/cpu/host/7: rank 1: sum: first difference at \
+             index 3: expected "
+        ),
+        "{}",
+        fails[0]
+    );
+    assert!(fails[0].contains(", got 56.5"), "{}", fails[0]);
+    assert!(!stdout.contains("PASS "), "-q prints no passes: {stdout}");
+    assert!(stdout.contains("0 passed, 2 failed, 0 skipped"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["failed"], 2);
+    assert!(report["cases"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("index 3"));
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<failure").count(), 2, "{xml}");
+
+    // -x: the first failure ends the run.
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "--op",
+            "allreduce",
+            "--dtype",
+            "float32",
+            "--len",
+            "7",
+            "-x",
+            "--inject-fault",
+            "allreduce/float32/fortran/*",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("PASS allreduce/float32/contiguous/cpu/host/7"));
+    assert!(stdout.contains("FAIL allreduce/float32/fortran/cpu/host/7"));
+    assert!(
+        !stdout.contains("transposed"),
+        "ran past the failure: {stdout}"
+    );
+    assert!(stdout.contains("1 passed, 1 failed, 0 skipped"), "{stdout}");
+}
+
+#[test]
+fn check_list_verbose_and_rank0_decides() {
+    let out = mpirun(2, &["check", "--list", "-k", "*/bool/scalar/*"], &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    let names: Vec<&str> = stdout.lines().collect();
+    assert_eq!(names.len(), 16, "one 0-d bool case per operation: {stdout}");
+    assert_eq!(names[0], "send-recv/bool/scalar/cpu/host/1");
+    assert_eq!(names[15], "reduce-scatter-block/bool/scalar/cpu/host/1");
+
+    let out = mpirun(
+        2,
+        &[
+            "check", "--op", "bcast", "--dtype", "int8", "--len", "1", "-v",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("MPI library: "), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("PASS "))
+            .all(|l| l.ends_with(" ms]")),
+        "{stdout}"
+    );
+}
+
+/// Options a rank other than 0 got wrong do not matter: rank 0 decides and broadcasts.
+#[test]
+fn check_case_list_comes_from_rank_0() {
+    // MPMD: rank 0 asks for 2 cases, rank 1 for a dtype that does not exist.
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let out = Command::new(launcher)
+        .args([
+            "-n", "1", BIN, "check", "--op", "bcast", "--dtype", "int16", "--len", "3,4",
+        ])
+        .args([":", "-n", "1", BIN, "check", "--dtype", "nosuch"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("12 passed, 0 failed, 0 skipped"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn check_refusals_are_one_line_and_exit_2() {
+    for (args, says) in [
+        (
+            &["check", "-k", "nosuch"][..],
+            "-k `nosuch` matches no case",
+        ),
+        (&["check", "-e", "nosuch"], "-e `nosuch` matches no case"),
+        (
+            &["check", "--dtype", "float128"],
+            "unknown dtype `float128`",
+        ),
+        (
+            &["check", "--device", "cuda"],
+            "device `cuda` needs GPU support",
+        ),
+        (
+            &["check", "--producer", "numpy"],
+            "producer `numpy` needs Python",
+        ),
+        (
+            &["check", "--transport", "staged"],
+            "transport `staged` applies to GPU",
+        ),
+        (
+            &["check", "--frobnicate"],
+            "unexpected argument '--frobnicate'",
+        ),
+        (
+            &["bench", "--device", "cuda"],
+            "device `cuda` needs GPU support",
+        ),
+        (&["bench", "--sizes", "3"], "size `3` is outside"),
+    ] {
+        let out = mpirun(2, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        // Open MPI adds its own lines about a non-zero exit; ours is exactly one.
+        let ours: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("dlpack-mpi"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
+        assert!(ours[0].contains(says), "{args:?}: {stderr}");
+        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn bench_without_mpirun_says_so() {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["bench", "--op", "latency", "--sizes", "8"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OMPI_") || k.starts_with("PMI") || k.starts_with("SLURM_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("needs at least 2 ranks, and this process was not started by mpirun"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_csv_and_plot() {
+    let csv = scratch("bench.csv");
+    let svg = scratch("bench.svg");
+    let out = mpirun(
+        2,
+        &[
+            "bench",
+            "--op",
+            "latency",
+            "--sizes",
+            "8,1K",
+            "--iters",
+            "50",
+            "--rounds",
+            "2",
+            "--csv",
+            csv.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("verification (one call per size and path"));
+    assert!(stdout.contains(": passed"), "{stdout}");
+    let table = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(
+        rows[0],
+        [
+            "op",
+            "layout",
+            "device",
+            "ranks",
+            "bytes",
+            "iters",
+            "path",
+            "median_us",
+            "best_us",
+            "ratio_median",
+            "ratio_best",
+            "mb_per_s"
+        ]
+    );
+    assert_eq!(rows.len(), 1 + 2 * 4, "{table}");
+    for r in &rows[1..] {
+        assert_eq!(&r[..4], ["latency", "contiguous", "cpu", "2"]);
+        let median: f64 = r[7].parse().unwrap();
+        assert!(median > 0.0, "{r:?}");
+        if r[6] == "raw" {
+            assert_eq!(r[9], "1.0", "raw is its own baseline: {r:?}");
+        }
+    }
+    assert_eq!(
+        rows[1..].iter().map(|r| r[6]).collect::<Vec<_>>(),
+        ["raw", "dlpack", "reused", "checked", "raw", "dlpack", "reused", "checked"]
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg"), "not an SVG");
+    for label in [
+        "raw",
+        "dlpack",
+        "latency, µs per message",
+        "bandwidth, MB/s",
+    ] {
+        assert!(plot.contains(label), "plot lacks {label}");
+    }
+    // Per panel (latency, bandwidth) and path: a curve and its legend sample, drawn 2 wide.
+    for color in ["#000000", "#FF0000", "#0000FF", "#00FF00"] {
+        let wide = format!(r#"stroke="{color}" stroke-width="2""#);
+        assert_eq!(plot.matches(&wide).count(), 4, "{color}");
+    }
+}
+
+#[test]
+fn bench_layout_and_collectives_verify() {
+    let out = mpirun(
+        3,
+        &[
+            "bench", "--op", "alltoall", "--layout", "step", "--sizes", "64", "--iters", "20",
+            "--rounds", "1",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("# alltoall: all-to-all over 3 ranks"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("only the checked path"), "{stdout}");
+    assert!(
+        stdout.contains("every element checked): passed"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn info_reports_cuda_awareness_and_its_source() {
+    let out = mpirun(2, &["info"], &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout.contains("MPI standard: "), "{stdout}");
+    assert!(stdout.contains("ranks: 2 on 1 host(s)"), "{stdout}");
+    assert!(stdout.contains("devices: cpu"), "{stdout}");
+    let aware = stdout
+        .lines()
+        .find(|l| l.starts_with("CUDA-aware MPI: "))
+        .expect("a CUDA-aware line");
+    if stdout.contains("MPI library: Open MPI") {
+        // Debian's Open MPI has the cuda extension, built without CUDA.
+        assert_eq!(
+            aware,
+            "CUDA-aware MPI: no (Open MPI's MPIX_Query_cuda_support())"
+        );
+    }
+    let out = mpirun(2, &["info"], &[("DLPACK_MPI_CUDA_AWARE", "1")]);
+    assert!(text(&out.stdout).contains("CUDA-aware MPI: yes (set by DLPACK_MPI_CUDA_AWARE)"));
+    let out = mpirun(2, &["info"], &[("DLPACK_MPI_CUDA_AWARE", "maybe")]);
+    assert!(text(&out.stdout).contains(
+        "CUDA-aware MPI: unknown: environment variable DLPACK_MPI_CUDA_AWARE=\"maybe\" is not valid"
+    ));
+}
+
+/// On a terminal, a progress bar; `script` gives the process one (skipped without it).
+#[test]
+fn check_progress_bar_on_a_terminal() {
+    let have_script = Command::new("script").arg("--version").output().is_ok();
+    if !have_script {
+        eprintln!("SKIP: no `script` (util-linux) to make a terminal");
+        return;
+    }
+    let log = scratch("tty.log");
+    let out = Command::new("script")
+        .args(["-qec"])
+        .arg(format!(
+            "{BIN} check -q --op bcast --dtype int8,int16 --len 1000,65536"
+        ))
+        .arg(&log)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let typed = std::fs::read_to_string(&log).unwrap();
+    // 2 dtypes × 6 layouts × 2 lengths; the bar shows "k/24", then is cleared.
+    assert!(typed.contains("/24 "), "no progress bar: {typed}");
+    assert!(typed.contains("24 passed, 0 failed, 0 skipped"), "{typed}");
+}
