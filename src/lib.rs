@@ -20,6 +20,8 @@
 //! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
 //!   every rsmpi communicator.
+//! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
+//!   (NumPy, ...), and make and read NumPy arrays from Rust.
 //!
 //! Every error is an [`Error`] naming the field and value, returned before any MPI call.
 #![warn(missing_docs)]
@@ -35,6 +37,8 @@ pub mod error;
 pub mod halfops;
 pub mod layout;
 mod pack;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod spec;
 
 pub use error::{Error, Result};
