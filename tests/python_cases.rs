@@ -773,7 +773,7 @@ fn numpy_every_dtype_collectives(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
         let (op, want) = if dt == "bool" {
             (
                 ReduceOp::LogicalOr,
-                format!("np.logical_or.reduce([p.make('bool', (7,), r) for r in range(size)])"),
+                "np.logical_or.reduce([p.make('bool', (7,), r) for r in range(size)])".to_string(),
             )
         } else {
             (ReduceOp::Sum, format!("p.expected_sum('{dt}', (7,), size)"))
