@@ -227,8 +227,8 @@ fn main() {
         eprintln!("rank {}: error: {e}", w.rank());
         w.abort(3);
     }
-    let mut total = 0usize;
-    w.all_reduce_into(&c.failures, &mut total, SystemOperation::sum());
+    let mut total = 0u64;
+    w.all_reduce_into(&(c.failures as u64), &mut total, SystemOperation::sum());
     println!(
         "dlpack-mpi rank {}: {} checks passed, {} failed; {total} failed on all ranks",
         w.rank(),

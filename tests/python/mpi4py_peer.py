@@ -114,7 +114,11 @@ for dt in DTYPES:
           np.concatenate([make(dt, (r + 1,), r) for r in range(size)]))
 
 F16_SUM.Free()
-total = comm.allreduce(failures, op=MPI.SUM)
+# Buffer form (the Rust side sums one u64): the lowercase, pickle-based allreduce would
+# not match it.
+total_buf = np.zeros(1, dtype=np.uint64)
+comm.Allreduce(np.array([failures], dtype=np.uint64), total_buf, op=MPI.SUM)
+total = int(total_buf[0])
 print(f"mpi4py peer ({MPI.Get_library_version().splitlines()[0].strip()}, mpi4py "
       f"{__import__('mpi4py').__version__}): {checks - failures} checks passed, {failures} failed; "
       f"{total} failed on all ranks", flush=True)
