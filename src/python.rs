@@ -138,6 +138,9 @@ fn known_device_type(t: i64) -> bool {
 }
 
 fn parse_device(answer: &Bound<'_, PyAny>) -> Result<Device> {
+    if let Some(device) = parse_device_fast(answer) {
+        return Ok(device);
+    }
     let bad = |reason| Error::InvalidDeviceQuery {
         value: repr(answer),
         reason,
@@ -167,6 +170,32 @@ fn parse_device(answer: &Bound<'_, PyAny>) -> Result<Device> {
         .filter(|&id| id >= 0)
         .ok_or_else(|| bad("device_id is outside 0..=i32::MAX"))?;
     Ok(Device::new(dev_type as u32, id))
+}
+
+/// The common answer, an exact tuple of two exact ints that form a valid device, read
+/// without creating any object; `None` sends everything else (int subclasses such as
+/// `IntEnum`, errors) through the checked path of [`parse_device`].
+fn parse_device_fast(answer: &Bound<'_, PyAny>) -> Option<Device> {
+    let p = answer.as_ptr();
+    // SAFETY: the GIL is held (`answer` is a Bound) and `p` is a live object; the tuple
+    // accessors are used only on an exact tuple of size 2, so both items exist, and the int
+    // conversion only on exact ints; an overflow error it sets is cleared.
+    unsafe {
+        if ffi::PyTuple_CheckExact(p) == 0 || ffi::PyTuple_GET_SIZE(p) != 2 {
+            return None;
+        }
+        let (t, i) = (ffi::PyTuple_GET_ITEM(p, 0), ffi::PyTuple_GET_ITEM(p, 1));
+        if ffi::PyLong_CheckExact(t) == 0 || ffi::PyLong_CheckExact(i) == 0 {
+            return None;
+        }
+        let (t, i) = (ffi::PyLong_AsLongLong(t), ffi::PyLong_AsLongLong(i));
+        if (t == -1 || i == -1) && !ffi::PyErr_Occurred().is_null() {
+            ffi::PyErr_Clear();
+            return None;
+        }
+        let id = i32::try_from(i).ok().filter(|&id| id >= 0)?;
+        known_device_type(t).then(|| Device::new(t as u32, id))
+    }
 }
 
 /// The interned objects of the `__dlpack__` call, made once per interpreter.
