@@ -181,8 +181,8 @@ fn run(
     let active = rank < 2;
     let first = rank == 0;
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); PATHS.len()];
-    let raw_send = vec![f64::from(rank) + 1.0];
-    let mut raw_recv = vec![0.0f64];
+    let raw_send = [f64::from(rank) + 1.0];
+    let mut raw_recv = [0.0f64];
     for round in 0..rounds {
         for k in 0..PATHS.len() {
             let path = (k + round) % PATHS.len();
