@@ -70,6 +70,7 @@ for n in 2 3 4; do
 done
 stage "python: unit tests and Python-producer cases at 1 rank (NumPy)" \
     timeout 600 cargo test --features python --lib --test python_cases
+stage "python: doc tests of the python module" timeout 600 cargo test --features python --doc python
 for n in 2 3; do
     stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features python
 done

@@ -207,29 +207,21 @@ struct CallObjects {
 
 static CALL_OBJECTS: PyOnceLock<CallObjects> = PyOnceLock::new();
 
-fn call_objects(py: Python<'_>) -> &CallObjects {
-    CALL_OBJECTS.get_or_init(py, || CallObjects {
-        max_version: PyTuple::new(py, [MAJOR_VERSION, MINOR_VERSION])
-            .expect("a tuple of two ints")
-            .unbind(),
-        kwnames: PyTuple::new(py, [intern_str(py, "max_version"), intern_str(py, "copy")])
-            .expect("a tuple of two strings")
-            .unbind(),
-        kwnames_stream: PyTuple::new(
-            py,
-            [
-                intern_str(py, "max_version"),
-                intern_str(py, "copy"),
-                intern_str(py, "stream"),
-            ],
-        )
-        .expect("a tuple of three strings")
-        .unbind(),
-    })
-}
-
-fn intern_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
-    PyString::intern(py, s)
+fn call_objects(py: Python<'_>) -> Result<&CallObjects> {
+    CALL_OBJECTS
+        .get_or_try_init(py, || -> PyResult<CallObjects> {
+            let name = |n| PyString::intern(py, n);
+            Ok(CallObjects {
+                max_version: PyTuple::new(py, [MAJOR_VERSION, MINOR_VERSION])?.unbind(),
+                kwnames: PyTuple::new(py, [name("max_version"), name("copy")])?.unbind(),
+                kwnames_stream: PyTuple::new(
+                    py,
+                    [name("max_version"), name("copy"), name("stream")],
+                )?
+                .unbind(),
+            })
+        })
+        .map_err(|e| python_error("building the __dlpack__ arguments".into(), py, e))
 }
 
 /// Calls `__dlpack__` in the DLPack 1.x form, and once in the legacy form when the producer
@@ -237,8 +229,12 @@ fn intern_str<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
 fn request<'py>(obj: &Bound<'py, PyAny>, stream: Option<isize>) -> Result<Bound<'py, PyAny>> {
     let py = obj.py();
     let name = pyo3::intern!(py, "__dlpack__");
-    let objects = call_objects(py);
-    let stream_obj = stream.map(|s| s.into_pyobject(py).expect("an int converts"));
+    let objects = call_objects(py)?;
+    // isize -> Python int cannot fail (Infallible).
+    let stream_obj = stream.map(|s| match s.into_pyobject(py) {
+        Ok(v) => v,
+        Err(never) => match never {},
+    });
     let mut args = [
         obj.as_ptr(),
         objects.max_version.as_ptr(),
