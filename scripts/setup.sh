@@ -53,8 +53,9 @@ if ! python_ok; then
             python3-numpy python3-mpi4py libpython3-dev >/dev/null
     else
         python3 -m pip install -q numpy
-        # --no-binary: compile against the mpicc on PATH instead of a wheel's bundled MPI.
-        MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps --no-cache-dir \
+        # --no-binary: compile against the mpicc on PATH instead of a wheel's bundled MPI
+        # (the compile takes minutes; pip keeps the wheel it built for the next run).
+        MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps \
             --no-binary mpi4py mpi4py
     fi
     if ! python_ok; then

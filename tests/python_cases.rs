@@ -446,6 +446,26 @@ fn numpy_layouts_described(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
     // read-only
     let t = c.acquire("np.frombuffer(b'abcd', dtype=np.uint8)")?;
     ensure!(t.is_read_only(), "frombuffer(bytes) is read-only");
+    // A NumPy scalar: NumPy's main branch exports scalars (0-d, READ_ONLY, versioned only);
+    // NumPy 2.4 has no `__dlpack__` on them, which must be a named error.
+    let scalar = c.ev("np.float32(1.25)")?;
+    if c.truth("hasattr(np.float32(1.25), '__dlpack__')")? {
+        let t = python::acquire(&scalar, &opts()).map_err(s)?;
+        ensure_eq!((t.ndim(), t.is_read_only()), (0, true));
+        ensure_eq!(t.as_slice::<f32>().map_err(s)?, &[1.25][..]);
+    } else {
+        let r = python::acquire(&scalar, &opts());
+        ensure!(
+            matches!(&r, Err(Error::NotAProducer { type_name }) if type_name == "float32"),
+            "{r:?}"
+        );
+    }
+    // byte-swapped data cannot be described by DLPack: NumPy refuses, named
+    let r = python::acquire(&c.ev("np.arange(3, dtype='>i4')")?, &opts());
+    ensure!(
+        matches!(&r, Err(Error::Python { exception, .. }) if exception.starts_with("BufferError")),
+        "{r:?}"
+    );
     Ok(())
 }
 
