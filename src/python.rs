@@ -44,6 +44,19 @@
 //! code must not write to an array while it is used as a send buffer, nor touch it while it
 //! is a receive buffer.
 //!
+//! # Why not dlpack-rs's pyo3 glue
+//!
+//! dlpack-rs 0.3 (whose FFI types this crate uses) has a pyo3 importer, `PyTensor`, built on
+//! the same pyo3 0.28. It does not fit the consumer protocol here: it calls `__dlpack__()`
+//! without `max_version`, `copy` or `stream`, asks no device, has no legacy retry, and calls
+//! the deleter from its own `Drop`, outside [`ManagedTensor`], which must stay the only
+//! owner that calls a DLPack deleter. So this module implements the consumer itself and
+//! hands the pointer to [`ManagedTensor`]; the capsule names and the rename rule are the
+//! ones dlpack.h and the array API define, as in dlpack-rs.
+//!
+//! `__dlpack_c_exchange_api__` (dlpack.h 1.3's C exchange table) is not used: no installed
+//! producer exposes it (NumPy 2.4 does not).
+//!
 //! # Making and reading NumPy arrays
 //!
 //! [`numpy`], [`numpy_array`], [`numpy_dtype_name`] and [`numpy_bytes`] let a Rust program
