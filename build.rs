@@ -1,5 +1,10 @@
 //! Compiles the small C shim (`src/shim.c`) that exposes MPI constants rsmpi does not bind
 //! (`MPI_IN_PLACE`), against the same MPI library that rsmpi's `mpi-sys` finds.
+//!
+//! With feature `python`, it also records the directory of the interpreter's shared
+//! libpython as the run path of this package's binaries (tests, examples): pyo3 links
+//! `libpython3.x.so` by name, and without a run path the loader may pick the system's copy,
+//! whose interpreter does not have the packages (NumPy, mpi4py) of the one in PYO3_PYTHON.
 
 fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
@@ -24,4 +29,34 @@ fn main() {
         }
     }
     build.compile("dlpack_mpi_shim");
+    if std::env::var_os("CARGO_FEATURE_PYTHON").is_some() {
+        python_rpath();
+    }
+}
+
+/// Adds `-rpath <LIBDIR>` of the interpreter pyo3 builds against (PYO3_PYTHON, else
+/// `python3`) when it is a shared build.
+fn python_rpath() {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_config_var('Py_ENABLE_SHARED') or 0); \
+             print(sysconfig.get_config_var('LIBDIR') or '')",
+        ])
+        .output();
+    let Ok(out) = out else {
+        println!("cargo:warning=cannot run {python} to find its libpython; no run path added");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let shared = lines.next().map(str::trim) == Some("1");
+    let libdir = lines.next().unwrap_or("").trim();
+    if shared && !libdir.is_empty() {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+    } else {
+        println!("cargo:warning={python} is not a shared-library build; pyo3 links it statically or not at all");
+    }
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the examples and runs each one under mpirun at 1, 2, 3 and 4 ranks.
+# Builds the examples (with feature `python`, for numpy_allreduce) and runs each one under
+# mpirun at 1, 2, 3 and 4 ranks.
 #
 # Usage: scripts/examples.sh [--release]
 # Honours CARGO_TARGET_DIR; MPIRUN (default: mpirun), RANKS (default: "1 2 3 4") and
@@ -19,13 +20,17 @@ for arg in "$@"; do
     esac
 done
 
-examples=(ring allreduce allgatherv nonblocking)
+examples=(ring allreduce allgatherv nonblocking numpy_allreduce)
 ranks=(${RANKS:-1 2 3 4})
 timeout_s=${TIMEOUT:-60}
 mpirun=${MPIRUN:-mpirun}
 target_dir=${CARGO_TARGET_DIR:-target}
 
-cargo build --examples "${cargo_flags[@]}"
+# numpy_allreduce embeds Python (feature `python`): pyo3 builds against PYO3_PYTHON, the
+# interpreter setup.sh installed NumPy into.
+# shellcheck source=scripts/python-env.sh
+source scripts/python-env.sh
+cargo build --examples --features python "${cargo_flags[@]}"
 
 mpi_flags=(--oversubscribe)
 if [[ $(id -u) -eq 0 ]]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dlpack-mpi needs on a fresh Debian machine, and nothing that is already there:
 # an MPI library with its compiler wrapper (Open MPI by default) and libclang (rsmpi's
-# bindgen). Rust itself must already be installed (cargo on PATH).
+# bindgen); NumPy and mpi4py (compiled against that MPI) for the Python producers and the
+# mpi4py wire tests. Rust itself must already be installed (cargo on PATH).
 #
 # Usage: scripts/setup.sh            (sourced by run.sh and test.sh; safe to run again)
 set -euo pipefail
@@ -24,6 +25,43 @@ if ((${#missing[@]})); then
     "${sudo[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
+fi
+
+# Python producers and the mpi4py wire peer: NumPy, and mpi4py built against the MPI
+# library installed above (never a wheel that bundles its own MPI).
+python_ok() {
+    python3 - <<'PY' 2>/dev/null
+import subprocess, sys
+import numpy
+from mpi4py import MPI
+mine = MPI.Get_library_version()
+system = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+want = "Open MPI" if "Open MPI" in system else "MPICH"
+sys.exit(0 if want in mine else 1)
+PY
+}
+if ! python_ok; then
+    echo "setup: installing NumPy and mpi4py (built against the system MPI) for $(command -v python3)"
+    if python3 -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+        # Debian's own interpreter: Debian's packages, whose mpi4py links Debian's Open MPI.
+        sudo=()
+        if [[ $(id -u) -ne 0 ]]; then
+            sudo=(sudo)
+        fi
+        "${sudo[@]}" apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+            python3-numpy python3-mpi4py libpython3-dev >/dev/null
+    else
+        python3 -m pip install -q numpy
+        # --no-binary: compile against the mpicc on PATH instead of a wheel's bundled MPI
+        # (the compile takes minutes; pip keeps the wheel it built for the next run).
+        MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps \
+            --no-binary mpi4py mpi4py
+    fi
+    if ! python_ok; then
+        echo "setup: mpi4py does not use the system MPI: $(python3 -c 'from mpi4py import MPI; print(MPI.Get_library_version())' 2>&1 | head -n 1)" >&2
+        exit 1
+    fi
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: formatting and lints, unit and doc tests, the behaviour cases, the multi-rank
-# cases under mpirun at 1-4 ranks, every example at 1-4 ranks, and the check matrix at 1-4
-# ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# Every test: formatting and lints (with and without feature `python`), unit and doc tests,
+# the behaviour cases, the multi-rank cases under mpirun at 1-4 ranks, the Python-producer
+# cases (NumPy) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), every example at 1-4
+# ranks, and the check matrix at 1-4 ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh
 set -euo pipefail
@@ -10,6 +11,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
 # shellcheck source=scripts/mpi-env.sh
 source scripts/mpi-env.sh
+# shellcheck source=scripts/python-env.sh
+source scripts/python-env.sh
 
 passed=0
 failed=0
@@ -25,17 +28,33 @@ stage() {
     fi
 }
 
-# Runs the harness=false test binary $1 under mpirun at $2 ranks.
-test_binary_at() {
-    local bin
-    bin=$(cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
+# Path of the harness=false test binary $1 (extra cargo flags after it).
+test_binary() {
+    local name=$1
+    shift
+    cargo test "$@" --test "$name" --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 name = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
-        print(m["executable"])' "$1")
-    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$2" "$bin"
+        print(m["executable"])' "$name"
+}
+
+# Runs the harness=false test binary $1 under mpirun at $2 ranks (cargo flags after).
+test_binary_at() {
+    local bin name=$1 n=$2
+    shift 2
+    bin=$(test_binary "$name" "$@")
+    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$n" "$bin"
+}
+
+# One MPMD job: the mpi4py peer as rank 0, then $1 dlpack-mpi ranks.
+mpi4py_interop_at() {
+    local bin
+    bin=$(test_binary mpi4py_interop)
+    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n 1 "$PYO3_PYTHON" tests/python/mpi4py_peer.py \
+        : -n "$1" "$bin"
 }
 
 check_at() {
@@ -44,9 +63,19 @@ check_at() {
 
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
+stage "cargo clippy --features python -D warnings" cargo clippy --all-targets --features python -- -D warnings
 stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
+done
+stage "python: unit tests and Python-producer cases at 1 rank (NumPy)" \
+    timeout 600 cargo test --features python --lib --test python_cases
+stage "python: doc tests of the python module" timeout 600 cargo test --features python --doc python
+for n in 2 3; do
+    stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features python
+done
+for n in 1 2; do
+    stage "mpi4py wire interop: mpi4py rank + $n dlpack-mpi rank(s)" mpi4py_interop_at "$n"
 done
 stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
 stage "examples at 1-4 ranks" scripts/examples.sh

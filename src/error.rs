@@ -334,6 +334,54 @@ pub enum Error {
         actual: u64,
     },
 
+    /// A Python object without a `__dlpack__` method was given as a producer (feature
+    /// `python`).
+    #[error(
+        "object of type `{type_name}` has no `__dlpack__` method: it is not a DLPack producer"
+    )]
+    NotAProducer {
+        /// The object's Python type name.
+        type_name: String,
+    },
+
+    /// `__dlpack_device__` returned something other than a `(device_type, device_id)` tuple
+    /// of two ints with a device type dlpack.h defines (feature `python`).
+    #[error("`__dlpack_device__` returned {value}: {reason}")]
+    InvalidDeviceQuery {
+        /// `repr()` of the returned value.
+        value: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// `__dlpack__` returned (or the caller passed) something that is not a DLPack capsule
+    /// named `dltensor_versioned` or `dltensor` (feature `python`).
+    #[error("not a DLPack capsule: {what} is {value}")]
+    InvalidCapsule {
+        /// `"type"` or `"capsule name"`.
+        what: &'static str,
+        /// The type name, or the capsule name as given.
+        value: String,
+    },
+
+    /// The capsule was already consumed: a consumer renamed it `used_dltensor_versioned` /
+    /// `used_dltensor` when it took ownership (array API, `__dlpack__`), so a second
+    /// consumption would call the deleter twice (feature `python`).
+    #[error("DLPack capsule `{name}` was already consumed; each capsule can be imported once")]
+    CapsuleConsumed {
+        /// The capsule's name (`used_dltensor_versioned` or `used_dltensor`).
+        name: String,
+    },
+
+    /// A Python call of the producer protocol raised (feature `python`).
+    #[error("Python `{call}` raised {exception}")]
+    Python {
+        /// The call, e.g. `"__dlpack__(max_version=(1, 3), copy=False)"`.
+        call: String,
+        /// The exception, as `Type: message`.
+        exception: String,
+    },
+
     /// The producer failed to export (its own message).
     #[error("exporter failed: {0}")]
     Export(String),

@@ -21,6 +21,8 @@
 //! - [`transport`]: whether the MPI library is CUDA-aware, and why.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
 //!   every rsmpi communicator.
+//! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
+//!   (NumPy, ...), and make and read NumPy arrays from Rust.
 //!
 //! Every error is an [`Error`] naming the field and value, returned before any MPI call.
 #![warn(missing_docs)]
@@ -36,6 +38,8 @@ pub mod error;
 pub mod halfops;
 pub mod layout;
 mod pack;
+#[cfg(feature = "python")]
+pub mod python;
 pub mod spec;
 pub mod transport;
 

@@ -194,6 +194,20 @@ pub fn acquire<'e, E: Exporter + ?Sized>(
         ..ExportRequest::default()
     };
     let tensor = exporter.dlpack(&request)?;
+    check_acquired(tensor, reported, options)
+}
+
+/// The consumer's checks after the export, shared with the Python consumer: the tensor is
+/// on the device the producer reported, and device memory can be ordered before MPI.
+///
+/// # Errors
+/// [`Error::DeviceMismatch`]; [`Error::UnsupportedDevice`] (see [`acquire`]). The tensor is
+/// released on error.
+pub(crate) fn check_acquired<'e>(
+    tensor: ManagedTensor<'e>,
+    reported: Option<Device>,
+    options: &AcquireOptions,
+) -> Result<ManagedTensor<'e>> {
     let actual = tensor.device();
     if let Some(r) = reported {
         if r != actual {

@@ -30,6 +30,8 @@ use crate::error::{Error, Result};
 use crate::layout;
 
 mod export;
+#[cfg(feature = "python")]
+pub(crate) use export::check_acquired;
 pub use export::{
     acquire, AcquireOptions, DeviceQuery, ExportRequest, Exporter, Owned, SliceMut, StreamPolicy,
     CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM,
@@ -318,8 +320,15 @@ enum Owner {
 /// ```
 pub struct ManagedTensor<'a> {
     owner: Owner,
+    release: Option<ReleaseContext>,
     _data: PhantomData<&'a mut [u8]>,
 }
+
+/// Runs the deleter call it is given inside whatever context the producer's deleter needs
+/// (the Python module takes the GIL). It must call the closure at most once; not calling
+/// it leaks the tensor (the only sound choice when that context is gone, e.g. after the
+/// Python interpreter has been finalized).
+pub(crate) type ReleaseContext = fn(&mut dyn FnMut());
 
 // SAFETY: the guard is the unique owner of the managed tensor; DLPack deleters may be called
 // from any thread (dlpack.h places no thread affinity on them; Python capsule deleters that
@@ -345,11 +354,25 @@ impl<'a> ManagedTensor<'a> {
     /// [`Error::NullPointer`] for a NULL `ptr`; any validation error of [`Tensor`] (the
     /// deleter has then been called).
     pub unsafe fn from_raw_legacy(ptr: *mut DLManagedTensor) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::from_raw_legacy_in(ptr, None) }
+    }
+
+    /// [`ManagedTensor::from_raw_legacy`] whose deleter (also on the error path) runs inside
+    /// `release`.
+    ///
+    /// # Safety
+    /// As [`ManagedTensor::from_raw_legacy`].
+    pub(crate) unsafe fn from_raw_legacy_in(
+        ptr: *mut DLManagedTensor,
+        release: Option<ReleaseContext>,
+    ) -> Result<Self> {
         let ptr = NonNull::new(ptr).ok_or(Error::NullPointer {
             field: "DLManagedTensor*",
         })?;
         let guard = ManagedTensor {
             owner: Owner::Legacy(ptr),
+            release,
             _data: PhantomData,
         };
         // SAFETY: caller's contract on shape and strides.
@@ -369,11 +392,25 @@ impl<'a> ManagedTensor<'a> {
     /// [`Error::NullPointer`]; [`Error::UnsupportedVersion`] when `version.major != 1`;
     /// validation errors. In every error case but NULL the deleter has been called.
     pub unsafe fn from_raw_versioned(ptr: *mut DLManagedTensorVersioned) -> Result<Self> {
+        // SAFETY: the caller's contract.
+        unsafe { Self::from_raw_versioned_in(ptr, None) }
+    }
+
+    /// [`ManagedTensor::from_raw_versioned`] whose deleter (also on the error paths) runs
+    /// inside `release`.
+    ///
+    /// # Safety
+    /// As [`ManagedTensor::from_raw_versioned`].
+    pub(crate) unsafe fn from_raw_versioned_in(
+        ptr: *mut DLManagedTensorVersioned,
+        release: Option<ReleaseContext>,
+    ) -> Result<Self> {
         let ptr = NonNull::new(ptr).ok_or(Error::NullPointer {
             field: "DLManagedTensorVersioned*",
         })?;
         let guard = ManagedTensor {
             owner: Owner::Versioned(ptr),
+            release,
             _data: PhantomData,
         };
         // SAFETY: the caller's contract makes the struct readable; the version comes first
@@ -435,12 +472,14 @@ impl Tensor for ManagedTensor<'_> {
 
 impl Drop for ManagedTensor<'_> {
     fn drop(&mut self) {
-        match self.owner {
+        let owner = &self.owner;
+        let mut call = || match *owner {
             Owner::Legacy(p) => {
                 // SAFETY: the guard owns the struct; reading the deleter is allowed.
                 if let Some(deleter) = unsafe { (*p.as_ptr()).deleter } {
                     // SAFETY: DLPack: the consumer calls the deleter once when done; this is
-                    // the only call (the guard is dropped once).
+                    // the only call (the guard is dropped once, and a release context calls
+                    // this closure at most once).
                     unsafe { deleter(p.as_ptr()) };
                 }
             }
@@ -451,6 +490,10 @@ impl Drop for ManagedTensor<'_> {
                     unsafe { deleter(p.as_ptr()) };
                 }
             }
+        };
+        match self.release {
+            Some(context) => context(&mut call),
+            None => call(),
         }
     }
 }
