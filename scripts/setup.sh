@@ -27,17 +27,19 @@ if ((${#missing[@]})); then
         "${missing[@]}" >/dev/null
 fi
 
-# Python producers and the mpi4py wire peer: NumPy, and mpi4py built against the MPI
-# library installed above (never a wheel that bundles its own MPI).
+# Python producers and the mpi4py wire peer: NumPy, and an mpi4py that runs on the MPI
+# library installed above (never a wheel that bundles its own MPI): the same family and
+# version as `mpirun --version` reports.
 python_ok() {
     python3 - <<'PY' 2>/dev/null
-import subprocess, sys
+import re, subprocess, sys
 import numpy
 from mpi4py import MPI
 mine = MPI.Get_library_version()
 system = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
-want = "Open MPI" if "Open MPI" in system else "MPICH"
-sys.exit(0 if want in mine else 1)
+family = "Open MPI" if "Open MPI" in system else "MPICH"
+version = re.search(r"\d+\.\d+(\.\d+)?", system)
+sys.exit(0 if family in mine and version and version.group(0) in mine else 1)
 PY
 }
 if ! python_ok; then
@@ -53,10 +55,14 @@ if ! python_ok; then
             python3-numpy python3-mpi4py libpython3-dev >/dev/null
     else
         python3 -m pip install -q numpy
-        # --no-binary: compile against the mpicc on PATH instead of a wheel's bundled MPI
-        # (the compile takes minutes; pip keeps the wheel it built for the next run).
-        MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps \
-            --no-binary mpi4py mpi4py
+        # mpi4py >= 4.1 publishes wheels without an MPI inside: they load the system's
+        # libmpi (Open MPI's or MPICH's ABI) at import, which python_ok then checks. Where
+        # that fails, compile against the mpicc on PATH (minutes; pip keeps the wheel).
+        python3 -m pip install -q --only-binary mpi4py 'mpi4py>=4.1' || true
+        if ! python_ok; then
+            MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps \
+                --no-binary mpi4py mpi4py
+        fi
     fi
     if ! python_ok; then
         echo "setup: mpi4py does not use the system MPI: $(python3 -c 'from mpi4py import MPI; print(MPI.Get_library_version())' 2>&1 | head -n 1)" >&2

@@ -57,8 +57,11 @@ mpi4py_interop_at() {
         : -n "$1" "$bin"
 }
 
+# The check matrix at $1 ranks; further arguments go to `check`.
 check_at() {
-    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$1" target/release/dlpack-mpi check -q
+    local n=$1
+    shift
+    timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$n" target/release/dlpack-mpi check -q "$@"
 }
 
 stage "cargo fmt --check" cargo fmt --all -- --check
@@ -68,8 +71,8 @@ stage "cargo test (unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 ca
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
-stage "python: unit tests and Python-producer cases at 1 rank (NumPy)" \
-    timeout 600 cargo test --features python --lib --test python_cases
+stage "python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI with NumPy" \
+    timeout 600 cargo test --features python --lib --test python_cases --test cli
 stage "python: doc tests of the python module" timeout 600 cargo test --features python --doc python
 for n in 2 3; do
     stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features python
@@ -79,10 +82,15 @@ for n in 1 2; do
 done
 stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
 stage "examples at 1-4 ranks" scripts/examples.sh
-# The check matrix (about 13 000 cases per run) in release: minutes faster than debug.
-cargo build --release --bin dlpack-mpi
+# The check matrix (about 13 000 cases per run) in release: minutes faster than debug. Built
+# with Python support, its default producer is NumPy; the Rust producer also covers the
+# dtypes NumPy has not.
+cargo build --release --features python --bin dlpack-mpi
 for n in 1 2 3 4; do
-    stage "dlpack-mpi check at $n ranks" check_at "$n"
+    stage "dlpack-mpi check at $n ranks (NumPy arrays)" check_at "$n" --producer numpy
+done
+for n in 2 3 4; do
+    stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
 done
 
 echo

@@ -41,6 +41,8 @@ fn check_patterns_reports_and_summary() {
         2,
         &[
             "check",
+            "--producer",
+            "rust",
             "-k",
             "allreduce/float32",
             "-e",
@@ -244,10 +246,6 @@ fn check_refusals_are_one_line_and_exit_2() {
             "device `cuda` needs GPU support",
         ),
         (
-            &["check", "--producer", "numpy"],
-            "producer `numpy` needs Python",
-        ),
-        (
             &["check", "--transport", "staged"],
             "transport `staged` applies to GPU",
         ),
@@ -274,6 +272,59 @@ fn check_refusals_are_one_line_and_exit_2() {
         assert!(ours[0].contains(says), "{args:?}: {stderr}");
         assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
     }
+}
+
+/// Without the `python` feature, `--producer numpy` is refused and `auto` means Rust.
+#[cfg(not(feature = "python"))]
+#[test]
+fn check_producer_numpy_needs_the_feature() {
+    let out = mpirun(2, &["check", "--producer", "numpy"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("producer `numpy` needs Python support"));
+    let out = mpirun(
+        2,
+        &["check", "--op", "bcast", "--dtype", "int8", "--len", "1"],
+        &[],
+    );
+    assert!(text(&out.stdout).contains("Rust-made tensors"));
+}
+
+/// With the `python` feature and NumPy, the default producer is NumPy; dtypes NumPy lacks
+/// are skipped with the reason; `--producer rust` still makes Rust tensors.
+#[cfg(feature = "python")]
+#[test]
+fn check_producer_numpy() {
+    let args = [
+        "check",
+        "--op",
+        "bcast",
+        "--dtype",
+        "bfloat16,float32",
+        "--len",
+        "7",
+    ];
+    let out = mpirun(2, &args, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("NumPy 2."), "{stdout}");
+    assert!(
+        stdout.contains("SKIP bcast/bfloat16/contiguous/cpu/host/7 (NumPy has no dtype bfloat16)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("PASS bcast/float32/negative/cpu/host/7"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("6 passed, 0 failed, 6 skipped"), "{stdout}");
+    let mut rust = args.to_vec();
+    rust.extend(["--producer", "rust"]);
+    let out = mpirun(2, &rust, &[]);
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("Rust-made tensors"), "{stdout}");
+    assert!(
+        stdout.contains("12 passed, 0 failed, 0 skipped"),
+        "{stdout}"
+    );
 }
 
 #[test]

@@ -50,8 +50,10 @@ pub struct CheckArgs {
     /// Where the tensors live.
     #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
     pub device: crate::DeviceArg,
-    /// Who makes the tensors: `rust` = dlpack-mpi's own `Owned` exporter.
-    #[arg(long, value_enum, default_value_t = Producer::Rust)]
+    /// Who makes the tensors: `numpy` = NumPy arrays through `__dlpack__` (feature
+    /// `python`); `rust` = dlpack-mpi's own `Owned` exporter; `auto` = NumPy when this build
+    /// has Python support and NumPy imports, else Rust.
+    #[arg(long, value_enum, default_value_t = Producer::Auto)]
     pub producer: Producer,
     /// How device memory reaches MPI: `auto` = what the MPI library supports; `direct` =
     /// device pointers to a CUDA-aware MPI; `staged` = through pinned host memory. Host
@@ -85,6 +87,8 @@ pub struct CheckArgs {
 /// Who makes the tensors of a check run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Producer {
+    /// NumPy when the build has Python support and NumPy imports, else Rust.
+    Auto,
     /// dlpack-mpi's own `Owned` exporter (a Rust `Vec` with a DLPack view).
     Rust,
     /// NumPy arrays through `__dlpack__` (needs the `python` feature).
@@ -235,6 +239,110 @@ fn layout() -> Layout {
     LAYOUT.with(|l| l.get())
 }
 
+thread_local! {
+    /// Who makes the tensors of this run (resolved: `Rust` or `Numpy`).
+    static PRODUCER: std::cell::Cell<Producer> = const { std::cell::Cell::new(Producer::Rust) };
+}
+
+fn producer() -> Producer {
+    PRODUCER.with(|p| p.get())
+}
+
+/// A case's tensor storage, made by the run's producer.
+enum Store<S: AnyBits> {
+    /// dlpack-mpi's `Owned` exporter over a `Vec`.
+    Rust(Owned<S>),
+    /// A NumPy array: `base` holds the storage (1-d, C order), `view` is the strided view
+    /// of it (`numpy.lib.stride_tricks.as_strided`) that is exported through `__dlpack__`.
+    #[cfg(feature = "python")]
+    Numpy {
+        base: pyo3::Py<pyo3::PyAny>,
+        view: pyo3::Py<pyo3::PyAny>,
+        _elem: std::marker::PhantomData<S>,
+    },
+}
+
+impl<S: AnyBits> Store<S> {
+    /// The tensor, through the producer's own path (`acquire` of the exporter, or
+    /// `__dlpack__` of the NumPy view).
+    fn acquire(&self) -> Res<dlpack_mpi::dlpack::ManagedTensor<'_>> {
+        match self {
+            Store::Rust(o) => acquire(o, &AcquireOptions::default()).map_err(e),
+            #[cfg(feature = "python")]
+            Store::Numpy { view, .. } => pyo3::Python::attach(|py| {
+                dlpack_mpi::python::acquire(view.bind(py), &AcquireOptions::default())
+            })
+            .map_err(e),
+        }
+    }
+
+    /// The storage, in storage order.
+    fn into_vec(self) -> Res<Vec<S>> {
+        match self {
+            Store::Rust(o) => Ok(o.into_vec()),
+            #[cfg(feature = "python")]
+            Store::Numpy { base, .. } => pyo3::Python::attach(|py| {
+                let t = dlpack_mpi::python::acquire(base.bind(py), &AcquireOptions::default())?;
+                t.as_slice::<S>().map(<[S]>::to_vec)
+            })
+            .map_err(e),
+        }
+    }
+
+    /// A NumPy array of `storage` (which it copies) viewed with `shape`, `strides`
+    /// (elements) from storage element `first`.
+    #[cfg(feature = "python")]
+    fn numpy(
+        dtype: DType,
+        storage: Vec<S>,
+        shape: &[i64],
+        strides: &[i64],
+        first: usize,
+    ) -> Res<Store<S>> {
+        use pyo3::types::PyAnyMethods;
+        let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
+            return Err(format!("{SKIP_MARK}NumPy has no dtype {dtype}"));
+        };
+        let esize = dtype.size_bytes().unwrap_or(0) as i64;
+        pyo3::Python::attach(|py| -> Result<Store<S>, String> {
+            let py_err = |what: &str, err: pyo3::PyErr| format!("NumPy: {what}: {err}");
+            let np = dlpack_mpi::python::numpy(py).map_err(e)?;
+            let base = np
+                .call_method1("zeros", (storage.len(), name))
+                .map_err(|err| py_err("zeros", err))?;
+            {
+                let mut t =
+                    dlpack_mpi::python::acquire(&base, &AcquireOptions::default()).map_err(e)?;
+                t.as_mut_slice::<S>().map_err(e)?.copy_from_slice(&storage);
+            }
+            let from = base
+                .get_item(pyo3::types::PySlice::new(py, first as isize, isize::MAX, 1))
+                .map_err(|err| py_err("slice", err))?;
+            let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize).collect();
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs
+                .set_item("shape", shape.to_vec())
+                .and_then(|()| kwargs.set_item("strides", byte_strides))
+                .map_err(|err| py_err("kwargs", err))?;
+            let view = np
+                .getattr("lib")
+                .and_then(|l| l.getattr("stride_tricks"))
+                .and_then(|st| st.call_method("as_strided", (from,), Some(&kwargs)))
+                .map_err(|err| py_err("as_strided", err))?;
+            Ok(Store::Numpy {
+                base: base.unbind(),
+                view: view.unbind(),
+                _elem: std::marker::PhantomData,
+            })
+        })
+    }
+
+    #[cfg(not(feature = "python"))]
+    fn numpy(_: DType, _: Vec<S>, _: &[i64], _: &[i64], _: usize) -> Res<Store<S>> {
+        Err("this build has no Python support (feature `python`)".into())
+    }
+}
+
 /// The verdict of one case on one rank.
 enum Verdict {
     Pass,
@@ -299,16 +407,16 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
     }
 
     /// A tensor holding the logical vector `data` in the current layout (receive side).
-    fn owned(&self, data: Vec<S>) -> Res<Owned<S>> {
+    fn owned(&self, data: Vec<S>) -> Res<Store<S>> {
         self.placed(data, true)
     }
 
     /// The send-side tensor of `data` (a broadcast layout stores one element).
-    fn owned_send(&self, data: Vec<S>) -> Res<Owned<S>> {
+    fn owned_send(&self, data: Vec<S>) -> Res<Store<S>> {
         self.placed(data, false)
     }
 
-    fn placed(&self, data: Vec<S>, recv: bool) -> Res<Owned<S>> {
+    fn placed(&self, data: Vec<S>, recv: bool) -> Res<Store<S>> {
         let k = self.per_elem;
         let n = (data.len() / k) as i64;
         let (shape, strides, storage, pos) = layout().place(n, recv);
@@ -318,21 +426,26 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             store[p * k..(p + 1) * k].copy_from_slice(&data[l * k..(l + 1) * k]);
         }
         let first = pos.first().copied().unwrap_or(0);
+        if producer() == Producer::Numpy {
+            return Store::numpy(self.dtype, store, &shape, &strides, first);
+        }
         let esize = self.dtype.size_bytes().unwrap_or(0) as u64;
         Owned::new(store)
             .with_dtype(self.dtype)
             .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize))
+            .map(Store::Rust)
             .map_err(e)
     }
 
     /// The logical vector of `n_storage` storage items held by `owned` (receive side).
-    fn read(&self, owned: Owned<S>, n_storage: usize) -> Vec<S> {
+    fn read(&self, owned: Store<S>, n_storage: usize) -> Res<Vec<S>> {
         let k = self.per_elem;
         let (_, _, _, pos) = layout().place((n_storage / k) as i64, true);
-        let store = owned.into_vec();
-        pos.iter()
+        let store = owned.into_vec()?;
+        Ok(pos
+            .iter()
             .flat_map(|&p| store[p * k..(p + 1) * k].iter().copied())
-            .collect()
+            .collect())
     }
 
     fn fold(&self, n: i64, p: i32) -> Option<(ReduceOp, Vec<S>)> {
@@ -416,8 +529,8 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         let src = self.owned_send(send)?;
         let dst = self.owned(vec![fill; recv_len])?;
         {
-            let s = acquire(&src, &AcquireOptions::default()).map_err(e)?;
-            let mut d = acquire(&dst, &AcquireOptions::default()).map_err(e)?;
+            let s = src.acquire()?;
+            let mut d = dst.acquire()?;
             f(&s, &mut d).map_err(|err| match err {
                 // A documented limitation (per-rank blocks need contiguous tensors), not a
                 // wrong result: reported as a skip.
@@ -425,7 +538,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 other => e(other),
             })?;
         }
-        let mut got = self.read(dst, recv_len);
+        let mut got = self.read(dst, recv_len)?;
         if INJECT.with(|i| i.get()) && !got.is_empty() {
             let at = 3.min(got.len() - 1);
             got[at] = fill;
@@ -495,10 +608,10 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 };
                 let buf = self.owned(init)?;
                 {
-                    let mut t = acquire(&buf, &AcquireOptions::default()).map_err(e)?;
+                    let mut t = buf.acquire()?;
                     w.broadcast_tensor(&mut t, root).map_err(e)?;
                 }
-                let got = self.read(buf, nk);
+                let got = self.read(buf, nk)?;
                 self.compare(r, "broadcast", &self.values(root, n, 0), &got)?;
             }
             "reduce" | "allreduce" | "allreduce-inplace" | "reduce-scatter-block" => {
@@ -527,10 +640,10 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                         let (_, expect) = self.fold(n, p).unwrap_or((rop, vec![]));
                         let buf = self.owned(self.values(r, n, 0))?;
                         {
-                            let mut t = acquire(&buf, &AcquireOptions::default()).map_err(e)?;
+                            let mut t = buf.acquire()?;
                             w.all_reduce_tensor_in_place(&mut t, rop).map_err(e)?;
                         }
-                        let got = self.read(buf, nk);
+                        let got = self.read(buf, nk)?;
                         return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                     }
                     _ => {
@@ -938,13 +1051,6 @@ fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>,
             args.device.name()
         ));
     }
-    if args.producer == Producer::Numpy {
-        return Err(
-            "producer `numpy` needs Python support, which this build does not have \
-             (feature `python`)"
-                .into(),
-        );
-    }
     if args.transport != Transport::Auto {
         return Err(format!(
             "transport `{}` applies to GPU tensors, and no GPU device is selected \
@@ -1044,13 +1150,15 @@ fn agree_on_cases(
     w: &SimpleCommunicator,
     kinds: &[Box<dyn Runner>],
     args: &CheckArgs,
-) -> Option<Vec<CaseIndex>> {
+) -> Option<(Producer, Vec<CaseIndex>)> {
     let root = w.process_at_rank(0);
     let mut chosen = Vec::new();
     let mut count: i64 = -1;
+    let mut made_by = 0i32;
     if w.rank() == 0 {
-        match select(kinds, args) {
-            Ok(cases) => {
+        match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args)?))) {
+            Ok((p, cases)) => {
+                made_by = i32::from(p == Producer::Numpy);
                 count = cases.len() as i64;
                 chosen = cases.into_iter().flatten().collect();
             }
@@ -1058,6 +1166,7 @@ fn agree_on_cases(
         }
     }
     root.broadcast_into(&mut count);
+    root.broadcast_into(&mut made_by);
     if count < 0 {
         return None;
     }
@@ -1065,11 +1174,51 @@ fn agree_on_cases(
     if count > 0 {
         root.broadcast_into(&mut chosen[..]);
     }
-    Some(
+    let producer = if made_by == 1 {
+        Producer::Numpy
+    } else {
+        Producer::Rust
+    };
+    Some((
+        producer,
         chosen
             .chunks_exact(4)
             .map(|c| [c[0], c[1], c[2], c[3]])
             .collect(),
+    ))
+}
+
+/// `Auto` made concrete, and `Numpy` checked: Python support built and NumPy importable.
+fn resolve_producer(requested: Producer) -> Result<Producer, String> {
+    match requested {
+        Producer::Rust => Ok(Producer::Rust),
+        Producer::Numpy | Producer::Auto => match numpy_version() {
+            Ok(_) => Ok(Producer::Numpy),
+            Err(_) if requested == Producer::Auto => Ok(Producer::Rust),
+            Err(why) => Err(why),
+        },
+    }
+}
+
+/// NumPy's version in the embedded interpreter (started here if needed).
+#[cfg(feature = "python")]
+fn numpy_version() -> Result<String, String> {
+    use pyo3::types::PyAnyMethods;
+    pyo3::Python::initialize();
+    pyo3::Python::attach(|py| {
+        let np = dlpack_mpi::python::numpy(py).map_err(|err| format!("producer `numpy`: {err}"))?;
+        np.getattr("__version__")
+            .map(|v| v.to_string())
+            .map_err(|err| format!("producer `numpy`: {err}"))
+    })
+}
+
+#[cfg(not(feature = "python"))]
+fn numpy_version() -> Result<String, String> {
+    Err(
+        "producer `numpy` needs Python support, which this build does not have \
+         (feature `python`)"
+            .into(),
     )
 }
 
@@ -1161,8 +1310,19 @@ fn library_name() -> String {
 /// options were refused (one line on standard error) or a report could not be written.
 pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let kinds = kinds();
-    let Some(indices) = agree_on_cases(w, &kinds, args) else {
+    let Some((made_by, indices)) = agree_on_cases(w, &kinds, args) else {
         return ExitCode::from(2);
+    };
+    PRODUCER.with(|p| p.set(made_by));
+    let producer_line = match made_by {
+        Producer::Numpy => match numpy_version() {
+            Ok(v) => format!("NumPy {v} arrays"),
+            Err(why) => {
+                eprintln!("dlpack-mpi check: rank {}: {why}", w.rank());
+                w.abort(2)
+            }
+        },
+        _ => "Rust-made tensors".to_string(),
     };
     let cases: Vec<Case> = indices
         .iter()
@@ -1189,7 +1349,7 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let library = library_name();
     if root && !args.quiet {
         println!(
-            "dlpack-mpi check: {} cases at {} rank(s), host memory, {}",
+            "dlpack-mpi check: {} cases at {} rank(s), host memory, {producer_line}, {}",
             cases.len(),
             w.size(),
             library.split(',').next().unwrap_or("")

@@ -67,8 +67,13 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         Err(e) => println!("CUDA-aware MPI: unknown: {e}"),
     }
     println!("devices: cpu (host memory); GPU devices need the `cuda` feature, not built");
+    let python = if cfg!(feature = "python") {
+        "python (Python producers through __dlpack__)"
+    } else {
+        "not built: python"
+    };
     println!(
-        "features: cli (not built: python, cuda); packing: {:?} (DLPACK_MPI_PACKING)",
+        "features: cli; {python}; not built: cuda; packing: {:?} (DLPACK_MPI_PACKING)",
         dlpack_mpi::spec::packing()
     );
     ExitCode::SUCCESS

@@ -160,7 +160,7 @@ mod tests {
         assert!(a.include.is_empty() && a.exclude.is_empty());
         assert_eq!(a.len, vec![0, 1, 7, 1000, 65_536]);
         assert_eq!(a.device, DeviceArg::Cpu);
-        assert_eq!(a.producer, check::Producer::Rust);
+        assert_eq!(a.producer, check::Producer::Auto);
         assert_eq!(a.transport, check::Transport::Auto);
         assert!(!a.failfast && !a.quiet && !a.verbose && !a.list);
         assert!(a.junit.is_none() && a.json.is_none());
