@@ -24,6 +24,59 @@
 //! and an rsmpi request borrows the spec, so the borrow checker proves that the producer's
 //! deleter runs only after MPI is done with the pointer.
 //!
+//! **Threads.** Specs are neither `Send` nor `Sync`. A spec erases the type of the tensor it
+//! borrows, and that may be a [`crate::dlpack::TensorView`] (not `Send`) or a
+//! [`crate::dlpack::ManagedTensor`] (not `Sync`); a `SendSpec` is a shared borrow (`Send`
+//! only if the tensor were `Sync`), a `RecvSpec` an exclusive one (`Send` only if the
+//! tensor were `Send`). Build specs on the thread that makes the MPI call: move the guard,
+//! not the spec.
+//!
+//! ```compile_fail
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::SendSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::RecvSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail
+//! fn shared_between_threads<T: Sync>() {}
+//! shared_between_threads::<dlpack_mpi::spec::SendSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::VectorRecvSpec<'static>>();
+//! ```
+//!
+//! A spec cannot outlive its tensor (the deleter would run while MPI may still use the
+//! pointer):
+//!
+//! ```compile_fail
+//! use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+//! use dlpack_mpi::spec::SendSpec;
+//! let owned = Owned::new(vec![1u8; 4]);
+//! let spec = {
+//!     let t = acquire(&owned, &AcquireOptions::default()).unwrap();
+//!     SendSpec::new(&t).unwrap()
+//! };
+//! assert_eq!(spec.len_elems(), 4);
+//! ```
+//!
+//! The same helpers accept what is allowed, so the failures above are the bounds:
+//!
+//! ```
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::dlpack::ManagedTensor<'static>>();
+//! let owned = dlpack_mpi::dlpack::Owned::new(vec![1u8; 4]);
+//! let t = dlpack_mpi::dlpack::acquire(&owned, &Default::default())?;
+//! let spec = dlpack_mpi::spec::SendSpec::new(&t)?;
+//! assert_eq!(spec.len_elems(), 4);
+//! # Ok::<(), dlpack_mpi::Error>(())
+//! ```
+//!
 //! **Units.** Every count and displacement in this module's constructors is in DLPack
 //! **elements**. `Collection::count` (what rsmpi passes to MPI) is in MPI datatype units:
 //! elements × lanes (see [`crate::dtype`]).

@@ -316,6 +316,52 @@ enum Owner {
 /// assert_eq!(t.as_slice::<i32>()?, &[1, 2, 3]);
 /// # Ok::<(), dlpack_mpi::Error>(())
 /// ```
+///
+/// # Threads
+///
+/// A guard is `Send`: it may be moved to another thread and dropped there, so the deleter
+/// may run on a thread other than the one that imported the tensor. dlpack.h puts no thread
+/// affinity on the deleter (and producers that need a lock, like Python's capsule deleters,
+/// take it themselves), so the import contract ([`ManagedTensor::from_raw_versioned`])
+/// requires a deleter callable from any thread; the built-in exporters' deleters only touch
+/// an atomic.
+///
+/// ```
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// let owned = Owned::new(vec![1.0f32; 4]);
+/// let t = acquire(&owned, &AcquireOptions::default())?;
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(t)); // the deleter runs on this thread
+/// });
+/// // The writable lease came back: the storage can be exported again.
+/// assert!(acquire(&owned, &AcquireOptions::default()).is_ok());
+/// # Ok::<(), dlpack_mpi::Error>(())
+/// ```
+///
+/// A guard is not `Sync`: a shared reference hands out the producer's memory to read
+/// (and specs that MPI reads from), and DLPack says nothing about concurrent readers on
+/// several threads (for device memory, reads are ordered on one stream). Each thread
+/// imports its own tensors.
+///
+/// ```compile_fail
+/// fn shared_between_threads<T: Sync>() {}
+/// shared_between_threads::<dlpack_mpi::dlpack::ManagedTensor<'static>>();
+/// ```
+///
+/// A tensor that a spec borrows cannot be moved to another thread (or dropped, which would
+/// run the deleter) while the spec is alive:
+///
+/// ```compile_fail
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// use dlpack_mpi::spec::SendSpec;
+/// let owned = Owned::new(vec![1.0f32; 4]);
+/// let t = acquire(&owned, &AcquireOptions::default()).unwrap();
+/// let spec = SendSpec::new(&t).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(move || drop(t));
+/// });
+/// assert_eq!(spec.len_elems(), 4);
+/// ```
 pub struct ManagedTensor<'a> {
     owner: Owner,
     _data: PhantomData<&'a mut [u8]>,
@@ -339,7 +385,8 @@ impl<'a> ManagedTensor<'a> {
     /// for the bytes its shape, strides, dtype and `byte_offset` describe, for `'a`. While
     /// the guard lives nothing else writes those bytes, and while it is used as a receive
     /// buffer (or through `as_mut_slice`) nothing else reads them either: the producer lends
-    /// the tensor to this consumer, as DLPack intends.
+    /// the tensor to this consumer, as DLPack intends. The deleter must be callable from any
+    /// thread (the guard is `Send`; see "Threads" on [`ManagedTensor`]).
     ///
     /// # Errors
     /// [`Error::NullPointer`] for a NULL `ptr`; any validation error of [`Tensor`] (the
@@ -470,6 +517,15 @@ impl fmt::Debug for ManagedTensor<'_> {
 }
 
 /// A borrowed, validated `DLTensor` whose owner stays the caller. No deleter is involved.
+///
+/// A view is neither `Send` nor `Sync`: it is a pointer into memory whose owner (a C
+/// library, a Python object) stays on the caller's thread and made no promise about other
+/// threads.
+///
+/// ```compile_fail
+/// fn to_another_thread<T: Send>() {}
+/// to_another_thread::<dlpack_mpi::dlpack::TensorView<'static>>();
+/// ```
 pub struct TensorView<'a> {
     tensor: NonNull<DLTensor>,
     _owner: PhantomData<&'a mut DLTensor>,
@@ -529,11 +585,12 @@ impl fmt::Debug for TensorView<'_> {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     /// A heap-built tensor as a C producer would hand it out: the deleter frees the struct,
     /// the arrays and the storage, and bumps a counter the test keeps.
     struct Ctx {
-        deletes: &'static AtomicUsize,
+        deletes: Arc<AtomicUsize>,
         _storage: Vec<i32>,
         _shape: Vec<i64>,
         _strides: Vec<i64>,
@@ -559,7 +616,7 @@ mod tests {
         values: &[i32],
         shape: Option<&[i64]>,
         strides: Option<&[i64]>,
-        deletes: &'static AtomicUsize,
+        deletes: &Arc<AtomicUsize>,
     ) -> (DLTensor, *mut c_void) {
         let mut storage = values.to_vec();
         let mut shape_v = shape.map(<[i64]>::to_vec).unwrap_or_default();
@@ -589,7 +646,7 @@ mod tests {
             byte_offset: 0,
         };
         let ctx = Box::new(Ctx {
-            deletes,
+            deletes: deletes.clone(),
             _storage: storage,
             _shape: shape_v,
             _strides: strides_v,
@@ -602,7 +659,7 @@ mod tests {
         shape: Option<&[i64]>,
         major: u32,
         flags: u64,
-        deletes: &'static AtomicUsize,
+        deletes: &Arc<AtomicUsize>,
     ) -> *mut DLManagedTensorVersioned {
         let (dl_tensor, ctx) = parts(values, shape, None, deletes);
         Box::into_raw(Box::new(DLManagedTensorVersioned {
@@ -618,7 +675,7 @@ mod tests {
         values: &[i32],
         shape: Option<&[i64]>,
         strides: Option<&[i64]>,
-        deletes: &'static AtomicUsize,
+        deletes: &Arc<AtomicUsize>,
     ) -> *mut DLManagedTensor {
         let (dl_tensor, ctx) = parts(values, shape, strides, deletes);
         Box::into_raw(Box::new(DLManagedTensor {
@@ -628,8 +685,8 @@ mod tests {
         }))
     }
 
-    fn counter() -> &'static AtomicUsize {
-        Box::leak(Box::new(AtomicUsize::new(0)))
+    fn counter() -> Arc<AtomicUsize> {
+        Arc::default()
     }
 
     #[test]
@@ -640,7 +697,7 @@ mod tests {
             Some(&[2, 3]),
             1,
             FLAG_READ_ONLY,
-            deletes,
+            &deletes,
         );
         // SAFETY: built just now, owned by nobody else.
         let mut t = unsafe { ManagedTensor::from_raw_versioned(p) }.unwrap();
@@ -661,7 +718,7 @@ mod tests {
     #[test]
     fn legacy_import_writes_through_the_mutable_slice() {
         let deletes = counter();
-        let p = legacy(&[5, 6, 7], Some(&[3]), Some(&[1]), deletes);
+        let p = legacy(&[5, 6, 7], Some(&[3]), Some(&[1]), &deletes);
         // SAFETY: as above.
         let mut t = unsafe { ManagedTensor::from_raw_legacy(p) }.unwrap();
         assert_eq!((t.version(), t.flags()), (None, 0));
@@ -676,14 +733,14 @@ mod tests {
     fn refused_imports_delete_once() {
         for major in [0, 2, u32::MAX] {
             let deletes = counter();
-            let p = versioned(&[1], Some(&[1]), major, 0, deletes);
+            let p = versioned(&[1], Some(&[1]), major, 0, &deletes);
             // SAFETY: as above.
             let e = unsafe { ManagedTensor::from_raw_versioned(p) }.unwrap_err();
             assert_eq!(e, Error::UnsupportedVersion { major, minor: 3 });
             assert_eq!(deletes.load(Ordering::SeqCst), 1);
         }
         let deletes = counter();
-        let p = legacy(&[1, 2], Some(&[-2]), None, deletes);
+        let p = legacy(&[1, 2], Some(&[-2]), None, &deletes);
         // SAFETY: as above.
         let e = unsafe { ManagedTensor::from_raw_legacy(p) }.unwrap_err();
         assert!(
@@ -704,7 +761,7 @@ mod tests {
     #[test]
     fn strided_tensors_are_not_slices() {
         let deletes = counter();
-        let p = legacy(&[1, 2, 3, 4], Some(&[2]), Some(&[2]), deletes);
+        let p = legacy(&[1, 2, 3, 4], Some(&[2]), Some(&[2]), &deletes);
         // SAFETY: as above.
         let t = unsafe { ManagedTensor::from_raw_legacy(p) }.unwrap();
         assert!(matches!(
