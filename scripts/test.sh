@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints, unit and doc tests, the behaviour cases, the multi-rank
-# cases under mpirun at 1-4 ranks, every example at 1-4 ranks, and the check matrix at 1-4
-# ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# cases under mpirun at 1-4 ranks, the canary bounds harness at 2-3 ranks, threads under
+# MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
+# example at 1-4 ranks, and the check matrix at 1-4 ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh
 set -euo pipefail
@@ -38,6 +39,31 @@ for line in sys.stdin:
     timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$2" "$bin"
 }
 
+# A short fuzz run (60 s) of fuzz/'s target from the committed corpus; new inputs go to a
+# scratch directory, so the run leaves the tree as it was. Installs cargo-fuzz and the
+# nightly toolchain if missing.
+fuzz_smoke() {
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        rustup toolchain install nightly --profile minimal
+    fi
+    if ! command -v cargo-fuzz >/dev/null 2>&1; then
+        cargo install cargo-fuzz --locked
+    fi
+    local scratch
+    scratch=$(mktemp -d)
+    timeout 900 cargo +nightly fuzz run import_layout_spec "$scratch" fuzz/corpus/import_layout_spec \
+        -- -max_total_time=60 -timeout=10 -print_final_stats=1 2>&1 | tail -n 12
+    local rc=${PIPESTATUS[0]}
+    rm -rf "$scratch"
+    return "$rc"
+}
+
+leaks_at() {
+    local DLPACK_MPI_LEAK_CYCLES=100000
+    export DLPACK_MPI_LEAK_CYCLES
+    test_binary_at leaks "$1"
+}
+
 check_at() {
     timeout 600 mpirun "${MPIRUN_FLAGS[@]}" -n "$1" target/release/dlpack-mpi check -q
 }
@@ -49,6 +75,14 @@ for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
 stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
+for n in 2 3; do
+    stage "canaries (guard bytes, every operation x layout) at $n ranks" test_binary_at canaries "$n"
+done
+stage "threads under MPI_THREAD_MULTIPLE at 2 ranks" test_binary_at threads 2
+stage "100 000 acquire/send/release cycles, flat RSS, at 2 ranks" leaks_at 2
+stage "valgrind: no leak or memory error (cases, hostile, canaries)" scripts/leaks.sh
+stage "miri over the pure layers' unit tests" scripts/miri.sh
+stage "fuzz import/layout/spec for 60 s" fuzz_smoke
 stage "examples at 1-4 ranks" scripts/examples.sh
 # The check matrix (about 13 000 cases per run) in release: minutes faster than debug.
 cargo build --release --bin dlpack-mpi

@@ -31,22 +31,22 @@
 //! tensor were `Send`). Build specs on the thread that makes the MPI call: move the guard,
 //! not the spec.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn to_another_thread<T: Send>() {}
 //! to_another_thread::<dlpack_mpi::spec::SendSpec<'static>>();
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn to_another_thread<T: Send>() {}
 //! to_another_thread::<dlpack_mpi::spec::RecvSpec<'static>>();
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn shared_between_threads<T: Sync>() {}
 //! shared_between_threads::<dlpack_mpi::spec::SendSpec<'static>>();
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! fn to_another_thread<T: Send>() {}
 //! to_another_thread::<dlpack_mpi::spec::VectorRecvSpec<'static>>();
 //! ```
@@ -54,7 +54,7 @@
 //! A spec cannot outlive its tensor (the deleter would run while MPI may still use the
 //! pointer):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0597
 //! use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 //! use dlpack_mpi::spec::SendSpec;
 //! let owned = Owned::new(vec![1u8; 4]);

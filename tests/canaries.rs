@@ -1161,6 +1161,10 @@ fn c45_blocks_past_the_tensor(w: &SimpleCommunicator) -> Outcome {
 // ---------------------------------------------------------------------------------------
 
 type Case = Box<dyn Fn(&SimpleCommunicator) -> Outcome>;
+/// An operation over one layout kind.
+type KindOp = fn(&SimpleCommunicator, Kind) -> Outcome;
+/// A named case.
+type Named = fn(&SimpleCommunicator) -> Outcome;
 
 fn cases() -> Vec<(String, Case)> {
     let mut v: Vec<(String, Case)> = Vec::new();
@@ -1189,7 +1193,7 @@ fn cases() -> Vec<(String, Case)> {
                 Box::new(move |w| all_reduce_in_place(w, dt, kind)),
             ));
         }
-        let ops: [(&str, fn(&SimpleCommunicator, Kind) -> Outcome); 12] = [
+        let ops: [(&str, KindOp); 12] = [
             ("send/recv", blocking_pair),
             ("nonblocking", nonblocking_ring),
             ("gather", gather),
@@ -1207,7 +1211,7 @@ fn cases() -> Vec<(String, Case)> {
             v.push((format!("{name} {kind:?}"), Box::new(move |w| f(w, kind))));
         }
     }
-    let named: [(&str, fn(&SimpleCommunicator) -> Outcome); 17] = [
+    let named: [(&str, Named); 17] = [
         ("c02_v0_and_v1_deliver", c02_v0_and_v1_deliver),
         ("c06_zero_d", c06_zero_d),
         ("c07_zero_size", c07_zero_size),

@@ -9,7 +9,7 @@
 //! `MAX_GROWTH_BYTES`, 256 KiB (one leaked 8-byte allocation per cycle would be 800 KB over
 //! 100 000 cycles; one leaked tensor struct per cycle, several MB).
 //!
-//! A plain `main` (harness = false): scripts/test.sh runs it in release at 2 ranks
+//! A plain `main` (harness = false): scripts/test.sh runs it at 2 ranks with 100 000 cycles
 //! (`DLPACK_MPI_LEAK_CYCLES` overrides the count; `cargo test` runs 10 000 cycles at 1 rank).
 
 mod common;

@@ -343,7 +343,7 @@ enum Owner {
 /// several threads (for device memory, reads are ordered on one stream). Each thread
 /// imports its own tensors.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn shared_between_threads<T: Sync>() {}
 /// shared_between_threads::<dlpack_mpi::dlpack::ManagedTensor<'static>>();
 /// ```
@@ -351,7 +351,7 @@ enum Owner {
 /// A tensor that a spec borrows cannot be moved to another thread (or dropped, which would
 /// run the deleter) while the spec is alive:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0505
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use dlpack_mpi::spec::SendSpec;
 /// let owned = Owned::new(vec![1.0f32; 4]);
@@ -522,7 +522,7 @@ impl fmt::Debug for ManagedTensor<'_> {
 /// library, a Python object) stays on the caller's thread and made no promise about other
 /// threads.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn to_another_thread<T: Send>() {}
 /// to_another_thread::<dlpack_mpi::dlpack::TensorView<'static>>();
 /// ```
@@ -796,18 +796,17 @@ mod tests {
             strides: std::ptr::null_mut(),
             byte_offset: 8,
         };
-        // SAFETY: the struct, its shape and the storage outlive the view.
-        let mut v = unsafe { TensorView::from_raw(&mut t) }.unwrap();
-        assert_eq!(v.as_slice::<f64>().unwrap(), &[2.5]);
-        v.as_mut_slice::<f64>().unwrap()[0] = 4.0;
-        drop(v);
+        {
+            // SAFETY: the struct, its shape and the storage outlive the view (this block).
+            let mut v = unsafe { TensorView::from_raw(&mut t) }.unwrap();
+            assert_eq!(v.as_slice::<f64>().unwrap(), &[2.5]);
+            v.as_mut_slice::<f64>().unwrap()[0] = 4.0;
+        }
         assert_eq!(storage, [1.5, 4.0]);
         t.ndim = -1;
         // SAFETY: as above.
-        assert!(matches!(
-            unsafe { TensorView::from_raw(&mut t) },
-            Err(Error::InvalidTensor { .. })
-        ));
+        let refused = unsafe { TensorView::from_raw(&mut t) };
+        assert!(matches!(refused, Err(Error::InvalidTensor { .. })));
     }
 
     #[test]
