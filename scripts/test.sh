@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints (with and without feature `python`), unit and doc tests,
-# the behaviour cases, the multi-rank cases under mpirun at 1-4 ranks, the Python-producer
-# cases (NumPy) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), every example at 1-4
-# ranks, and the check matrix at 1-4 ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# the behaviour cases, the multi-rank cases under mpirun at 1-4 ranks, the canary bounds
+# harness at 2-3 ranks, threads under MPI_THREAD_MULTIPLE, the 100 000-cycle leak run,
+# valgrind, miri, a 60 s fuzz run, the Python-producer cases (NumPy) at 1-3 ranks, wire
+# interop with mpi4py (MPMD jobs), every example at 1-4 ranks, and the check matrix at 1-4
+# ranks. Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh
 set -euo pipefail
@@ -57,6 +59,31 @@ mpi4py_interop_at() {
         : -n "$1" "$bin"
 }
 
+# A short fuzz run (60 s) of fuzz/'s target from the committed corpus; new inputs go to a
+# scratch directory, so the run leaves the tree as it was. Installs cargo-fuzz and the
+# nightly toolchain if missing.
+fuzz_smoke() {
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        rustup toolchain install nightly --profile minimal
+    fi
+    if ! command -v cargo-fuzz >/dev/null 2>&1; then
+        cargo install cargo-fuzz --locked
+    fi
+    local scratch
+    scratch=$(mktemp -d)
+    timeout 900 cargo +nightly fuzz run import_layout_spec "$scratch" fuzz/corpus/import_layout_spec \
+        -- -max_total_time=60 -timeout=10 -print_final_stats=1 2>&1 | tail -n 12
+    local rc=${PIPESTATUS[0]}
+    rm -rf "$scratch"
+    return "$rc"
+}
+
+leaks_at() {
+    local DLPACK_MPI_LEAK_CYCLES=100000
+    export DLPACK_MPI_LEAK_CYCLES
+    test_binary_at leaks "$1"
+}
+
 # The check matrix at $1 ranks; further arguments go to `check`.
 check_at() {
     local n=$1
@@ -81,6 +108,14 @@ for n in 1 2; do
     stage "mpi4py wire interop: mpi4py rank + $n dlpack-mpi rank(s)" mpi4py_interop_at "$n"
 done
 stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
+for n in 2 3; do
+    stage "canaries (guard bytes, every operation x layout) at $n ranks" test_binary_at canaries "$n"
+done
+stage "threads under MPI_THREAD_MULTIPLE at 2 ranks" test_binary_at threads 2
+stage "100 000 acquire/send/release cycles, flat RSS, at 2 ranks" leaks_at 2
+stage "valgrind: no leak or memory error (cases, hostile, canaries)" scripts/leaks.sh
+stage "miri over the pure layers' unit tests" scripts/miri.sh
+stage "fuzz import/layout/spec for 60 s" fuzz_smoke
 stage "examples at 1-4 ranks" scripts/examples.sh
 # The check matrix (about 13 000 cases per run) in release: minutes faster than debug. Built
 # with Python support, its default producer is NumPy; the Rust producer also covers the

@@ -157,6 +157,13 @@ pub trait TensorComm: Communicator {
     /// probed first (`MPI_Probe`, §3.8.1) and received only when its size is exactly the
     /// tensor's.
     ///
+    /// **Threads** (`MPI_THREAD_MULTIPLE`): the probe and the receive are two calls, so two
+    /// threads receiving from the same `(source, tag)` at once may each probe one message
+    /// and receive the other's (MPI-4.1 §3.8.2). Give concurrent receivers distinct tags or
+    /// sources (then it is safe: a probe matches only its own messages). A matched probe
+    /// (`MPI_Mprobe`) would close the window but take the message off the queue, so that a
+    /// size mismatch could no longer leave it for a fitting receive (C43).
+    ///
     /// # Errors
     /// [`Error::CountMismatch`] naming the expected and arriving element counts (the
     /// message stays unreceived: a later receive with a fitting tensor gets it);
@@ -180,7 +187,8 @@ pub trait TensorComm: Communicator {
 
     /// Send `send` to `dest` and receive `recv` from `source` at once (`MPI_Sendrecv`
     /// semantics, deadlock-free in a ring). The incoming size is checked as in
-    /// [`TensorComm::recv_tensor`] while the send is in flight.
+    /// [`TensorComm::recv_tensor`] while the send is in flight (with the same rule for
+    /// threads: concurrent receivers use distinct `(source, tag)`).
     ///
     /// # Errors
     /// As [`TensorComm::send_tensor`] and [`TensorComm::recv_tensor`].

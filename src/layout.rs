@@ -332,15 +332,21 @@ impl Iterator for Offsets<'_> {
         }
         self.remaining -= 1;
         let current = self.offset;
-        // Advance the odometer, innermost axis first. Offsets stay within
-        // [lowest_elem, highest_elem], which the plan checked to fit i64.
+        if self.remaining == 0 {
+            return Some(current);
+        }
+        // Advance the odometer, innermost axis first. Every offset it lands on is an
+        // element's, inside [lowest_elem, highest_elem], and an axis wraps back by its reach
+        // `stride × (extent − 1)`: the plan checked both fit i64. (Stepping one stride past
+        // the last index first, as this loop once did, overflowed for strides near
+        // i64::MAX / extent: found by fuzzing.)
         for (i, axis) in self.plan.axes.iter().enumerate().rev() {
-            self.index[i] += 1;
-            self.offset += axis.stride_elems;
-            if self.index[i] < axis.extent {
+            if self.index[i] + 1 < axis.extent {
+                self.index[i] += 1;
+                self.offset += axis.stride_elems;
                 break;
             }
-            self.offset -= axis.stride_elems * axis.extent;
+            self.offset -= axis.stride_elems * (axis.extent - 1);
             self.index[i] = 0;
         }
         Some(current)

@@ -24,6 +24,59 @@
 //! and an rsmpi request borrows the spec, so the borrow checker proves that the producer's
 //! deleter runs only after MPI is done with the pointer.
 //!
+//! **Threads.** Specs are neither `Send` nor `Sync`. A spec erases the type of the tensor it
+//! borrows, and that may be a [`crate::dlpack::TensorView`] (not `Send`) or a
+//! [`crate::dlpack::ManagedTensor`] (not `Sync`); a `SendSpec` is a shared borrow (`Send`
+//! only if the tensor were `Sync`), a `RecvSpec` an exclusive one (`Send` only if the
+//! tensor were `Send`). Build specs on the thread that makes the MPI call: move the guard,
+//! not the spec.
+//!
+//! ```compile_fail,E0277
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::SendSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::RecvSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn shared_between_threads<T: Sync>() {}
+//! shared_between_threads::<dlpack_mpi::spec::SendSpec<'static>>();
+//! ```
+//!
+//! ```compile_fail,E0277
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::spec::VectorRecvSpec<'static>>();
+//! ```
+//!
+//! A spec cannot outlive its tensor (the deleter would run while MPI may still use the
+//! pointer):
+//!
+//! ```compile_fail,E0597
+//! use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+//! use dlpack_mpi::spec::SendSpec;
+//! let owned = Owned::new(vec![1u8; 4]);
+//! let spec = {
+//!     let t = acquire(&owned, &AcquireOptions::default()).unwrap();
+//!     SendSpec::new(&t).unwrap()
+//! };
+//! assert_eq!(spec.len_elems(), 4);
+//! ```
+//!
+//! The same helpers accept what is allowed, so the failures above are the bounds:
+//!
+//! ```
+//! fn to_another_thread<T: Send>() {}
+//! to_another_thread::<dlpack_mpi::dlpack::ManagedTensor<'static>>();
+//! let owned = dlpack_mpi::dlpack::Owned::new(vec![1u8; 4]);
+//! let t = dlpack_mpi::dlpack::acquire(&owned, &Default::default())?;
+//! let spec = dlpack_mpi::spec::SendSpec::new(&t)?;
+//! assert_eq!(spec.len_elems(), 4);
+//! # Ok::<(), dlpack_mpi::Error>(())
+//! ```
+//!
 //! **Units.** Every count and displacement in this module's constructors is in DLPack
 //! **elements**. `Collection::count` (what rsmpi passes to MPI) is in MPI datatype units:
 //! elements × lanes (see [`crate::dtype`]).
@@ -625,4 +678,53 @@ pub fn set_packing(policy: Packing) {
         Packing::Copy => 1,
     };
     PACKING.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Contiguous specs need no MPI (no derived datatype), so these run under Miri too.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlpack::{acquire, AcquireOptions, Owned};
+
+    #[test]
+    fn contiguous_specs_describe_the_tensor() {
+        let owned = Owned::new(vec![0i32; 6]).with_shape(&[2, 3]).unwrap();
+        let mut t = acquire(&owned, &AcquireOptions::default()).unwrap();
+        let first = t.first_element_ptr() as usize;
+        let s = SendSpec::new(&t).unwrap();
+        assert_eq!((s.len_elems(), s.mpi_count()), (6, 6));
+        assert!(s.is_contiguous() && !s.is_derived());
+        assert_eq!(s.pointer() as usize, first);
+        assert_eq!(s.byte_range(), (first, first + 24));
+        let r = s.range_of(2, 3).unwrap();
+        assert_eq!((r.pointer() as usize, r.count()), (first + 8, 3));
+        assert!(matches!(s.range_of(4, 3), Err(Error::OutOfBounds { .. })));
+        let v = VectorSendSpec::new(s, &[1, 2], &[0, 4]).unwrap();
+        assert_eq!((v.counts(), v.displs()), (&[1, 2][..], &[0, 4][..]));
+        let mut r = RecvSpec::new(&mut t).unwrap();
+        assert_eq!(r.pointer_mut() as usize, first);
+        assert_eq!(r.as_send().mpi_count(), 6);
+        assert!(matches!(
+            VectorRecvSpec::new(r, &[3, 3], &[0, 2]),
+            Err(Error::BlocksOverlap { .. })
+        ));
+    }
+
+    #[test]
+    fn empty_specs_are_null_and_receives_respect_flags() {
+        let empty = Owned::new(Vec::<u8>::new());
+        let t = acquire(&empty, &AcquireOptions::default()).unwrap();
+        let s = SendSpec::new(&t).unwrap();
+        assert!(s.pointer().is_null());
+        assert_eq!(s.count(), 0);
+        drop(t);
+        let ro = Owned::new(vec![1.0f64; 2]).read_only();
+        let mut t = acquire(&ro, &AcquireOptions::default()).unwrap();
+        assert_eq!(RecvSpec::new(&mut t).unwrap_err(), Error::ReadOnly);
+        drop(t);
+        let copied = Owned::new(vec![1.0f64; 2]).copied();
+        let mut t = acquire(&copied, &AcquireOptions::default()).unwrap();
+        assert_eq!(RecvSpec::new(&mut t).unwrap_err(), Error::IsCopied);
+        assert_eq!(SendSpec::new(&t).unwrap().mpi_count(), 2);
+    }
 }

@@ -1648,3 +1648,40 @@ fn exporter_handing_out_an_invalid_tensor_is_released_once() {
     assert_eq!(e.calls.get(), 1);
     assert!(e.released_once());
 }
+
+/// Found by fuzzing (fuzz/, target import_layout_spec): the offsets iterator stepped one
+/// stride past an axis's last index before wrapping, which overflowed `i64` (a panic in
+/// debug builds) for a valid layout whose reach fits but whose extent × stride does not.
+/// The packing path of strided tensors walks these offsets.
+#[test]
+fn regression_offsets_of_a_stride_near_the_limit_do_not_overflow() {
+    let stride = 288_230_376_151_711_502i64; // 32 × stride fits i64, 33 × stride does not
+    let p = layout::plan(&[33], Some(&[stride])).unwrap();
+    assert_eq!((p.lowest_elem, p.highest_elem), (0, 32 * stride));
+    let offsets: Vec<i64> = p.offsets().collect();
+    assert_eq!(offsets.len(), 33);
+    assert_eq!(offsets[32], 32 * stride);
+    assert!(offsets.windows(2).all(|w| w[1] - w[0] == stride));
+    // Two axes, both at their limit, negative outer stride: wrap of the inner axis and the
+    // last step of the outer one.
+    let inner = i64::MAX / 4;
+    let p = layout::plan(&[2, 3], Some(&[-(i64::MAX / 2), inner / 2])).unwrap();
+    let offsets: Vec<i64> = p.offsets().collect();
+    assert_eq!(
+        offsets,
+        vec![
+            0,
+            inner / 2,
+            2 * (inner / 2),
+            -(i64::MAX / 2),
+            -(i64::MAX / 2) + inner / 2,
+            -(i64::MAX / 2) + 2 * (inner / 2),
+        ]
+    );
+    // The same layout through an imported tensor's plan: no panic, every offset visited.
+    let raw = RawTensor::new(&[0u8], U8).shape(&[33], Some(&[stride]));
+    with_tensor(&raw, |t| {
+        let p = layout::plan(t.shape(), t.strides_elems()).unwrap();
+        assert_eq!(p.offsets().last(), Some(32 * stride));
+    });
+}

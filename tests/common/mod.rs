@@ -47,8 +47,20 @@ pub struct RawTensor {
     pub version: (u32, u32),
     pub flags: u64,
     pub device: (u32, i32),
-    /// NULL deleter (the tensor's memory is then leaked on purpose).
+    /// NULL deleter (the tensor's memory is then leaked on purpose, but kept reachable in
+    /// [`NULL_DELETER_TENSORS`] so that leak checkers report only real leaks).
     pub null_deleter: bool,
+}
+
+/// Structs handed out with a NULL deleter: nobody may free them (the consumer must not call
+/// through NULL), so they stay here, reachable, for the life of the process.
+pub static NULL_DELETER_TENSORS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+fn keep_reachable(p: usize) {
+    NULL_DELETER_TENSORS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(p);
 }
 
 pub fn bytes_of<T: Copy>(values: &[T]) -> Vec<u8> {
@@ -153,7 +165,11 @@ impl RawTensor {
             flags: self.flags,
             dl_tensor: t,
         });
-        (Box::into_raw(m), counter)
+        let p = Box::into_raw(m);
+        if self.null_deleter {
+            keep_reachable(p as usize);
+        }
+        (p, counter)
     }
 
     /// A legacy `DLManagedTensor*` and the counter its deleter bumps.
@@ -169,7 +185,11 @@ impl RawTensor {
                 Some(delete_legacy)
             },
         });
-        (Box::into_raw(m), counter)
+        let p = Box::into_raw(m);
+        if self.null_deleter {
+            keep_reachable(p as usize);
+        }
+        (p, counter)
     }
 
     /// Imports as versioned.

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Memory errors and leaks under valgrind (memcheck) for the single-rank test binaries:
+# tests/cases, tests/hostile (no MPI) and tests/canaries at 1 rank (MPI initialized). A
+# definite or indirect leak, an invalid read or write, or a use of uninitialised memory
+# fails the run. MPI's own allocations at MPI_Init are suppressed by
+# scripts/valgrind-mpi.supp (frames inside the MPI libraries only).
+#
+# The resident-memory check over 100 000 cycles at 2 ranks is tests/leaks.rs, run by
+# scripts/test.sh.
+#
+# Usage: scripts/leaks.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v valgrind >/dev/null 2>&1; then
+    sudo=()
+    [[ $(id -u) -ne 0 ]] && sudo=(sudo)
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends valgrind >/dev/null
+fi
+
+binary() {
+    cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+name = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
+        print(m["executable"])' "$1"
+}
+
+status=0
+for t in cases hostile canaries; do
+    bin=$(binary "$t")
+    args=()
+    # libtest: one thread, so reports are in order; the hostile tests' child processes
+    # (tests that isolate an abort) are not traced.
+    [[ $t != canaries ]] && args=(--test-threads=1)
+    log=$(mktemp)
+    echo "== valgrind $t"
+    # A small free-list quarantine: tests that assert flat resident memory (C09) would
+    # otherwise see valgrind's default 20 MB of freed-but-held blocks as growth.
+    if timeout 900 valgrind --tool=memcheck --freelist-vol=1000000 \
+        --leak-check=full --show-leak-kinds=definite,indirect \
+        --errors-for-leak-kinds=definite,indirect --error-exitcode=99 \
+        --suppressions=scripts/valgrind-mpi.supp --num-callers=30 \
+        "$bin" "${args[@]}" >"$log" 2>&1; then
+        grep -E "test result|ERROR SUMMARY|definitely lost|indirectly lost|possibly lost|suppressed:" "$log" || true
+    else
+        echo "== FAILED: valgrind $t (log below)"
+        tail -120 "$log"
+        status=1
+    fi
+    rm -f "$log"
+done
+exit $status
