@@ -20,12 +20,15 @@
 //! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
 //!   every rsmpi communicator.
+//! - [`checked`]: optional self-describing messages (a dtype/shape header, then the
+//!   payload); the receiver validates against the header or allocates from it.
 //!
 //! Every error is an [`Error`] naming the field and value, returned before any MPI call.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod checked;
 pub mod comm;
 pub mod derived;
 pub mod device;
