@@ -3,6 +3,7 @@
 # machine's MPI moves every dtype × operation × length of DLPack tensors correctly.
 #
 # Usage: scripts/run.sh [extra `dlpack-mpi check` arguments]
+# DLPACK_MPI_IMPL=mpich runs it with MPICH instead of Open MPI (scripts/mpi-env.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -11,5 +12,5 @@ scripts/setup.sh
 source scripts/mpi-env.sh
 
 cargo build --release --bin dlpack-mpi
-mpirun "${MPIRUN_FLAGS[@]}" -n 4 target/release/dlpack-mpi info
-exec mpirun "${MPIRUN_FLAGS[@]}" -n 4 target/release/dlpack-mpi check "$@"
+"$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi info
+exec "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi check "$@"
