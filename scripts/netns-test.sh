@@ -2,8 +2,9 @@
 # Two hosts on one machine: makes two network namespaces joined by a veth pair (10.77.0.1/24
 # and 10.77.0.2/24, addresses that exist inside the namespaces only), each with its own
 # hostname (a UTS namespace), and runs one MPI job across them over TCP with one rank per
-# "host": the check matrix (`dlpack-mpi check -q`), the multi-rank cases (tests/mpi_cases)
-# and the checked protocol (tests/checked), all at 2 ranks.
+# "host": the multi-rank cases (tests/mpi_cases), the checked protocol (tests/checked) and
+# the check matrix (`dlpack-mpi check -q`, at lengths 0 and 7 by default, see
+# NETNS_CHECK_ARGS below), all at 2 ranks.
 #
 # Open MPI: mpirun starts inside namespace A with a hostfile of the two addresses; its rsh
 # launcher reaches B through a small agent script (`ip netns exec B ...`, in place of ssh);
@@ -16,7 +17,8 @@
 #
 # Usage: scripts/netns-test.sh (after a build; scripts/test.sh runs it as a stage)
 # Environment: DLPACK_MPI_IMPL (openmpi | mpich, see scripts/mpi-env.sh); MPI_CASES_BIN and
-# CHECKED_BIN, the test binaries (default: found in the target directory).
+# CHECKED_BIN, the test binaries (default: found in the target directory); NETNS_CHECK_ARGS
+# (default "--len 0,7"; "all" = the whole matrix); NETNS_ONLY_CHECK=1 (the matrix only).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/mpi-env.sh
@@ -58,6 +60,7 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 143' INT TERM # so that a timeout or Ctrl-C still runs the cleanup
 
 ip netns add "$ns_a" 2>"$work/err" || skip "cannot make a network namespace: $(cat "$work/err")"
 ip netns add "$ns_b" 2>"$work/err" || skip "cannot make a network namespace: $(cat "$work/err")"
@@ -115,9 +118,10 @@ case "$DLPACK_MPI_IMPL" in
 esac
 
 # mpirun itself runs on host A (so that its own address is 10.77.0.1, local to it), under
-# a time limit of 300 s per job.
+# a time limit of NETNS_TIMEOUT seconds per job (default 300).
+export NETNS_TIMEOUT=${NETNS_TIMEOUT:-300}
 on_a() {
-    ip netns exec "$ns_a" unshare --uts sh -c 'hostname "$0"-host-a; exec timeout 300 "$@"' \
+    ip netns exec "$ns_a" unshare --uts sh -c 'hostname "$0"-host-a; exec timeout "$NETNS_TIMEOUT" "$@"' \
         "$id" "$@"
 }
 
@@ -139,10 +143,19 @@ veth_bytes() { # bytes sent + received on host A's end of the veth pair
     ip netns exec "$ns_a" sh -c "echo \$((\$(cat /sys/class/net/$if_a/statistics/tx_bytes) + \$(cat /sys/class/net/$if_a/statistics/rx_bytes)))"
 }
 # Both ranks report their host, so the log shows that the job really spans the two.
+# NETNS_ONLY_CHECK=1 runs the check matrix only.
+[[ -n ${NETNS_ONLY_CHECK:-} ]] || {
 run "hostnames" on_a "${launch[@]}" hostname
 run "multi-rank cases at 2 ranks on 2 hosts" on_a "${launch[@]}" "$mpi_cases"
 run "checked protocol at 2 ranks on 2 hosts" on_a "${launch[@]}" "$checked"
-run "dlpack-mpi check at 2 ranks on 2 hosts" on_a "${launch[@]}" "$cli" check -q
+}
+# Over the veth pair each check case takes ~20 ms (latency-bound; the ranks mostly wait), so
+# by default the matrix runs every operation × dtype × layout at lengths 0 and 7 only (about
+# 90 s); NETNS_CHECK_ARGS=all runs all lengths (over 5 minutes), other values are passed on.
+check_args_text=${NETNS_CHECK_ARGS:---len 0,7}
+[[ $check_args_text == all ]] && check_args_text=""
+read -r -a check_args <<<"$check_args_text"
+run "dlpack-mpi check ${check_args[*]} at 2 ranks on 2 hosts" on_a "${launch[@]}" "$cli" check -q "${check_args[@]}"
 # The job's traffic went over the veth pair (the multi-rank cases alone move over 300 kB).
 bytes=$(veth_bytes)
 echo "netns-test: $bytes bytes crossed the veth pair"
