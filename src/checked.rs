@@ -186,7 +186,10 @@ impl Header {
 /// Sends `tensor` to `dest` with `tag` under the checked protocol: the header, then the
 /// payload (all of `tensor`'s elements in logical row-major order; any layout).
 ///
-/// Every check is made before the header leaves, so a refused tensor sends nothing.
+/// Every check is made before the header leaves, so a refused tensor sends nothing. Both
+/// messages are blocking standard-mode sends (`MPI_Send`, MPI-4.1 §3.4): like any such send
+/// they may wait for the matching receive, so a rank must not send to itself this way
+/// (MPICH blocks even on the small header).
 ///
 /// # Errors
 /// [`Error::InvalidRank`], [`Error::InvalidTag`], the errors of [`SendSpec::new`] and of

@@ -2,9 +2,12 @@
 //! messages, a header then the payload.
 //!
 //! A plain `main` (harness = false), like `tests/mpi_cases.rs`: every case runs on every rank,
-//! rank 0 sends and the last rank receives (the same process at 1 rank: the messages are
-//! small, so the blocking sends complete before the receives are posted), and the verdicts
-//! are combined across ranks. `cargo test` runs it at 1 rank, scripts/test.sh at 2.
+//! rank 0 sends and rank 1 receives (further ranks only agree on the verdicts), and the
+//! verdicts are combined across ranks. The cases need 2 ranks: at 1 rank the sender would
+//! be its own receiver, and a blocking standard-mode send to oneself may wait for the
+//! receive forever (MPICH's does, even for 48 bytes; MPI-4.1 §3.5 calls such programs
+//! unsafe). So `cargo test` (1 rank) prints that they are skipped; scripts/test.sh runs them
+//! at 2 ranks, on one host and across two.
 
 use dlpack_mpi::checked::{self, Header, MAGIC};
 use dlpack_mpi::comm::TensorComm;
@@ -43,9 +46,9 @@ fn s(e: Error) -> String {
     e.to_string()
 }
 
-/// (sender, receiver): rank 0 and the last rank.
-fn pair(w: &SimpleCommunicator) -> (i32, i32) {
-    (0, w.size() - 1)
+/// (sender, receiver): ranks 0 and 1.
+fn pair(_w: &SimpleCommunicator) -> (i32, i32) {
+    (0, 1)
 }
 
 /// Sends `data` with `shape` under the checked protocol.
@@ -412,6 +415,13 @@ fn main() {
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
     let (mut passed, mut failed) = (0, 0);
+    if w.size() < 2 {
+        println!(
+            "checked-protocol cases: skipped at 1 rank (they need a sender and a receiver; \
+             scripts/test.sh runs them at 2 ranks)"
+        );
+        return;
+    }
     if w.rank() == 0 {
         println!("running checked-protocol cases at {} rank(s)", w.size());
     }
