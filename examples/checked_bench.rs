@@ -66,9 +66,9 @@ fn round(
                 checked::recv_into(w, peer, tag, y)?;
             }
             Mode::CheckedNew => {
+                // Look at the first element only: a full copy would be timed too.
                 let mut r = checked::recv_new(w, peer, tag)?;
-                let v = r.to_vec::<f64>()?;
-                if v.first() != Some(&1.0) {
+                if r.bytes()[..8] != 1.0f64.to_ne_bytes() {
                     return Err("recv_new delivered the wrong values".into());
                 }
             }
