@@ -149,9 +149,11 @@ run "hostnames" on_a "${launch[@]}" hostname
 run "multi-rank cases at 2 ranks on 2 hosts" on_a "${launch[@]}" "$mpi_cases"
 run "checked protocol at 2 ranks on 2 hosts" on_a "${launch[@]}" "$checked"
 }
-# Over the veth pair each check case takes ~20 ms (latency-bound; the ranks mostly wait), so
-# by default the matrix runs every operation × dtype × layout at lengths 0 and 7 only (about
-# 90 s); NETNS_CHECK_ARGS=all runs all lengths (over 5 minutes), other values are passed on.
+# Over the veth pair Open MPI needs 4 to 20 ms per check case, depending on what else the
+# machine runs (latency-bound: the ranks mostly wait), so by default the matrix runs every
+# operation × dtype × layout at lengths 0 and 7 only (about 20 s on a quiet machine, 100 s
+# on a busy one; MPICH: seconds); NETNS_CHECK_ARGS=all runs all lengths (minutes; raise
+# NETNS_TIMEOUT), other values are passed on to `dlpack-mpi check`.
 check_args_text=${NETNS_CHECK_ARGS:---len 0,7}
 [[ $check_args_text == all ]] && check_args_text=""
 read -r -a check_args <<<"$check_args_text"
