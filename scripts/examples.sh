@@ -3,8 +3,10 @@
 # mpirun at 1, 2, 3 and 4 ranks.
 #
 # Usage: scripts/examples.sh [--release]
-# Honours CARGO_TARGET_DIR; MPIRUN (default: mpirun), RANKS (default: "1 2 3 4") and
-# TIMEOUT (seconds per run, default: 60) may be set in the environment.
+# The MPI library is DLPACK_MPI_IMPL (openmpi, the default, or mpich; see
+# scripts/mpi-env.sh, which also picks the launcher, its flags and the target directory).
+# RANKS (default: "1 2 3 4") and TIMEOUT (seconds per run, default: 60) may be set in the
+# environment.
 # Prints one PASS/FAIL line per (example, ranks) and ends with "N passed, N failed";
 # exits non-zero if any run failed.
 set -euo pipefail
@@ -23,8 +25,8 @@ done
 examples=(ring allreduce allgatherv nonblocking numpy_allreduce)
 ranks=(${RANKS:-1 2 3 4})
 timeout_s=${TIMEOUT:-60}
-mpirun=${MPIRUN:-mpirun}
-target_dir=${CARGO_TARGET_DIR:-target}
+# shellcheck source=scripts/mpi-env.sh
+source scripts/mpi-env.sh
 
 # numpy_allreduce embeds Python (feature `python`): pyo3 builds against PYO3_PYTHON, the
 # interpreter setup.sh installed NumPy into.
@@ -32,20 +34,14 @@ target_dir=${CARGO_TARGET_DIR:-target}
 source scripts/python-env.sh
 cargo build --examples --features python "${cargo_flags[@]}"
 
-mpi_flags=(--oversubscribe)
-if [[ $(id -u) -eq 0 ]]; then
-    mpi_flags+=(--allow-run-as-root)
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
-
 passed=0
 failed=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for example in "${examples[@]}"; do
-    binary="$target_dir/$profile/examples/$example"
+    binary="$TARGET_DIR/$profile/examples/$example"
     for n in "${ranks[@]}"; do
-        if timeout "$timeout_s" "$mpirun" "${mpi_flags[@]}" -n "$n" "$binary" >"$log" 2>&1; then
+        if timeout "$timeout_s" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$binary" >"$log" 2>&1; then
             echo "PASS $example -n $n: $(tail -n 1 "$log")"
             passed=$((passed + 1))
         else

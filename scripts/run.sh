@@ -6,6 +6,7 @@
 # which also cover the dtypes NumPy has not (bfloat16, float8, multi-lane).
 #
 # Usage: scripts/run.sh [extra `dlpack-mpi check` arguments]
+# DLPACK_MPI_IMPL=mpich runs it with MPICH instead of Open MPI (scripts/mpi-env.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,5 +17,5 @@ source scripts/mpi-env.sh
 source scripts/python-env.sh
 
 cargo build --release --features python --bin dlpack-mpi
-mpirun "${MPIRUN_FLAGS[@]}" -n 4 target/release/dlpack-mpi info
-exec mpirun "${MPIRUN_FLAGS[@]}" -n 4 target/release/dlpack-mpi check "$@"
+"$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi info
+exec "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi check "$@"

@@ -1,20 +1,45 @@
 #!/usr/bin/env bash
 # Installs what dlpack-mpi needs on a fresh Debian machine, and nothing that is already there:
-# an MPI library with its compiler wrapper (Open MPI by default) and libclang (rsmpi's
-# bindgen); NumPy and mpi4py (compiled against that MPI) for the Python producers and the
-# mpi4py wire tests. Rust itself must already be installed (cargo on PATH).
+# an MPI library with its compiler wrapper (Open MPI by default; MPICH with
+# DLPACK_MPI_IMPL=mpich), libclang (rsmpi's bindgen), pkg-config, python3 and iproute2 (`ip`,
+# for the two-host network-namespace test); with Open MPI also NumPy and mpi4py (running on
+# that MPI) for the Python producers and the mpi4py wire tests. Rust itself must already be
+# installed (cargo on PATH).
 #
-# Usage: scripts/setup.sh            (sourced by run.sh and test.sh; safe to run again)
+# Installing a second MPI library does not change which one the scripts use: they name the
+# launcher and compiler wrapper explicitly (scripts/mpi-env.sh), whatever Debian's `mpi` and
+# `mpirun` alternatives point to.
+#
+# Usage: scripts/setup.sh            (run by run.sh and test.sh; safe to run again)
 set -euo pipefail
 
 missing=()
-command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
-command -v mpicc >/dev/null 2>&1 || missing+=(libopenmpi-dev)
+case "${DLPACK_MPI_IMPL:-openmpi}" in
+    openmpi)
+        if ! command -v mpirun.openmpi >/dev/null 2>&1 &&
+            ! mpirun --version 2>/dev/null | grep -q "Open MPI"; then
+            missing+=(openmpi-bin)
+        fi
+        if ! command -v mpicc.openmpi >/dev/null 2>&1 &&
+            ! { mpicc -showme:version 2>/dev/null | grep -q "Open MPI"; }; then
+            missing+=(libopenmpi-dev)
+        fi
+        ;;
+    mpich)
+        command -v mpiexec.mpich >/dev/null 2>&1 || missing+=(mpich)
+        command -v mpicc.mpich >/dev/null 2>&1 || missing+=(libmpich-dev)
+        ;;
+    *)
+        echo "setup: unknown DLPACK_MPI_IMPL '${DLPACK_MPI_IMPL}' (openmpi or mpich)" >&2
+        exit 2
+        ;;
+esac
 if ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libclang*.so*" >/dev/null; then
     missing+=(libclang-dev)
 fi
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}"
@@ -32,17 +57,20 @@ fi
 # version as `mpirun --version` reports.
 python_ok() {
     python3 - <<'PY' 2>/dev/null
-import re, subprocess, sys
+import re, shutil, subprocess, sys
 import numpy
 from mpi4py import MPI
 mine = MPI.Get_library_version()
-system = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
-family = "Open MPI" if "Open MPI" in system else "MPICH"
+launcher = "mpirun.openmpi" if shutil.which("mpirun.openmpi") else "mpirun"
+system = subprocess.run([launcher, "--version"], capture_output=True, text=True).stdout
+family = "Open MPI" if ("Open MPI" in system or "OpenRTE" in system) else "MPICH"
 version = re.search(r"\d+\.\d+(\.\d+)?", system)
 sys.exit(0 if family in mine and version and version.group(0) in mine else 1)
 PY
 }
-if ! python_ok; then
+# With Open MPI only (the scripts skip the Python stages under MPICH): one mpi4py per
+# interpreter, and the suite's wire tests run against Open MPI.
+if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]] && ! python_ok; then
     echo "setup: installing NumPy and mpi4py (built against the system MPI) for $(command -v python3)"
     if python3 -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
         # Debian's own interpreter: Debian's packages, whose mpi4py links Debian's Open MPI.
@@ -60,7 +88,7 @@ if ! python_ok; then
         # that fails, compile against the mpicc on PATH (minutes; pip keeps the wheel).
         python3 -m pip install -q --only-binary mpi4py 'mpi4py>=4.1' || true
         if ! python_ok; then
-            MPICC=mpicc python3 -m pip install -q --force-reinstall --no-deps \
+            MPICC=$(command -v mpicc.openmpi || echo mpicc) python3 -m pip install -q --force-reinstall --no-deps \
                 --no-binary mpi4py mpi4py
         fi
     fi

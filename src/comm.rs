@@ -53,7 +53,7 @@ fn tag_ub() -> Tag {
     })
 }
 
-fn check_rank(rank: Rank, size: Rank) -> Result<()> {
+pub(crate) fn check_rank(rank: Rank, size: Rank) -> Result<()> {
     if (0..size).contains(&rank) {
         Ok(())
     } else {
@@ -61,7 +61,7 @@ fn check_rank(rank: Rank, size: Rank) -> Result<()> {
     }
 }
 
-fn check_tag(tag: Tag) -> Result<()> {
+pub(crate) fn check_tag(tag: Tag) -> Result<()> {
     let ub = tag_ub();
     if (0..=ub).contains(&tag) {
         Ok(())

@@ -147,7 +147,9 @@ pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype>
             } else if i == innermost && stride == -1 && elem_bytes_is_one {
                 // Open MPI 4.1 builds hvector(n, 1, -1 byte, <1-byte type>) as a *forward*
                 // contiguous run (it reads and writes past the buffer); found by
-                // `dlpack-mpi check --layout negative`. Spell the reversed run out instead.
+                // `dlpack-mpi check --layout negative`. Spell the reversed run out instead
+                // (MPICH 4.0 builds the hvector correctly; the spelled-out type is right in
+                // both, so it is used whatever the library).
                 t = reversed_bytes(extent, current.0)?;
             } else {
                 // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).

@@ -382,6 +382,30 @@ pub enum Error {
         exception: String,
     },
 
+    /// A checked-protocol message ([`crate::checked`]) has a different shape from the
+    /// receive tensor (same dtype and element count, e.g. `[2, 3]` vs `[3, 2]`).
+    #[error("shape mismatch: {what}: sent {sent:?}, receive tensor has {local:?}")]
+    ShapesDiffer {
+        /// Which pair, e.g. `"checked message: sent vs receive tensor"`.
+        what: &'static str,
+        /// The shape the sender's header gave, in elements.
+        sent: Vec<i64>,
+        /// The receive tensor's shape, in elements.
+        local: Vec<i64>,
+    },
+
+    /// The message that should be a checked-protocol header ([`crate::checked`]) is not one.
+    #[error("bad checked-protocol header: {field} = {value}: {reason}")]
+    BadHeader {
+        /// The header field at fault: `"length"` (in words, or in bytes for a message left
+        /// unreceived), `"magic"`, `"version"`, `"dtype"`, `"ndim"` or `"shape"`.
+        field: &'static str,
+        /// Its value as received.
+        value: u64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+
     /// The producer failed to export (its own message).
     #[error("exporter failed: {0}")]
     Export(String),

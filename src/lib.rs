@@ -23,12 +23,15 @@
 //!   every rsmpi communicator.
 //! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
 //!   (NumPy, ...), and make and read NumPy arrays from Rust.
+//! - [`checked`]: optional self-describing messages (a dtype/shape header, then the
+//!   payload); the receiver validates against the header or allocates from it.
 //!
 //! Every error is an [`Error`] naming the field and value, returned before any MPI call.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod checked;
 pub mod comm;
 pub mod derived;
 pub mod device;
