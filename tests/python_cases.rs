@@ -503,6 +503,63 @@ fn c09_numpy_cycles_memory_flat(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// Issue 7's leak run with NumPy tensors: 100 000 cycles of acquire (a NumPy send array and
+/// a NumPy receive array through `__dlpack__`) → sendrecv around the ring → release, with the
+/// delivered values checked every 10 000 cycles and resident memory flat (the figures are
+/// printed on every rank).
+fn numpy_100k_sendrecv_cycles_memory_flat(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
+    let (r, p) = (w.rank(), w.size());
+    let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+    c.exec(&format!(
+        "snd = np.arange(64, dtype=np.float64) + {r} * 1000.0; rcv = np.zeros(64)"
+    ))?;
+    let snd = c.ev("snd")?;
+    let rcv = c.ev("rcv")?;
+    // After the two handles above, which hold one reference each.
+    c.exec("base_s = sys.getrefcount(snd); base_r = sys.getrefcount(rcv)")?;
+    let cycles = |n: usize| -> Outcome {
+        for i in 0..n {
+            {
+                let a = python::acquire(&snd, &opts()).map_err(s)?;
+                let mut b = python::acquire(&rcv, &opts()).map_err(s)?;
+                w.sendrecv_tensor(&a, next, 77, &mut b, prev, 77)
+                    .map_err(s)?;
+            }
+            if i % 10_000 == 0 {
+                ensure!(
+                    c.truth(&format!(
+                        "bool((rcv == np.arange(64) + {prev} * 1000.0).all())"
+                    ))?,
+                    "cycle {i}: received {}",
+                    c.ev("rcv[:4]")?
+                );
+                c.exec("rcv[:] = -1.0")?;
+            }
+        }
+        Ok(())
+    };
+    cycles(2_000)?;
+    let before = rss_bytes();
+    cycles(100_000)?;
+    let after = rss_bytes();
+    println!(
+        "rank {r}: 100000 NumPy sendrecv cycles: RSS {} -> {} KiB, growth {} bytes",
+        before / 1024,
+        after / 1024,
+        after.saturating_sub(before)
+    );
+    ensure!(
+        c.truth("sys.getrefcount(snd) == base_s and sys.getrefcount(rcv) == base_r")?,
+        "references leaked: {}",
+        c.ev("(sys.getrefcount(snd), base_s, sys.getrefcount(rcv), base_r)")?
+    );
+    ensure!(
+        after <= before + 256 * 1024,
+        "resident memory grew from {before} to {after} bytes over 100 000 cycles"
+    );
+    Ok(())
+}
+
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = statm
@@ -855,6 +912,10 @@ const CASES: &[(&str, Case)] = &[
     ("numpy_every_dtype_described", numpy_every_dtype_described),
     ("numpy_layouts_described", numpy_layouts_described),
     ("c09_numpy_cycles_memory_flat", c09_numpy_cycles_memory_flat),
+    (
+        "numpy_100k_sendrecv_cycles_memory_flat",
+        numpy_100k_sendrecv_cycles_memory_flat,
+    ),
     (
         "deleter_on_another_thread_while_busy",
         deleter_on_another_thread_while_busy,
