@@ -1014,6 +1014,18 @@ fn first_difference(
     })
 }
 
+/// [`first_difference`] for a point-to-point receive: `n` logical elements `stride` apart in
+/// `store` must be rank 0's send values.
+fn from_rank_0(what: &str, path: Path, store: &[Elem], n: usize, stride: usize) -> Option<String> {
+    first_difference(
+        what,
+        path,
+        n,
+        |l| store[l * stride],
+        |l| value(0, l * stride),
+    )
+}
+
 /// Runs one operation over its sizes; returns its rows and whether every path delivered
 /// the expected values (checked once per size and path after the timing).
 fn sweep(
@@ -1099,13 +1111,7 @@ fn sweep(
                     latency_once(world, path, &mut buf, n, 1)?;
                     if rank == 1 {
                         let store = buf.raw(n * stride);
-                        problems.extend(first_difference(
-                            "rank 1: latency",
-                            path,
-                            n,
-                            |l| store[l * stride],
-                            |l| value(0, l * stride),
-                        ));
+                        problems.extend(from_rank_0("rank 1: latency", path, store, n, stride));
                     }
                 }
                 row
@@ -1127,13 +1133,7 @@ fn sweep(
                     bandwidth_once(world, path, &mut send, &mut recv, n, window, 1)?;
                     for b in recv.iter_mut() {
                         let store = b.raw(n * stride);
-                        problems.extend(first_difference(
-                            "rank 1: bandwidth",
-                            path,
-                            n,
-                            |l| store[l * stride],
-                            |l| value(0, l * stride),
-                        ));
+                        problems.extend(from_rank_0("rank 1: bandwidth", path, store, n, stride));
                     }
                 }
                 row
