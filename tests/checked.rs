@@ -407,7 +407,10 @@ fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Out
     if w.rank() == src {
         for (header, payload) in [
             (vec![MAGIC, 1, f64_word, 1, 1 << 40], vec![1.5f32, 0.0]),
-            (vec![MAGIC, 1, f32_word, 1, 1 << 41], vec![1.0f32, 2.0, 3.0, 4.0]),
+            (
+                vec![MAGIC, 1, f32_word, 1, 1 << 41],
+                vec![1.0f32, 2.0, 3.0, 4.0],
+            ),
         ] {
             let h = Owned::new(header);
             w.send_tensor(&acquire(&h, &opts()).map_err(s)?, dst, tag)
@@ -440,7 +443,9 @@ fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Out
         };
         match &err {
             Error::CountMismatch {
-                expected, actual: 4, ..
+                expected,
+                actual: 4,
+                ..
             } if *expected == 1 << 41 => {}
             other => return Err(format!("expected CountMismatch 2^41 vs 4, got {other:?}")),
         }

@@ -274,6 +274,37 @@ fn check_refusals_are_one_line_and_exit_2() {
     }
 }
 
+/// Regression: an empty `-k ''` matched every case (it is a substring of every name) and an
+/// empty `-e ''` excluded every case, so `check` ran nothing and exited 0 ("0 passed");
+/// a `-k` and `-e` that cancel out did the same. A check that selects no case now refuses
+/// in one line with exit 2, like a pattern that matches no case.
+#[test]
+fn regression_check_empty_patterns_and_empty_selection_are_refused() {
+    for (args, says) in [
+        (&["check", "--len", "1", "-k", ""][..], "-k `` is empty"),
+        (&["check", "--len", "1", "-e", ""], "-e `` is empty"),
+        (
+            &["check", "--len", "1", "-k", "x", "-e", ""],
+            "-e `` is empty",
+        ),
+        (
+            &["check", "--len", "1", "-k", "bcast/int8/", "-e", "bcast/"],
+            "no case left to run",
+        ),
+    ] {
+        let out = mpirun(2, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("dlpack-mpi"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
+        assert!(ours[0].contains(says), "{args:?}: {stderr}");
+        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+    }
+}
+
 /// Without the `python` feature, `--producer numpy` is refused and `auto` means Rust.
 #[cfg(not(feature = "python"))]
 #[test]

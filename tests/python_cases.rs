@@ -338,21 +338,33 @@ fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
         ("shape=[2**62, 8], ndim=2", "overflow", 1),
         ("version=(2, 0)", "version=2.0", 1),
         ("version=(0, 9)", "version=0.9", 1),
-        ("version=(2**32-1, 2**32-1)", "version=4294967295.4294967295", 1),
+        (
+            "version=(2**32-1, 2**32-1)",
+            "version=4294967295.4294967295",
+            1,
+        ),
         ("name='dltensor', ndim=-1", "ndim=-1", 1),
         ("name='dltensor', dtype=(0, 32, 0)", "dtype.lanes=0", 1),
         ("device_struct=(2, 0)", "device mismatch", 1),
         ("name='foo'", "capsule name=foo", 0),
         ("name=None", "capsule name=NULL", 0),
         ("name='used_dltensor'", "consumed used_dltensor", 0),
-        ("name='used_dltensor_versioned'", "consumed used_dltensor_versioned", 0),
+        (
+            "name='used_dltensor_versioned'",
+            "consumed used_dltensor_versioned",
+            0,
+        ),
     ];
     for (args, expected, deletes) in cases {
         c.exec(&format!("h = p.Crafted({args})"))?;
         let r = python::acquire(&c.ev("h")?, &opts());
         match &r {
             Err(e) if field_of(e).starts_with(expected) => {}
-            other => return Err(format!("Crafted({args}): expected {expected}, got {other:?}")),
+            other => {
+                return Err(format!(
+                    "Crafted({args}): expected {expected}, got {other:?}"
+                ))
+            }
         }
         ensure!(
             c.int("h.deletes")? == *deletes,
@@ -364,7 +376,10 @@ fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
     for args in ["", "name='dltensor'", "version=(1, 999)"] {
         c.exec(&format!("h = p.Crafted({args})"))?;
         let t = c.acquire("h")?;
-        ensure_eq!(t.as_slice::<i32>().map_err(s)?, &[0, 1, 2, 3, 4, 5, 6, 7][..]);
+        ensure_eq!(
+            t.as_slice::<i32>().map_err(s)?,
+            &[0, 1, 2, 3, 4, 5, 6, 7][..]
+        );
         ensure_eq!(c.int("h.deletes")?, 0);
         drop(t);
         ensure_eq!(c.int("h.deletes")?, 1);
@@ -452,7 +467,11 @@ fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
     ensure_eq!(t.as_slice::<f64>().map_err(s)?, &[0.0, 1.0, 2.0, 3.0][..]);
     drop(t);
     // from_capsule on non-capsules.
-    for (expr, ty) in [("None", "NoneType"), ("b'dltensor'", "bytes"), ("p.Crafted", "type")] {
+    for (expr, ty) in [
+        ("None", "NoneType"),
+        ("b'dltensor'", "bytes"),
+        ("p.Crafted", "type"),
+    ] {
         let r = python::from_capsule(&c.ev(expr)?);
         ensure!(
             matches!(&r, Err(Error::InvalidCapsule { what: "type", value }) if value == ty),
