@@ -305,6 +305,34 @@ fn regression_check_empty_patterns_and_empty_selection_are_refused() {
     }
 }
 
+/// Regression: a `DLPACK_MPI_CUDA_AWARE` value that is not UTF-8 was read as unset (the
+/// library's own answer was used silently); it is now an invalid setting, named.
+#[cfg(unix)]
+#[test]
+fn regression_info_refuses_non_utf8_cuda_aware_override() {
+    use std::os::unix::ffi::OsStrExt;
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let out = Command::new(launcher)
+        .args(["-n", "1", BIN, "info"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env(
+            "DLPACK_MPI_CUDA_AWARE",
+            std::ffi::OsStr::from_bytes(b"1\xff"),
+        )
+        .output()
+        .expect("mpirun starts");
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("CUDA-aware MPI:"))
+        .unwrap_or_else(|| panic!("no CUDA-aware line: {stdout}"));
+    assert!(
+        line.contains("DLPACK_MPI_CUDA_AWARE=\"1\u{fffd}\" is not valid"),
+        "{line}"
+    );
+}
+
 /// Without the `python` feature, `--producer numpy` is refused and `auto` means Rust.
 #[cfg(not(feature = "python"))]
 #[test]
