@@ -38,7 +38,9 @@
 //! shape ([`Error::ShapesDiffer`]; e.g. `[2, 3]` vs `[3, 2]`). On a mismatch the payload is
 //! **drained** — received into a scratch buffer of the sent dtype and shape and dropped —
 //! so the next message on that tag is the sender's next message and the job goes on. The
-//! receive tensor is left untouched.
+//! receive tensor is left untouched. A payload whose size is not the header's is not drained
+//! (nothing is allocated for it): that is [`Error::CountMismatch`] (payload vs header) and
+//! the payload is left unreceived.
 //!
 //! A message that is not a header (wrong magic, version or length) is
 //! [`Error::BadHeader`]; what follows it is not touched, because its size is unknown.
@@ -245,6 +247,9 @@ fn recv_header<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Re
 ///   [`Error::ShapesDiffer`] (both shapes): the payload was drained.
 /// - [`Error::UnsupportedDtype`]: the header names a dtype this build cannot receive (the
 ///   payload is left unreceived).
+/// - [`Error::CountMismatch`] (`expected` = the header's elements, `actual` = the payload's)
+///   when a mismatching header's payload is not the size it gives: nothing is allocated for
+///   it and it is left unreceived.
 pub fn recv_into<C: Communicator + ?Sized>(
     comm: &C,
     source: Rank,
@@ -293,6 +298,52 @@ fn compare(header: &Header, tensor: &dyn Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Compares the size of the next message from `source` with `tag` (the payload) with what
+/// `header` describes, before any memory is allocated for it: a header that promises more
+/// (or less) than arrives allocates nothing, whatever the promised size (beyond an MPI `int`
+/// of units the comparison uses the large-count datatype). The payload is not received.
+///
+/// # Errors
+/// [`Error::UnsupportedDtype`], [`Error::Overflow`], [`Error::CountTooLarge`] for headers
+/// this build cannot receive; [`Error::CountMismatch`] when the sizes differ.
+fn check_payload<C: Communicator + ?Sized>(
+    comm: &C,
+    source: Rank,
+    tag: Tag,
+    header: &Header,
+) -> Result<()> {
+    let element = dtype::lookup(header.dtype)?;
+    let elems = header.len_elems()?;
+    let units = i128::from(elems) * element.units_per_element() as i128;
+    let unit = element.row.unit;
+    let status = comm.process_at_rank(source).probe_with_tag(tag);
+    let matches = match i32::try_from(units) {
+        Ok(units) => status.count(unit.datatype()) == units,
+        Err(_) => {
+            let units = u64::try_from(units).unwrap_or(u64::MAX);
+            let whole = crate::derived::large_contiguous(unit, units)?;
+            // SAFETY: a committed type the derived-type cache keeps for the whole process.
+            status.count(unsafe { mpi::datatype::DatatypeRef::from_raw(whole) }) == 1
+        }
+    };
+    if matches {
+        return Ok(());
+    }
+    let bytes = status.count(u8::equivalent_datatype());
+    Err(Error::CountMismatch {
+        what: format!(
+            "checked message: payload ({bytes} bytes) vs its header (dtype {}, shape {:?})",
+            header.dtype, header.shape
+        ),
+        expected: elems,
+        actual: if bytes >= 0 {
+            i64::from(bytes) / element.size_bytes() as i64
+        } else {
+            -1
+        },
+    })
+}
+
 /// Receives the payload described by `header` into scratch memory and drops it.
 fn drain<C: Communicator + ?Sized>(
     comm: &C,
@@ -300,6 +351,7 @@ fn drain<C: Communicator + ?Sized>(
     tag: Tag,
     header: &Header,
 ) -> Result<()> {
+    check_payload(comm, source, tag, header)?;
     let scratch = Received::allocate(header)?;
     let mut t = scratch.export()?;
     comm.recv_tensor(&mut t, source, tag)?;
@@ -339,28 +391,7 @@ pub fn recv_new<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> R
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     let header = recv_header(comm, source, tag)?;
-    let element = dtype::lookup(header.dtype)?;
-    let elems = header.len_elems()?;
-    let units = i128::from(elems) * element.units_per_element() as i128;
-    if let Ok(units) = i32::try_from(units) {
-        let status = comm.process_at_rank(source).probe_with_tag(tag);
-        let arriving = status.count(element.row.unit.datatype());
-        if arriving != units {
-            let bytes = status.count(u8::equivalent_datatype());
-            return Err(Error::CountMismatch {
-                what: format!(
-                    "checked message: payload ({bytes} bytes) vs its header (dtype {}, shape {:?})",
-                    header.dtype, header.shape
-                ),
-                expected: elems,
-                actual: if bytes >= 0 {
-                    i64::from(bytes) / element.size_bytes() as i64
-                } else {
-                    -1
-                },
-            });
-        }
-    }
+    check_payload(comm, source, tag, &header)?;
     let received = Received::allocate(&header)?;
     {
         let mut t = received.export()?;

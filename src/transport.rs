@@ -110,7 +110,8 @@ pub fn query_library() -> CudaAwareness {
 /// not silently ignored: a typo would otherwise send device pointers to a library that
 /// cannot read them, or stage needlessly).
 pub fn cuda_awareness() -> Result<CudaAwareness> {
-    let value = std::env::var(CUDA_AWARE_ENV).ok();
+    // A value that is not UTF-8 is refused by name too (lossily shown), never read as unset.
+    let value = std::env::var_os(CUDA_AWARE_ENV).map(|v| v.to_string_lossy().into_owned());
     Ok(match parse_override(value.as_deref())? {
         Some(aware) => CudaAwareness {
             aware,

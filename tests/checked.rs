@@ -393,6 +393,75 @@ fn header_on_the_wire(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// Regression: a header that promises far more than its payload (2^40 float64, 2^41
+/// float32) while 8 or 16 bytes follow. `recv_new` skipped its size check when the promised
+/// count did not fit an MPI `int` and `recv_into`'s drain never checked, so both allocated
+/// the promised 8 TiB and the process aborted ("memory allocation ... failed"). Now the
+/// payload is compared with the header before any allocation: a typed CountMismatch, the
+/// payload left unreceived, and the job goes on.
+fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Outcome {
+    let (src, dst) = pair(w);
+    let tag = 17;
+    let f64_word = u64::from(code::FLOAT) | 64 << 8 | 1 << 16;
+    let f32_word = u64::from(code::FLOAT) | 32 << 8 | 1 << 16;
+    if w.rank() == src {
+        for (header, payload) in [
+            (vec![MAGIC, 1, f64_word, 1, 1 << 40], vec![1.5f32, 0.0]),
+            (
+                vec![MAGIC, 1, f32_word, 1, 1 << 41],
+                vec![1.0f32, 2.0, 3.0, 4.0],
+            ),
+        ] {
+            let h = Owned::new(header);
+            w.send_tensor(&acquire(&h, &opts()).map_err(s)?, dst, tag)
+                .map_err(s)?;
+            let p = Owned::new(payload);
+            w.send_tensor(&acquire(&p, &opts()).map_err(s)?, dst, tag)
+                .map_err(s)?;
+        }
+        send_checked(w, dst, tag, vec![5i32, 6], &[2])?;
+    }
+    if w.rank() == dst {
+        match checked::recv_new(w, src, tag) {
+            Err(Error::CountMismatch {
+                expected,
+                actual: 1,
+                ..
+            }) if expected == 1 << 40 => {}
+            other => return Err(format!("expected CountMismatch 2^40 vs 1, got {other:?}")),
+        }
+        let left = Owned::new(vec![0f32; 2]);
+        {
+            let mut r = acquire(&left, &opts()).map_err(s)?;
+            w.recv_tensor(&mut r, src, tag).map_err(s)?;
+        }
+        ensure_eq!(left.into_vec(), vec![1.5, 0.0]);
+        let mut target = Owned::new(vec![-5f32; 4]);
+        let err = {
+            let mut r = acquire(&target, &opts()).map_err(s)?;
+            checked::recv_into(w, src, tag, &mut r).unwrap_err()
+        };
+        match &err {
+            Error::CountMismatch {
+                expected,
+                actual: 4,
+                ..
+            } if *expected == 1 << 41 => {}
+            other => return Err(format!("expected CountMismatch 2^41 vs 4, got {other:?}")),
+        }
+        ensure_eq!(target.as_slice().to_vec(), vec![-5.0; 4]);
+        let left = Owned::new(vec![0f32; 4]);
+        {
+            let mut r = acquire(&left, &opts()).map_err(s)?;
+            w.recv_tensor(&mut r, src, tag).map_err(s)?;
+        }
+        ensure_eq!(left.into_vec(), vec![1.0, 2.0, 3.0, 4.0]);
+        let mut r = checked::recv_new(w, src, tag).map_err(s)?;
+        ensure_eq!(r.to_vec::<i32>().map_err(s)?, vec![5, 6]);
+    }
+    Ok(())
+}
+
 type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 
 const CASES: &[Case] = &[
@@ -405,6 +474,10 @@ const CASES: &[Case] = &[
     ("non_headers_are_bad_header", non_headers_are_bad_header),
     ("recv_new_every_dtype", recv_new_every_dtype),
     ("header_on_the_wire", header_on_the_wire),
+    (
+        "regression_huge_header_claims_allocate_nothing",
+        regression_huge_header_claims_allocate_nothing,
+    ),
 ];
 
 fn main() {

@@ -274,6 +274,65 @@ fn check_refusals_are_one_line_and_exit_2() {
     }
 }
 
+/// Regression: an empty `-k ''` matched every case (it is a substring of every name) and an
+/// empty `-e ''` excluded every case, so `check` ran nothing and exited 0 ("0 passed");
+/// a `-k` and `-e` that cancel out did the same. A check that selects no case now refuses
+/// in one line with exit 2, like a pattern that matches no case.
+#[test]
+fn regression_check_empty_patterns_and_empty_selection_are_refused() {
+    for (args, says) in [
+        (&["check", "--len", "1", "-k", ""][..], "-k `` is empty"),
+        (&["check", "--len", "1", "-e", ""], "-e `` is empty"),
+        (
+            &["check", "--len", "1", "-k", "x", "-e", ""],
+            "-e `` is empty",
+        ),
+        (
+            &["check", "--len", "1", "-k", "bcast/int8/", "-e", "bcast/"],
+            "no case left to run",
+        ),
+    ] {
+        let out = mpirun(2, args, &[]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("dlpack-mpi"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
+        assert!(ours[0].contains(says), "{args:?}: {stderr}");
+        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+    }
+}
+
+/// Regression: a `DLPACK_MPI_CUDA_AWARE` value that is not UTF-8 was read as unset (the
+/// library's own answer was used silently); it is now an invalid setting, named.
+#[cfg(unix)]
+#[test]
+fn regression_info_refuses_non_utf8_cuda_aware_override() {
+    use std::os::unix::ffi::OsStrExt;
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let out = Command::new(launcher)
+        .args(["-n", "1", BIN, "info"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env(
+            "DLPACK_MPI_CUDA_AWARE",
+            std::ffi::OsStr::from_bytes(b"1\xff"),
+        )
+        .output()
+        .expect("mpirun starts");
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("CUDA-aware MPI:"))
+        .unwrap_or_else(|| panic!("no CUDA-aware line: {stdout}"));
+    assert!(
+        line.contains("DLPACK_MPI_CUDA_AWARE=\"1\u{fffd}\" is not valid"),
+        "{line}"
+    );
+}
+
 /// Without the `python` feature, `--producer numpy` is refused and `auto` means Rust.
 #[cfg(not(feature = "python"))]
 #[test]

@@ -312,6 +312,175 @@ fn c57_bad_device_query(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
     Ok(())
 }
 
+/// Hostile producers: capsules over ctypes-built managed tensors with absurd fields, wrong
+/// names and versions, odd exceptions, properties instead of methods. Each refused import
+/// is a typed error naming the field, and a consumed tensor's deleter runs exactly once
+/// (a capsule that is refused before it is consumed is not deleted by the consumer).
+fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
+    let field_of = |e: &Error| match e {
+        Error::InvalidTensor { field, value, .. } => format!("{field}={value}"),
+        Error::UnsupportedVersion { major, minor } => format!("version={major}.{minor}"),
+        Error::Overflow { quantity, .. } => format!("overflow {quantity}"),
+        Error::DeviceMismatch { .. } => "device mismatch".into(),
+        Error::InvalidCapsule { what, value } => format!("{what}={value}"),
+        Error::CapsuleConsumed { name } => format!("consumed {name}"),
+        other => format!("{other:?}"),
+    };
+    // (constructor arguments, expected error, deleter calls)
+    let cases: &[(&str, &str, i64)] = &[
+        ("ndim=-1", "ndim=-1", 1),
+        ("ndim=-2147483648", "ndim=-2147483648", 1),
+        ("ndim=3, shape=None", "shape=0", 1),
+        ("ndim=2147483647, shape=None", "shape=0", 1),
+        ("dtype=(0, 32, 0)", "dtype.lanes=0", 1),
+        ("data=None", "data=0", 1),
+        ("shape=[-1]", "shape[0]=-1", 1),
+        ("shape=[2**62, 8], ndim=2", "overflow", 1),
+        ("version=(2, 0)", "version=2.0", 1),
+        ("version=(0, 9)", "version=0.9", 1),
+        (
+            "version=(2**32-1, 2**32-1)",
+            "version=4294967295.4294967295",
+            1,
+        ),
+        ("name='dltensor', ndim=-1", "ndim=-1", 1),
+        ("name='dltensor', dtype=(0, 32, 0)", "dtype.lanes=0", 1),
+        ("device_struct=(2, 0)", "device mismatch", 1),
+        ("name='foo'", "capsule name=foo", 0),
+        ("name=None", "capsule name=NULL", 0),
+        ("name='used_dltensor'", "consumed used_dltensor", 0),
+        (
+            "name='used_dltensor_versioned'",
+            "consumed used_dltensor_versioned",
+            0,
+        ),
+    ];
+    for (args, expected, deletes) in cases {
+        c.exec(&format!("h = p.Crafted({args})"))?;
+        let r = python::acquire(&c.ev("h")?, &opts());
+        match &r {
+            Err(e) if field_of(e).starts_with(expected) => {}
+            other => {
+                return Err(format!(
+                    "Crafted({args}): expected {expected}, got {other:?}"
+                ))
+            }
+        }
+        ensure!(
+            c.int("h.deletes")? == *deletes,
+            "Crafted({args}): deleter ran {} times, expected {deletes}",
+            c.int("h.deletes")?
+        );
+    }
+    // A well-formed crafted tensor (versioned and legacy) delivers; deleter once on drop.
+    for args in ["", "name='dltensor'", "version=(1, 999)"] {
+        c.exec(&format!("h = p.Crafted({args})"))?;
+        let t = c.acquire("h")?;
+        ensure_eq!(
+            t.as_slice::<i32>().map_err(s)?,
+            &[0, 1, 2, 3, 4, 5, 6, 7][..]
+        );
+        ensure_eq!(c.int("h.deletes")?, 0);
+        drop(t);
+        ensure_eq!(c.int("h.deletes")?, 1);
+        // The capsule is used now: a second import is refused and deletes nothing.
+        let again = python::acquire(&c.ev("h")?, &opts());
+        ensure!(
+            matches!(&again, Err(Error::CapsuleConsumed { .. })),
+            "{again:?}"
+        );
+        ensure_eq!(c.int("h.deletes")?, 1);
+    }
+    // Odd exceptions from __dlpack__: named, never retried, never a panic.
+    for (exc, shown, calls) in [
+        ("KeyboardInterrupt()", "KeyboardInterrupt", 1),
+        ("SystemExit(3)", "SystemExit", 1),
+        ("type('MyBase', (BaseException,), {})('boom')", "MyBase", 1),
+        ("BufferError('no')", "BufferError", 1),
+        ("TypeError('bad dtype')", "TypeError", 1),
+        ("MemoryError()", "MemoryError", 1),
+        // Names a keyword: the legacy retry runs once (and raises again).
+        ("TypeError('unexpected keyword')", "TypeError", 2),
+    ] {
+        c.exec(&format!("h = p.Raises({exc})"))?;
+        let r = python::acquire(&c.ev("h")?, &opts());
+        match &r {
+            Err(Error::Python { exception, .. }) if exception.starts_with(shown) => {}
+            other => return Err(format!("Raises({exc}): {other:?}")),
+        }
+        ensure_eq!(c.int("h.calls")?, calls);
+    }
+    // Legacy retry that returns junk.
+    c.exec("h = p.CapsuleThenJunk()")?;
+    let r = python::acquire(&c.ev("h")?, &opts());
+    ensure!(
+        matches!(&r, Err(Error::InvalidCapsule { what: "type", value }) if value == "str"),
+        "{r:?}"
+    );
+    ensure_eq!(c.int("h.calls")?, 1);
+    // Properties instead of methods: the property's value is called, which raises.
+    let r = python::acquire(&c.ev("p.PropertyProducer(np.arange(3))")?, &opts());
+    ensure!(
+        matches!(&r, Err(Error::Python { call, exception })
+            if call.starts_with("__dlpack_device__") && exception.starts_with("TypeError")),
+        "{r:?}"
+    );
+    // A device query that vanishes reads as absent; Required then refuses.
+    let t = c.acquire("p.VanishingDevice(np.arange(3.0))")?;
+    ensure_eq!(t.as_slice::<f64>().map_err(s)?, &[0.0, 1.0, 2.0][..]);
+    drop(t);
+    let required = AcquireOptions {
+        device_query: DeviceQuery::Required,
+        ..opts()
+    };
+    let r = python::acquire(&c.ev("p.VanishingDevice(np.arange(3.0))")?, &required);
+    ensure!(matches!(&r, Err(Error::MissingDeviceQuery)), "{r:?}");
+    // Device answers of every odd kind.
+    for value in [
+        "(2**100, 0)",
+        "(1, 2**100)",
+        "(-(2**100), 0)",
+        "(1, 2**31)",
+        "(-1, 0)",
+        "(1, -2**31)",
+        "(1, 0.0)",
+        "(1, False)",
+        "[1, 0]",
+        "(1, None)",
+        "'(1, 0)'",
+        "type('T', (tuple,), {'__len__': lambda self: 2})((1, 0, 7))",
+    ] {
+        c.exec(&format!("bd = p.BadDevice(np.arange(2), {value})"))?;
+        let r = python::acquire(&c.ev("bd")?, &opts());
+        ensure!(
+            matches!(&r, Err(Error::InvalidDeviceQuery { .. })),
+            "{value}: {r:?}"
+        );
+        ensure_eq!(c.int("bd.calls")?, 0);
+    }
+    // An object that drops every other reference to itself during __dlpack__.
+    c.exec("holder = [None]; holder[0] = p.SelfDeleting(np.arange(4.0), holder)")?;
+    let obj = c.ev("holder[0]")?;
+    c.exec("holder[0] = holder[0]")?;
+    let t = python::acquire(&obj, &opts()).map_err(s)?;
+    drop(obj);
+    ensure_eq!(t.as_slice::<f64>().map_err(s)?, &[0.0, 1.0, 2.0, 3.0][..]);
+    drop(t);
+    // from_capsule on non-capsules.
+    for (expr, ty) in [
+        ("None", "NoneType"),
+        ("b'dltensor'", "bytes"),
+        ("p.Crafted", "type"),
+    ] {
+        let r = python::from_capsule(&c.ev(expr)?);
+        ensure!(
+            matches!(&r, Err(Error::InvalidCapsule { what: "type", value }) if value == ty),
+            "{expr}: {r:?}"
+        );
+    }
+    Ok(())
+}
+
 fn c58_read_only_numpy_never_receives(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
     c.exec("ro = np.arange(4, dtype=np.int64); ro.setflags(write=False)")?;
     let mut t = c.acquire("ro")?;
@@ -905,6 +1074,7 @@ const CASES: &[(&str, Case)] = &[
     ("c55_legacy_fallback_once", c55_legacy_fallback_once),
     ("c56_capsule_consumed_twice", c56_capsule_consumed_twice),
     ("c57_bad_device_query", c57_bad_device_query),
+    ("hostile_python_producers", hostile_python_producers),
     (
         "c58_read_only_numpy_never_receives",
         c58_read_only_numpy_never_receives,

@@ -135,3 +135,199 @@ class NotACapsule:
 
     def __dlpack__(self, **kwargs):
         return 42
+
+
+# ---------------------------------------------------------------------------------------
+# Hostile producers: capsules whose DLManagedTensor(Versioned) is built field by field with
+# ctypes, so the test controls every field (and counts the deleter's calls).
+# ---------------------------------------------------------------------------------------
+
+import ctypes
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", DELETER),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [
+        ("dl_tensor", DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", DELETER),
+    ]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# Capsule names must outlive the capsules: module-level bytes.
+NAMES = {n: n.encode() for n in [
+    "dltensor_versioned", "dltensor", "used_dltensor", "used_dltensor_versioned", "foo"]}
+
+
+class Crafted:
+    """`__dlpack__` returns a capsule (named `name`, or with a NULL name for None) over a
+    ctypes-built managed tensor: `fields` set on its DLTensor (`shape`/`strides` as lists or
+    None for NULL, `data` "buffer" for an int32 buffer of 8 values, None for NULL, or an int),
+    `version` (major, minor) for the versioned struct. `deletes` counts the deleter's
+    calls; `device` is what `__dlpack_device__` answers."""
+
+    def __init__(self, name="dltensor_versioned", version=(1, 0), device=(1, 0), **fields):
+        self.deletes = 0
+        self.calls = 0
+        self.device = device
+        self.buffer = (ctypes.c_int32 * 8)(*range(8))
+        self.keep = []
+        legacy = name in ("dltensor", "used_dltensor")
+
+        def deleter(_ptr):
+            self.deletes += 1
+
+        self.deleter = DELETER(deleter)
+        m = DLManagedTensor() if legacy else DLManagedTensorVersioned()
+        if not legacy:
+            m.version = DLPackVersion(*version)
+        m.deleter = self.deleter
+        t = m.dl_tensor
+        t.data = ctypes.addressof(self.buffer)
+        t.device = DLDevice(1, 0)
+        t.ndim = 1
+        t.dtype = DLDataType(0, 32, 1)
+        shape = [8]
+        strides = None
+        for k, v in fields.items():
+            if k == "shape":
+                shape = v
+            elif k == "strides":
+                strides = v
+            elif k == "device_struct":
+                t.device = DLDevice(*v)
+            elif k == "dtype":
+                t.dtype = DLDataType(*v)
+            elif k == "data":
+                t.data = None if v is None else v
+            else:
+                setattr(t, k, v)
+        for k, arr in (("shape", shape), ("strides", strides)):
+            if arr is None:
+                setattr(t, k, None)
+            else:
+                a = (ctypes.c_int64 * max(len(arr), 1))(*arr)
+                self.keep.append(a)
+                setattr(t, k, ctypes.addressof(a))
+        self.managed = m
+        self.capsule = _capsule_new(
+            ctypes.addressof(m), None if name is None else NAMES[name], None)
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kwargs):
+        self.calls += 1
+        return self.capsule
+
+
+class Raises:
+    """`__dlpack__` raises `exc` (an exception instance or class)."""
+
+    def __init__(self, exc):
+        self.exc = exc
+        self.calls = 0
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        self.calls += 1
+        raise self.exc
+
+
+class CapsuleThenJunk:
+    """Rejects the 1.x keywords, and the legacy retry returns a non-capsule."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None):
+        self.calls += 1
+        return "not a capsule"
+
+
+class PropertyProducer:
+    """`__dlpack__` and `__dlpack_device__` are properties, not methods."""
+
+    def __init__(self, array):
+        self.array = array
+
+    @property
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    @property
+    def __dlpack__(self):
+        return self.array.__dlpack__()
+
+
+class VanishingDevice:
+    """`__dlpack_device__` is a property raising AttributeError (reads as absent)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    @property
+    def __dlpack_device__(self):
+        raise AttributeError("gone")
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+
+class SelfDeleting:
+    """Drops the last references to itself (in `holder`) during `__dlpack__`."""
+
+    def __init__(self, array, holder):
+        self.array = array
+        self.holder = holder
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        self.holder.clear()
+        return self.array.__dlpack__(**kwargs)

@@ -1078,14 +1078,20 @@ fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>,
     if let Some(bad) = args.len.iter().find(|&&l| !(0..=1 << 24).contains(&l)) {
         return Err(format!("length {bad} is outside 0..=16777216 elements"));
     }
-    let compile = |texts: &[String]| -> Result<Vec<(String, Pattern)>, String> {
+    let compile = |flag: &str, texts: &[String]| -> Result<Vec<(String, Pattern)>, String> {
         texts
             .iter()
-            .map(|t| Pattern::new(t).map(|p| (t.clone(), p)))
+            .map(|t| {
+                if t.is_empty() {
+                    // A substring of every name: it would select (or exclude) every case.
+                    return Err(format!("{flag} `` is empty (give a part of a case name)"));
+                }
+                Pattern::new(t).map(|p| (t.clone(), p))
+            })
             .collect()
     };
-    let include = compile(&args.include)?;
-    let exclude = compile(&args.exclude)?;
+    let include = compile("-k", &args.include)?;
+    let exclude = compile("-e", &args.exclude)?;
     let mut used_include = vec![false; include.len()];
     let mut used_exclude = vec![false; exclude.len()];
     let wanted = |given: &[String], name: &str| given.is_empty() || given.iter().any(|g| g == name);
@@ -1139,6 +1145,13 @@ fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>,
                  see --list)"
             ));
         }
+    }
+    if cases.is_empty() {
+        return Err(
+            "no case left to run: the options select no case, or -e excludes every \
+                    case they select (see --list)"
+                .into(),
+        );
     }
     Ok(cases)
 }
