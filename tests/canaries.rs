@@ -17,6 +17,8 @@
 //! A plain `main` (harness = false) like `mpi_cases`: `cargo test` runs it at 1 rank,
 //! scripts/test.sh under `mpirun -n 2` and `-n 3`.
 
+mod harness;
+
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -29,7 +31,6 @@ use dlpack_mpi::dlpack::{
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use dlpack_mpi::Error;
-use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -1301,43 +1302,14 @@ fn guards_catch_stray_writes(_w: &SimpleCommunicator) -> Outcome {
 }
 
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filter = harness::filters();
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
-    let (mut passed, mut failed) = (0, 0);
     if w.rank() == 0 {
         println!("running canary cases at {} rank(s)", w.size());
     }
-    for (name, case) in cases() {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let outcome = case(&w);
-        if let Err(msg) = &outcome {
-            eprintln!("rank {}: {name}: {msg}", w.rank());
-        }
-        let mine = i32::from(outcome.is_err());
-        let mut any = 0i32;
-        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
-        if w.rank() == 0 {
-            println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
-        }
-        if any == 0 {
-            passed += 1;
-        } else {
-            failed += 1;
-        }
-    }
-    if w.rank() == 0 {
-        println!();
-        println!(
-            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
-            if failed == 0 { "ok" } else { "FAILED" }
-        );
-    }
+    let (passed, failed) = harness::run_cases(&w, cases(), &filter, |case| case(&w));
+    harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {
         std::process::exit(1);

@@ -9,13 +9,14 @@
 //! unsafe). So `cargo test` (1 rank) prints that they are skipped; scripts/test.sh runs them
 //! at 2 ranks, on one host and across two.
 
+mod harness;
+
 use dlpack_mpi::checked::{self, Header, MAGIC};
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
 use dlpack_mpi::dtype::{code, DType};
 use dlpack_mpi::Error;
 use half::{bf16, f16};
-use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use num_complex::{Complex32, Complex64};
@@ -481,13 +482,9 @@ const CASES: &[Case] = &[
 ];
 
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filter = harness::filters();
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
-    let (mut passed, mut failed) = (0, 0);
     if w.size() < 2 {
         println!(
             "checked-protocol cases: skipped at 1 rank (they need a sender and a receiver; \
@@ -498,33 +495,8 @@ fn main() {
     if w.rank() == 0 {
         println!("running checked-protocol cases at {} rank(s)", w.size());
     }
-    for (name, case) in CASES {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let outcome = case(&w);
-        if let Err(msg) = &outcome {
-            eprintln!("rank {}: {name}: {msg}", w.rank());
-        }
-        let mine = i32::from(outcome.is_err());
-        let mut any = 0i32;
-        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
-        if w.rank() == 0 {
-            println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
-        }
-        if any == 0 {
-            passed += 1;
-        } else {
-            failed += 1;
-        }
-    }
-    if w.rank() == 0 {
-        println!();
-        println!(
-            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
-            if failed == 0 { "ok" } else { "FAILED" }
-        );
-    }
+    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
+    harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {
         std::process::exit(1);

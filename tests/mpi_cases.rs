@@ -7,6 +7,8 @@
 
 mod common;
 
+mod harness;
+
 use common::RawTensor;
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
@@ -1411,44 +1413,14 @@ const CASES: &[Case] = &[
 ];
 
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filter = harness::filters();
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
-    let (mut passed, mut failed) = (0, 0);
     if w.rank() == 0 {
         println!("running multi-rank cases at {} rank(s)", w.size());
     }
-    for (name, case) in CASES {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let outcome = case(&w);
-        if let Err(msg) = &outcome {
-            eprintln!("rank {}: {name}: {msg}", w.rank());
-        }
-        // Agree on the verdict: a case fails if it failed on any rank.
-        let mine = i32::from(outcome.is_err());
-        let mut any = 0i32;
-        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
-        if w.rank() == 0 {
-            println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
-        }
-        if any == 0 {
-            passed += 1;
-        } else {
-            failed += 1;
-        }
-    }
-    if w.rank() == 0 {
-        println!();
-        println!(
-            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
-            if failed == 0 { "ok" } else { "FAILED" }
-        );
-    }
+    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
+    harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {
         std::process::exit(1);

@@ -9,6 +9,8 @@
 //! `cargo test --features python` runs it at 1 rank; scripts/test.sh under `mpirun` at 2
 //! and 3 ranks.
 
+mod harness;
+
 use std::ffi::CString;
 
 use dlpack_mpi::comm::TensorComm;
@@ -16,7 +18,6 @@ use dlpack_mpi::dlpack::{AcquireOptions, DeviceQuery, ManagedTensor, StreamPolic
 use dlpack_mpi::dtype::{DType, ReduceOp};
 use dlpack_mpi::python::{self, pyo3};
 use dlpack_mpi::Error;
-use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 use pyo3::prelude::*;
@@ -1137,10 +1138,7 @@ fn setup<'py>(py: Python<'py>, w: &SimpleCommunicator) -> Result<Ctx<'py>, Strin
 }
 
 fn main() {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filter = harness::filters();
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
     pyo3::Python::initialize();
@@ -1166,36 +1164,9 @@ fn main() {
             );
         }
         let _ = ctx.rank;
-        let (mut passed, mut failed) = (0, 0);
-        for (name, case) in CASES {
-            if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-                continue;
-            }
-            let outcome = case(&w, &ctx);
-            if let Err(msg) = &outcome {
-                eprintln!("rank {}: {name}: {msg}", w.rank());
-            }
-            let mine = i32::from(outcome.is_err());
-            let mut any = 0i32;
-            w.all_reduce_into(&mine, &mut any, SystemOperation::max());
-            if w.rank() == 0 {
-                println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
-            }
-            if any == 0 {
-                passed += 1;
-            } else {
-                failed += 1;
-            }
-        }
-        (passed, failed)
+        harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w, &ctx))
     });
-    if w.rank() == 0 {
-        println!();
-        println!(
-            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
-            if failed == 0 { "ok" } else { "FAILED" }
-        );
-    }
+    harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {
         std::process::exit(1);

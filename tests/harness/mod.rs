@@ -1,0 +1,61 @@
+//! The harness of the multi-rank test binaries (`harness = false`: a plain `main` that
+//! initializes MPI once): every case runs on every rank, a case fails when it failed on any
+//! rank, and rank 0 prints libtest-style lines (`test NAME ... ok`, `test result: …`).
+
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+/// Name filters from the command line: its arguments that are not flags. A case runs when
+/// its name contains one of them (every case when there are none).
+pub fn filters() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect()
+}
+
+/// Runs the `cases` that pass `filter` through `run`, agreeing on each verdict across the
+/// ranks of `w`; a failure's message is printed by the rank that saw it. Returns `(passed,
+/// failed)`.
+pub fn run_cases<N: AsRef<str>, C>(
+    w: &SimpleCommunicator,
+    cases: impl IntoIterator<Item = (N, C)>,
+    filter: &[String],
+    mut run: impl FnMut(&C) -> Result<(), String>,
+) -> (usize, usize) {
+    let (mut passed, mut failed) = (0, 0);
+    for (name, case) in cases {
+        let name = name.as_ref();
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let outcome = run(&case);
+        if let Err(msg) = &outcome {
+            eprintln!("rank {}: {name}: {msg}", w.rank());
+        }
+        let mine = i32::from(outcome.is_err());
+        let mut any = 0i32;
+        w.all_reduce_into(&mine, &mut any, SystemOperation::max());
+        if w.rank() == 0 {
+            println!("test {name} ... {}", if any == 0 { "ok" } else { "FAILED" });
+        }
+        if any == 0 {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    (passed, failed)
+}
+
+/// Prints the result line on rank 0.
+pub fn report(w: &SimpleCommunicator, passed: usize, failed: usize) {
+    if w.rank() == 0 {
+        println!();
+        println!(
+            "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
+            if failed == 0 { "ok" } else { "FAILED" }
+        );
+    }
+}
