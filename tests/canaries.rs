@@ -17,6 +17,7 @@
 //! A plain `main` (harness = false) like `mpi_cases`: `cargo test` runs it at 1 rank,
 //! scripts/test.sh under `mpirun -n 2` and `-n 3`.
 
+#[macro_use]
 mod harness;
 
 use std::ffi::c_void;
@@ -35,14 +36,6 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 type Outcome = Result<(), String>;
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)*) => {
-        if !$cond {
-            return Err(format!($($fmt)*));
-        }
-    };
-}
 
 /// Turns a library error into the case's failure message, naming the call.
 macro_rules! call {

@@ -9,6 +9,7 @@
 //! unsafe). So `cargo test` (1 rank) prints that they are skipped; scripts/test.sh runs them
 //! at 2 ranks, on one host and across two.
 
+#[macro_use]
 mod harness;
 
 use dlpack_mpi::checked::{self, Header, MAGIC};
@@ -22,22 +23,6 @@ use mpi::traits::*;
 use num_complex::{Complex32, Complex64};
 
 type Outcome = Result<(), String>;
-
-macro_rules! ensure_eq {
-    ($left:expr, $right:expr) => {{
-        let (l, r) = (&$left, &$right);
-        if l != r {
-            return Err(format!(
-                "{} != {}: {:?} vs {:?} (line {})",
-                stringify!($left),
-                stringify!($right),
-                l,
-                r,
-                line!()
-            ));
-        }
-    }};
-}
 
 fn opts() -> AcquireOptions {
     AcquireOptions::default()

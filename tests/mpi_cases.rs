@@ -7,6 +7,7 @@
 
 mod common;
 
+#[macro_use]
 mod harness;
 
 use common::RawTensor;
@@ -23,30 +24,6 @@ use mpi::traits::*;
 use num_complex::Complex32;
 
 type Outcome = Result<(), String>;
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)*) => {
-        if !$cond {
-            return Err(format!($($fmt)*));
-        }
-    };
-}
-
-macro_rules! ensure_eq {
-    ($left:expr, $right:expr) => {{
-        let (l, r) = (&$left, &$right);
-        if l != r {
-            return Err(format!(
-                "{} != {}: {:?} vs {:?} (line {})",
-                stringify!($left),
-                stringify!($right),
-                l,
-                r,
-                line!()
-            ));
-        }
-    }};
-}
 
 fn opts() -> AcquireOptions {
     AcquireOptions::default()

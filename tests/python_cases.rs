@@ -9,6 +9,7 @@
 //! `cargo test --features python` runs it at 1 rank; scripts/test.sh under `mpirun` at 2
 //! and 3 ranks.
 
+#[macro_use]
 mod harness;
 
 use std::ffi::CString;
@@ -24,30 +25,6 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyModule};
 
 type Outcome = Result<(), String>;
-
-macro_rules! ensure {
-    ($cond:expr, $($fmt:tt)*) => {
-        if !$cond {
-            return Err(format!($($fmt)*));
-        }
-    };
-}
-
-macro_rules! ensure_eq {
-    ($left:expr, $right:expr) => {{
-        let (l, r) = (&$left, &$right);
-        if l != r {
-            return Err(format!(
-                "{} != {}: {:?} vs {:?} (line {})",
-                stringify!($left),
-                stringify!($right),
-                l,
-                r,
-                line!()
-            ));
-        }
-    }};
-}
 
 /// The interpreter state a case works with: a globals dict holding `np`, the producers
 /// module `p`, `rank` and `size`.

@@ -2,6 +2,34 @@
 //! initializes MPI once): every case runs on every rank, a case fails when it failed on any
 //! rank, and rank 0 prints libtest-style lines (`test NAME ... ok`, `test result: …`).
 
+/// `return Err(format!(…))` unless `cond` holds.
+#[allow(unused_macros)]
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+/// `return Err(…)` naming both expressions, their values and the line, unless they are equal.
+#[allow(unused_macros)]
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr) => {{
+        let (l, r) = (&$left, &$right);
+        if l != r {
+            return Err(format!(
+                "{} != {}: {:?} vs {:?} (line {})",
+                stringify!($left),
+                stringify!($right),
+                l,
+                r,
+                line!()
+            ));
+        }
+    }};
+}
+
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
