@@ -18,18 +18,20 @@ typedef int (*mpich_query_fn)(int, int *);
 int dlpack_mpi_query_cuda_aware(int *source)
 {
     *source = 0;
-    void *sym = dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support");
-    if (sym) {
-        *source = 1;
-        return ((ompi_query_fn)sym)() ? 1 : 0;
-    }
-    sym = dlsym(RTLD_DEFAULT, "MPIX_GPU_query_support");
+    /* MPICH's query first: MPICH also exports MPIX_Query_cuda_support, Open MPI does not
+     * export MPIX_GPU_query_support. */
+    void *sym = dlsym(RTLD_DEFAULT, "MPIX_GPU_query_support");
     if (sym) {
         int supported = 0;
         *source = 2;
         if (((mpich_query_fn)sym)(0, &supported) != MPI_SUCCESS)
             return 0;
         return supported ? 1 : 0;
+    }
+    sym = dlsym(RTLD_DEFAULT, "MPIX_Query_cuda_support");
+    if (sym) {
+        *source = 1;
+        return ((ompi_query_fn)sym)() ? 1 : 0;
     }
     int initialized = 0;
     MPI_Initialized(&initialized);

@@ -1693,9 +1693,9 @@ fn write_plot(path: &std::path::Path, rows: &[Row], title: &str) -> Result<(), S
                 "{}: {}",
                 op.name(),
                 if bandwidth {
-                    "bandwidth, MB/s (median)"
+                    "MB/s (median)"
                 } else {
-                    "latency, µs per message (median)"
+                    "µs per message (median)"
                 }
             );
             let mut chart = ChartBuilder::on(area)
@@ -1761,7 +1761,7 @@ fn library_line() -> String {
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
     if args.device != crate::DeviceArg::Cpu {
         return Some(format!(
-            "device `{}` needs GPU support, which this build does not have (feature `cuda`)",
+            "device `{}` needs GPU support, which this release does not have yet (host memory only)",
             args.device.name()
         ));
     }

@@ -1047,7 +1047,7 @@ type CaseIndex = [i64; 4];
 fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>, String> {
     if args.device != crate::DeviceArg::Cpu && args.device != crate::DeviceArg::All {
         return Err(format!(
-            "device `{}` needs GPU support, which this build does not have (feature `cuda`)",
+            "device `{}` needs GPU support, which this release does not have yet (host memory only)",
             args.device.name()
         ));
     }
@@ -1311,6 +1311,8 @@ fn case_name(op: &str, dtype: &str, layout: Layout, len: i64) -> String {
     format!("{op}/{dtype}/{}/cpu/host/{len}", layout.name())
 }
 
+/// The MPI library's version string (`-v`, reports); the header shows its first line up to
+/// the first comma.
 fn library_name() -> String {
     mpi::environment::library_version()
         .unwrap_or_default()
@@ -1362,10 +1364,15 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let library = library_name();
     if root && !args.quiet {
         println!(
-            "dlpack-mpi check: {} cases at {} rank(s), host memory, {producer_line}, {}",
+            "dlpack-mpi check: {} case{} at {} rank(s), host memory, {producer_line}, {}",
             cases.len(),
+            if cases.len() == 1 { "" } else { "s" },
             w.size(),
-            library.split(',').next().unwrap_or("")
+            library
+                .lines()
+                .next()
+                .and_then(|l| l.split(',').next())
+                .unwrap_or("")
         );
         if args.verbose {
             println!("MPI library: {library}");

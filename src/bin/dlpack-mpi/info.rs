@@ -37,9 +37,16 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
     let library =
         mpi::environment::library_version().unwrap_or_else(|e| format!("(unreadable: {e})"));
     println!("dlpack-mpi {}", env!("CARGO_PKG_VERSION"));
+    // MPICH's version string goes on for lines of configure options: the first line names
+    // the library and its version.
     println!(
         "MPI library: {}",
-        library.trim_end_matches(['\0', '\n']).trim()
+        library
+            .trim_end_matches(['\0', '\n'])
+            .trim()
+            .lines()
+            .next()
+            .unwrap_or("")
     );
     println!("MPI standard: {major}.{minor}");
     println!(
@@ -66,14 +73,14 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         Ok(a) => println!("CUDA-aware MPI: {a}"),
         Err(e) => println!("CUDA-aware MPI: unknown: {e}"),
     }
-    println!("devices: cpu (host memory); GPU devices need the `cuda` feature, not built");
+    println!("devices: cpu (host memory); GPU memory is not supported by this release yet");
     let python = if cfg!(feature = "python") {
         "python (Python producers through __dlpack__)"
     } else {
-        "not built: python"
+        "python not built"
     };
     println!(
-        "features: cli; {python}; not built: cuda; packing: {:?} (DLPACK_MPI_PACKING)",
+        "features: cli; {python}; packing: {:?} (DLPACK_MPI_PACKING)",
         dlpack_mpi::spec::packing()
     );
     ExitCode::SUCCESS
