@@ -19,19 +19,12 @@ if ! command -v valgrind >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends valgrind >/dev/null
 fi
 
-binary() {
-    cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-name = sys.argv[1]
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
-        print(m["executable"])' "$1"
-}
+# shellcheck source=scripts/test-binary.sh
+source scripts/test-binary.sh
 
 status=0
 for t in cases hostile canaries; do
-    bin=$(binary "$t")
+    bin=$(test_binary "$t")
     args=()
     # libtest: one thread, so reports are in order; the hostile tests' child processes
     # (tests that isolate an abort) are not traced.

@@ -54,18 +54,8 @@ stage() {
     fi
 }
 
-# Path of the harness=false test binary $1 (extra cargo flags after it).
-test_binary() {
-    local name=$1
-    shift
-    cargo test "$@" --test "$name" --no-run --message-format=json 2>/dev/null |
-        python3 -c 'import json,sys
-name = sys.argv[1]
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == name:
-        print(m["executable"])' "$name"
-}
+# shellcheck source=scripts/test-binary.sh
+source scripts/test-binary.sh
 
 # Runs the harness=false test binary $1 under mpirun at $2 ranks (cargo flags after).
 test_binary_at() {

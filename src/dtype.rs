@@ -104,7 +104,8 @@ impl DType {
         Some(usize::from(self.bits / 8) * usize::from(self.lanes))
     }
 
-    fn base_name(self) -> Option<&'static str> {
+    /// The dtype's name without lanes (`float32`, `bool`, …), `None` for unknown dtypes.
+    pub(crate) fn base_name(self) -> Option<&'static str> {
         Some(match (self.code, self.bits) {
             (code::INT, 8) => "int8",
             (code::INT, 16) => "int16",

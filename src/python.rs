@@ -97,7 +97,7 @@ use crate::dlpack::{
     check_acquired, AcquireOptions, DLManagedTensor, DeviceQuery, ManagedTensor, MAJOR_VERSION,
     MINOR_VERSION,
 };
-use crate::dtype::{code, DType};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 const VERSIONED: &CStr = c"dltensor_versioned";
@@ -440,26 +440,27 @@ pub fn numpy(py: Python<'_>) -> Result<Bound<'_, PyModule>> {
 /// `uint8`–`uint64`, `float16`/`32`/`64`, `complex64`/`128`), or `None` (bfloat16, float8,
 /// multi-lane and other dtypes plain NumPy has not).
 pub fn numpy_dtype_name(dtype: DType) -> Option<&'static str> {
+    /// The dtypes NumPy holds and exports, by their DLPack names (which NumPy shares).
+    const NUMPY: [&str; 14] = [
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    ];
     if dtype.lanes != 1 {
         return None;
     }
-    Some(match (dtype.code, dtype.bits) {
-        (code::BOOL, 8) => "bool",
-        (code::INT, 8) => "int8",
-        (code::INT, 16) => "int16",
-        (code::INT, 32) => "int32",
-        (code::INT, 64) => "int64",
-        (code::UINT, 8) => "uint8",
-        (code::UINT, 16) => "uint16",
-        (code::UINT, 32) => "uint32",
-        (code::UINT, 64) => "uint64",
-        (code::FLOAT, 16) => "float16",
-        (code::FLOAT, 32) => "float32",
-        (code::FLOAT, 64) => "float64",
-        (code::COMPLEX, 64) => "complex64",
-        (code::COMPLEX, 128) => "complex128",
-        _ => return None,
-    })
+    dtype.base_name().filter(|name| NUMPY.contains(name))
 }
 
 /// A new, writable, C-contiguous NumPy array of `dtype` and `shape` (elements, outermost
@@ -547,6 +548,7 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::code;
 
     #[test]
     fn device_types_known() {
