@@ -231,6 +231,26 @@ pub enum Error {
         actual_id: i32,
     },
 
+    /// The transport asked for cannot be used with this MPI library or build.
+    #[error("transport {transport} is not available: {reason}")]
+    TransportUnavailable {
+        /// `direct` or `staged`.
+        transport: &'static str,
+        /// Why (e.g. the CUDA-awareness answer and its source).
+        reason: String,
+    },
+
+    /// A CUDA driver call failed (feature `cuda`).
+    #[error("CUDA driver call {call} failed: {name} ({code})")]
+    Cuda {
+        /// The driver function, e.g. `cuMemcpyDtoHAsync`.
+        call: &'static str,
+        /// The `CUresult` value.
+        code: u32,
+        /// The driver's name for it (`cuGetErrorName`), e.g. `CUDA_ERROR_INVALID_VALUE`.
+        name: String,
+    },
+
     /// [`crate::dlpack::DeviceQuery::Required`] was asked for and the exporter does not
     /// implement the device query (`__dlpack_device__` / `Exporter::dlpack_device`).
     #[error("exporter does not implement the device query (`dlpack_device`), which DeviceQuery::Required demands")]

@@ -18,7 +18,11 @@
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing.
 //! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
-//! - [`transport`]: whether the MPI library is CUDA-aware, and why.
+//! - [`transport`]: whether the MPI library is CUDA-aware, and why; the GPU runtime trait
+//!   (with a simulated device for machines without a GPU); [`transport::DeviceComm`], which
+//!   routes each tensor directly, through pinned staging buffers, or as host memory.
+//! - `cuda` (feature `cuda`): the CUDA driver runtime (cudarc) and an exporter for cudarc's
+//!   `CudaSlice`/`CudaView`.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
 //!   every rsmpi communicator.
 //! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
@@ -33,6 +37,8 @@
 
 pub mod checked;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod derived;
 pub mod device;
 pub mod dlpack;

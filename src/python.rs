@@ -121,10 +121,11 @@ pub fn acquire(obj: &Bound<'_, PyAny>, options: &AcquireOptions) -> Result<Manag
     if reported.is_none() && options.device_query == DeviceQuery::Required {
         return Err(Error::MissingDeviceQuery);
     }
-    let stream = options.stream_for(reported)?;
+    let runtime = crate::transport::default_runtime();
+    let stream = options.stream_with_runtime(reported, runtime)?;
     let capsule = request(obj, stream)?;
     let tensor = from_capsule(&capsule)?;
-    check_acquired(tensor, reported, options)
+    check_acquired(tensor, reported, options, stream, runtime)
 }
 
 /// Calls `__dlpack_device__()` if the object has it and validates the answer.

@@ -29,6 +29,7 @@ use crate::device::{Device, MemoryKind};
 use crate::dtype::{AnyBits, DType, Element};
 use crate::error::{Error, Result};
 use crate::layout;
+use crate::transport::{default_runtime, DeviceRuntime};
 
 /// Stream value `-1`: "the consumer does not want the producer to synchronize" (DLPack).
 pub const NO_SYNC_STREAM: isize = -1;
@@ -162,6 +163,29 @@ impl AcquireOptions {
     }
 }
 
+impl AcquireOptions {
+    /// [`AcquireOptions::stream_for`], with `runtime` owning the consumer stream of CUDA
+    /// devices under `Synchronize { stream: None }`.
+    ///
+    /// # Errors
+    /// As [`AcquireOptions::stream_for`]; [`Error::Cuda`] when the runtime cannot make its
+    /// stream.
+    pub fn stream_with_runtime(
+        &self,
+        device: Option<Device>,
+        runtime: Option<&dyn DeviceRuntime>,
+    ) -> Result<Option<isize>> {
+        match (device, runtime, self.stream) {
+            (Some(d), Some(rt), StreamPolicy::Synchronize { stream: None })
+                if matches!(d.memory_kind(), MemoryKind::Cuda | MemoryKind::CudaManaged) =>
+            {
+                rt.consumer_stream(d).map(Some)
+            }
+            _ => self.stream_for(device),
+        }
+    }
+}
+
 /// The consumer side of the protocol: query the device (if the exporter answers), request
 /// the tensor with the stream the policy picks, check the returned device, and order the
 /// producer's work before MPI.
@@ -185,16 +209,34 @@ pub fn acquire<'e, E: Exporter + ?Sized>(
     exporter: &'e E,
     options: &AcquireOptions,
 ) -> Result<ManagedTensor<'e>> {
+    acquire_with_runtime(exporter, options, default_runtime())
+}
+
+/// [`acquire`] with an explicit GPU runtime (`None`: device tensors under
+/// `Synchronize` are refused). Under [`StreamPolicy::Synchronize`] `{ stream: None }` the
+/// producer of a CUDA tensor is handed the runtime's own consumer stream
+/// ([`DeviceRuntime::consumer_stream`], CASES C51), which is synchronized after the export
+/// and before the tensor is returned (C61). A tensor requested without a stream (no device
+/// query, C53) that turns out to be CUDA memory is ordered by synchronizing the legacy
+/// default stream, which the array API says the producer assumes when given no stream.
+///
+/// # Errors
+/// As [`acquire`]; [`Error::Cuda`] when the synchronization fails.
+pub fn acquire_with_runtime<'e, E: Exporter + ?Sized>(
+    exporter: &'e E,
+    options: &AcquireOptions,
+    runtime: Option<&dyn DeviceRuntime>,
+) -> Result<ManagedTensor<'e>> {
     let reported = exporter.dlpack_device();
     if reported.is_none() && options.device_query == DeviceQuery::Required {
         return Err(Error::MissingDeviceQuery);
     }
     let request = ExportRequest {
-        stream: options.stream_for(reported)?,
+        stream: options.stream_with_runtime(reported, runtime)?,
         ..ExportRequest::default()
     };
     let tensor = exporter.dlpack(&request)?;
-    check_acquired(tensor, reported, options)
+    check_acquired(tensor, reported, options, request.stream, runtime)
 }
 
 /// The consumer's checks after the export, shared with the Python consumer: the tensor is
@@ -207,6 +249,8 @@ pub(crate) fn check_acquired<'e>(
     tensor: ManagedTensor<'e>,
     reported: Option<Device>,
     options: &AcquireOptions,
+    requested_stream: Option<isize>,
+    runtime: Option<&dyn DeviceRuntime>,
 ) -> Result<ManagedTensor<'e>> {
     let actual = tensor.device();
     if let Some(r) = reported {
@@ -221,13 +265,27 @@ pub(crate) fn check_acquired<'e>(
     }
     let synchronize = matches!(options.stream, StreamPolicy::Synchronize { .. });
     if actual.memory_kind().uses_streams() && synchronize {
-        // No GPU runtime in this build: the consumer stream cannot be synchronized, so the
-        // pointer can never be handed to MPI safely.
-        return Err(Error::UnsupportedDevice {
-            device_type: actual.device_type,
-            device_id: actual.device_id,
-            reason: "cannot synchronize the consumer stream: this build has no GPU support",
-        });
+        let cuda = matches!(
+            actual.memory_kind(),
+            MemoryKind::Cuda | MemoryKind::CudaManaged
+        );
+        let Some(runtime) = runtime.filter(|_| cuda) else {
+            // No runtime for this device: the consumer stream cannot be synchronized, so
+            // the pointer can never be handed to MPI safely.
+            return Err(Error::UnsupportedDevice {
+                device_type: actual.device_type,
+                device_id: actual.device_id,
+                reason: if cuda {
+                    "cannot synchronize the consumer stream: no CUDA runtime (build with \
+                     feature `cuda` on a machine with the CUDA driver)"
+                } else {
+                    "cannot synchronize the consumer stream: ROCm has no runtime in this build"
+                },
+            });
+        };
+        // A tensor requested without a stream: the producer assumed the legacy default one.
+        let stream = requested_stream.unwrap_or(CUDA_LEGACY_DEFAULT_STREAM);
+        runtime.synchronize(actual, stream)?;
     }
     Ok(tensor)
 }
@@ -237,7 +295,7 @@ pub(crate) fn check_acquired<'e>(
 /// one writable export, alive at a time. `0` = none, `n > 0` = `n` read-only, `-1` = one
 /// writable. Atomic because a `ManagedTensor` may be dropped on another thread.
 #[derive(Debug, Default)]
-struct Lease(AtomicIsize);
+pub(crate) struct Lease(AtomicIsize);
 
 impl Lease {
     fn take(&self, writable: bool) -> Result<()> {
@@ -302,7 +360,7 @@ unsafe extern "C" fn delete_exported(p: *mut DLManagedTensorVersioned) {
 
 /// What a built-in exporter describes: dtype, shape, strides, byte offset, flags, device.
 #[derive(Debug, Clone)]
-struct ExportLayout {
+pub(crate) struct ExportLayout {
     dtype: DType,
     shape: Vec<i64>,
     strides: Option<Vec<i64>>,
@@ -390,7 +448,63 @@ impl<T: Element> Exporter for Vec<T> {
     }
 }
 
+/// Exports memory that is not host memory (the CUDA exporter): the layout is checked to lie
+/// inside `storage_bytes` first.
+///
+/// # Safety
+/// As `export_raw`: `data` points to `storage_bytes` bytes of memory of `layout.device`
+/// valid for `'a` (writable unless `READ_ONLY`); `lease` outlives the tensor.
+#[cfg(feature = "cuda")]
+pub(crate) unsafe fn export_foreign<'a>(
+    data: *mut c_void,
+    storage_bytes: usize,
+    layout: &ExportLayout,
+    lease: Option<&Lease>,
+) -> Result<ManagedTensor<'a>> {
+    layout.check_within(storage_bytes)?;
+    // SAFETY: caller's contract; the layout stays inside the storage.
+    unsafe { export_raw(data, layout, lease) }
+}
+
 impl ExportLayout {
+    /// A 1-d tensor of `len` elements of `dtype` on `device`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn new(dtype: DType, len: usize, flags: u64, device: Device) -> Self {
+        ExportLayout {
+            dtype,
+            shape: vec![len as i64],
+            strides: None,
+            byte_offset: 0,
+            flags,
+            device,
+        }
+    }
+
+    /// The device exported tensors are labelled with.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Replaces shape, strides (elements) and byte offset, checked against the storage.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn reshaped(
+        &self,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        byte_offset: u64,
+        storage_bytes: usize,
+    ) -> Result<Self> {
+        let l = ExportLayout {
+            shape: shape.to_vec(),
+            strides: strides.map(<[i64]>::to_vec),
+            byte_offset,
+            ..self.clone()
+        };
+        l.check_within(storage_bytes)?;
+        Ok(l)
+    }
+
     fn dense<T: Element>(len: usize) -> Self {
         ExportLayout {
             dtype: T::DTYPE,

@@ -29,13 +29,13 @@ use crate::dtype::{AnyBits, DType};
 use crate::error::{Error, Result};
 use crate::layout;
 
-mod export;
+pub(crate) mod export;
 #[cfg(feature = "python")]
 pub(crate) use export::check_acquired;
 pub use export::{
-    acquire, AcquireOptions, DeviceQuery, ExportRequest, Exporter, Owned, SliceMut, StreamPolicy,
-    CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM,
-    ROCM_DEFAULT_STREAM,
+    acquire, acquire_with_runtime, AcquireOptions, DeviceQuery, ExportRequest, Exporter, Owned,
+    SliceMut, StreamPolicy, CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM,
+    NO_SYNC_STREAM, ROCM_DEFAULT_STREAM,
 };
 
 /// The DLPack major version this consumer reads (`DLPACK_MAJOR_VERSION`).

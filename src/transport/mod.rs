@@ -1,4 +1,7 @@
-//! How device memory reaches MPI: whether the MPI library is CUDA-aware, and why we think so.
+//! How device memory reaches MPI: whether the MPI library is CUDA-aware and why we think so
+//! ([`cuda_awareness`]), the GPU runtime the transport uses ([`DeviceRuntime`], with
+//! [`SimulatedDevice`] for machines without a GPU), and [`DeviceComm`], which routes each
+//! tensor of an operation directly, through pinned staging buffers, or as host memory.
 //!
 //! The answer comes from, in this order (ARCHITECTURE.md, "Transport"):
 //!
@@ -14,6 +17,14 @@
 //! CUDA context exists); call [`cuda_awareness`] after initializing MPI.
 
 use crate::error::{Error, Result};
+
+mod runtime;
+mod staged;
+
+pub use runtime::{default_runtime, stream_meaning, DeviceRuntime, RuntimeCall, SimulatedDevice};
+pub use staged::{
+    DeviceComm, Route, Transport, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES,
+};
 
 /// The environment variable that overrides the library's own answer.
 pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";

@@ -1,0 +1,489 @@
+//! The GPU runtime the transport needs, as a trait: stream synchronization, pointer checks,
+//! pinned host buffers and device ↔ host copies.
+//!
+//! [`crate::cuda::CudaRuntime`] (feature `cuda`) implements it with the CUDA driver API.
+//! [`SimulatedDevice`] implements it on host memory so that the stream, staging and routing
+//! logic can be tested on a machine without a GPU: a tensor *labelled* `kDLCUDA` whose bytes
+//! are really host memory goes through exactly the code a CUDA tensor goes through, and the
+//! simulated runtime records every call it gets.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+
+use crate::device::{device_type, Device};
+use crate::dlpack::{CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM};
+use crate::error::{Error, Result};
+
+/// What the transport asks of a GPU runtime. Every method that names a `device` runs with
+/// that device current and restores the caller's current device before it returns
+/// (CASES C62). Copies are complete when the method returns.
+///
+/// Stream values are DLPack's (dlpack.h, `__dlpack__` stream table): for CUDA `1` is the
+/// legacy default stream, `2` the per-thread default stream, `-1` means "do not
+/// synchronize", any other value is a `CUstream` handle; `0` is never used.
+pub trait DeviceRuntime: Send + Sync {
+    /// A one-line description for reports (`dlpack-mpi info`, check headers).
+    fn describe(&self) -> String;
+
+    /// The stream the consumer owns on `device`, handed to producers under
+    /// [`crate::dlpack::StreamPolicy::Synchronize`] `{ stream: None }`.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] when the stream cannot be created.
+    fn consumer_stream(&self, device: Device) -> Result<isize>;
+
+    /// Blocks until all work submitted to `stream` on `device` is done; `-1` returns at once.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    fn synchronize(&self, device: Device, stream: isize) -> Result<()>;
+
+    /// Checks that `ptr` (non-NULL, the tensor's first element) is memory of `device`'s kind
+    /// and ordinal: device memory of that ordinal for `kDLCUDA`, managed memory for
+    /// `kDLCUDAManaged` (`cuPointerGetAttribute`: `MEMORY_TYPE`, `IS_MANAGED`,
+    /// `DEVICE_ORDINAL`).
+    ///
+    /// # Errors
+    /// [`Error::DeviceMismatch`] with the label as the reported device and what the pointer
+    /// is as the actual one (`kDLCPU` for memory the driver does not know).
+    fn check_pointer(&self, device: Device, ptr: *const c_void) -> Result<()>;
+
+    /// Allocates `bytes` (> 0) of page-locked host memory, usable from every device.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] (out of pinned memory).
+    fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>>;
+
+    /// Frees a buffer from [`DeviceRuntime::alloc_pinned`].
+    ///
+    /// # Safety
+    /// `ptr` and `bytes` come from one `alloc_pinned` call of this runtime, freed once.
+    unsafe fn free_pinned(&self, ptr: NonNull<u8>, bytes: usize);
+
+    /// Copies `bytes` from device memory `src` on `device` to host memory `dst`.
+    ///
+    /// # Safety
+    /// `src..src+bytes` is device memory of `device`, `dst..dst+bytes` writable host memory;
+    /// neither is written by anyone else meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    unsafe fn copy_to_host(
+        &self,
+        device: Device,
+        dst: *mut u8,
+        src: *const c_void,
+        bytes: usize,
+    ) -> Result<()>;
+
+    /// Copies `bytes` from host memory `src` to device memory `dst` on `device`.
+    ///
+    /// # Safety
+    /// As [`DeviceRuntime::copy_to_host`], the other way round.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    unsafe fn copy_to_device(
+        &self,
+        device: Device,
+        dst: *mut c_void,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<()>;
+}
+
+/// The runtime that `acquire` and the transport use when the caller names none: the CUDA
+/// driver when this build has feature `cuda` and the driver library loads, else `None`
+/// (device tensors are then refused with [`Error::UnsupportedDevice`]).
+pub fn default_runtime() -> Option<&'static dyn DeviceRuntime> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::CudaRuntime::global()
+            .ok()
+            .map(|r| r as &dyn DeviceRuntime)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        None
+    }
+}
+
+/// One call a [`SimulatedDevice`] received, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuntimeCall {
+    /// `consumer_stream(device)` answered `stream`.
+    ConsumerStream {
+        /// The device asked about.
+        device: Device,
+        /// The handle handed out.
+        stream: isize,
+    },
+    /// `synchronize(device, stream)`, with the work it completed.
+    Synchronize {
+        /// The device.
+        device: Device,
+        /// The stream value.
+        stream: isize,
+        /// How many enqueued work items ran.
+        completed: usize,
+    },
+    /// `check_pointer(device, ptr)`.
+    PointerCheck {
+        /// The label checked.
+        device: Device,
+        /// The address checked.
+        ptr: usize,
+    },
+    /// A device → host copy; `current` is the device current during the copy.
+    CopyToHost {
+        /// The tensor's device.
+        device: Device,
+        /// The device that was current while copying.
+        current: i32,
+        /// Bytes copied.
+        bytes: usize,
+    },
+    /// A host → device copy.
+    CopyToDevice {
+        /// The tensor's device.
+        device: Device,
+        /// The device that was current while copying.
+        current: i32,
+        /// Bytes copied.
+        bytes: usize,
+    },
+    /// A pinned buffer was allocated.
+    AllocPinned {
+        /// Its size.
+        bytes: usize,
+    },
+    /// A pinned buffer was freed.
+    FreePinned {
+        /// Its size.
+        bytes: usize,
+    },
+}
+
+type Work = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct SimState {
+    calls: Vec<RuntimeCall>,
+    pending: HashMap<isize, Vec<Work>>,
+    placements: Vec<(usize, usize, Device)>,
+    current: i32,
+    pinned_live: usize,
+}
+
+/// A [`DeviceRuntime`] over host memory, for tests and for `dlpack-mpi check
+/// --simulate-device` on machines without a GPU.
+///
+/// - Streams: the consumer stream of device `(t, id)` is the handle `0x5100 + 16·id` (never
+///   `0`, `1`, `2` or `-1`). Producers may [`SimulatedDevice::enqueue`] work on a stream —
+///   the stand-in for an asynchronous kernel — which runs only when that stream is
+///   synchronized: a consumer that forgets to synchronize reads stale data, as on a GPU.
+/// - Pointers: [`SimulatedDevice::place`] says which device a byte range "really" is on;
+///   `check_pointer` compares the label with it. Unplaced memory passes as its label.
+/// - The current device ([`SimulatedDevice::current_device`]) is switched to the tensor's
+///   device for each copy and restored after, as the CUDA runtime does.
+/// - Pinned buffers are page-aligned host allocations; copies are `memcpy`.
+#[derive(Default)]
+pub struct SimulatedDevice {
+    state: Mutex<SimState>,
+}
+
+impl std::fmt::Debug for SimulatedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimulatedDevice").finish_non_exhaustive()
+    }
+}
+
+const PINNED_ALIGN: usize = 4096;
+
+impl SimulatedDevice {
+    /// A simulated runtime with device 0 current and nothing recorded.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
+        // A panic in a test while holding the lock leaves plain data: keep using it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `work` on `stream`: it runs when `stream` is next synchronized.
+    pub fn enqueue(&self, stream: isize, work: impl FnOnce() + Send + 'static) {
+        self.state()
+            .pending
+            .entry(stream)
+            .or_default()
+            .push(Box::new(work));
+    }
+
+    /// Declares that `len` bytes at `ptr` are really memory of `device`.
+    pub fn place(&self, ptr: *const c_void, len: usize, device: Device) {
+        let start = ptr as usize;
+        self.state().placements.push((start, start + len, device));
+    }
+
+    /// Makes `ordinal` the current device (what `cuCtxSetCurrent` would).
+    pub fn set_current_device(&self, ordinal: i32) {
+        self.state().current = ordinal;
+    }
+
+    /// The current device's ordinal.
+    pub fn current_device(&self) -> i32 {
+        self.state().current
+    }
+
+    /// Every call so far, oldest first.
+    pub fn calls(&self) -> Vec<RuntimeCall> {
+        self.state().calls.clone()
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        self.state().calls.clear();
+    }
+
+    /// Bytes of pinned memory allocated and not yet freed.
+    pub fn pinned_live_bytes(&self) -> usize {
+        self.state().pinned_live
+    }
+
+    /// Work items still queued on `stream`.
+    pub fn pending(&self, stream: isize) -> usize {
+        self.state().pending.get(&stream).map_or(0, Vec::len)
+    }
+
+    fn copy(&self, device: Device, bytes: usize, to_host: bool, f: impl FnOnce()) {
+        let mut s = self.state();
+        let saved = s.current;
+        s.current = device.device_id;
+        let current = s.current;
+        s.calls.push(if to_host {
+            RuntimeCall::CopyToHost {
+                device,
+                current,
+                bytes,
+            }
+        } else {
+            RuntimeCall::CopyToDevice {
+                device,
+                current,
+                bytes,
+            }
+        });
+        f();
+        s.current = saved;
+    }
+
+    fn pinned_layout(bytes: usize) -> Result<std::alloc::Layout> {
+        std::alloc::Layout::from_size_align(bytes, PINNED_ALIGN).map_err(|_| Error::Overflow {
+            quantity: "pinned buffer size",
+            lhs: bytes as i128,
+            operator: "aligned to",
+            rhs: PINNED_ALIGN as i128,
+        })
+    }
+}
+
+impl DeviceRuntime for SimulatedDevice {
+    fn describe(&self) -> String {
+        "simulated device (host memory labelled as GPU memory)".into()
+    }
+
+    fn consumer_stream(&self, device: Device) -> Result<isize> {
+        let stream = 0x5100 + 16 * device.device_id as isize;
+        self.state()
+            .calls
+            .push(RuntimeCall::ConsumerStream { device, stream });
+        Ok(stream)
+    }
+
+    fn synchronize(&self, device: Device, stream: isize) -> Result<()> {
+        if stream == NO_SYNC_STREAM {
+            return Ok(());
+        }
+        let work = self.state().pending.remove(&stream).unwrap_or_default();
+        let completed = work.len();
+        // Run outside the lock: the work may call back into the runtime.
+        for w in work {
+            w();
+        }
+        self.state().calls.push(RuntimeCall::Synchronize {
+            device,
+            stream,
+            completed,
+        });
+        Ok(())
+    }
+
+    fn check_pointer(&self, device: Device, ptr: *const c_void) -> Result<()> {
+        let mut s = self.state();
+        let addr = ptr as usize;
+        s.calls
+            .push(RuntimeCall::PointerCheck { device, ptr: addr });
+        let placed = s
+            .placements
+            .iter()
+            .rev()
+            .find(|(lo, hi, _)| (*lo..*hi).contains(&addr))
+            .map(|p| p.2);
+        let Some(actual) = placed else {
+            return Ok(());
+        };
+        let fits = match device.device_type {
+            device_type::CUDA_MANAGED => actual.device_type == device_type::CUDA_MANAGED,
+            _ => actual == device,
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                reported_type: device.device_type,
+                reported_id: device.device_id,
+                actual_type: actual.device_type,
+                actual_id: actual.device_id,
+            })
+        }
+    }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>> {
+        let layout = Self::pinned_layout(bytes.max(1))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = NonNull::new(ptr).ok_or(Error::Cuda {
+            call: "simulated alloc_pinned",
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        })?;
+        let mut s = self.state();
+        s.pinned_live += bytes;
+        s.calls.push(RuntimeCall::AllocPinned { bytes });
+        Ok(ptr)
+    }
+
+    unsafe fn free_pinned(&self, ptr: NonNull<u8>, bytes: usize) {
+        if let Ok(layout) = Self::pinned_layout(bytes.max(1)) {
+            // SAFETY: allocated by alloc_pinned with this layout (caller's contract).
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        }
+        let mut s = self.state();
+        s.pinned_live = s.pinned_live.saturating_sub(bytes);
+        s.calls.push(RuntimeCall::FreePinned { bytes });
+    }
+
+    unsafe fn copy_to_host(
+        &self,
+        device: Device,
+        dst: *mut u8,
+        src: *const c_void,
+        bytes: usize,
+    ) -> Result<()> {
+        self.copy(device, bytes, true, || {
+            // SAFETY: caller's contract; the simulated "device" memory is host memory.
+            unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, bytes) }
+        });
+        Ok(())
+    }
+
+    unsafe fn copy_to_device(
+        &self,
+        device: Device,
+        dst: *mut c_void,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<()> {
+        self.copy(device, bytes, false, || {
+            // SAFETY: caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), bytes) }
+        });
+        Ok(())
+    }
+}
+
+/// What a DLPack CUDA stream value means, for messages.
+pub fn stream_meaning(stream: isize) -> &'static str {
+    match stream {
+        CUDA_LEGACY_DEFAULT_STREAM => "legacy default stream",
+        CUDA_PER_THREAD_DEFAULT_STREAM => "per-thread default stream",
+        NO_SYNC_STREAM => "no synchronization",
+        _ => "stream handle",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enqueued_work_runs_only_on_synchronize() {
+        let sim = SimulatedDevice::new();
+        let cuda = Device::new(device_type::CUDA, 0);
+        let s = sim.consumer_stream(cuda).unwrap();
+        assert!(![0, 1, 2, -1].contains(&s));
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f2 = flag.clone();
+        sim.enqueue(s, move || {
+            f2.store(true, std::sync::atomic::Ordering::SeqCst)
+        });
+        assert_eq!(sim.pending(s), 1);
+        sim.synchronize(cuda, -1).unwrap();
+        assert!(!flag.load(std::sync::atomic::Ordering::SeqCst));
+        sim.synchronize(cuda, s).unwrap();
+        assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(sim.pending(s), 0);
+        assert_eq!(stream_meaning(1), "legacy default stream");
+    }
+
+    #[test]
+    fn placement_mismatch_names_both_devices() {
+        let sim = SimulatedDevice::new();
+        let buf = [0u8; 16];
+        let on1 = Device::new(device_type::CUDA, 1);
+        sim.place(buf.as_ptr().cast(), buf.len(), on1);
+        let on0 = Device::new(device_type::CUDA, 0);
+        match sim.check_pointer(on0, buf.as_ptr().cast()) {
+            Err(Error::DeviceMismatch {
+                reported_type,
+                reported_id,
+                actual_type,
+                actual_id,
+            }) => assert_eq!(
+                (reported_type, reported_id, actual_type, actual_id),
+                (2, 0, 2, 1)
+            ),
+            other => panic!("expected DeviceMismatch, got {other:?}"),
+        }
+        assert!(sim.check_pointer(on1, buf[4..].as_ptr().cast()).is_ok());
+    }
+
+    #[test]
+    fn copies_switch_and_restore_the_current_device() {
+        let sim = SimulatedDevice::new();
+        let src = [7u8; 8];
+        let mut dst = [0u8; 8];
+        let d1 = Device::new(device_type::CUDA, 1);
+        // SAFETY: both are valid 8-byte buffers.
+        unsafe { sim.copy_to_host(d1, dst.as_mut_ptr(), src.as_ptr().cast(), 8) }.unwrap();
+        assert_eq!(dst, src);
+        assert_eq!(sim.current_device(), 0);
+        assert_eq!(
+            sim.calls(),
+            vec![RuntimeCall::CopyToHost {
+                device: d1,
+                current: 1,
+                bytes: 8
+            }]
+        );
+        let p = sim.alloc_pinned(100).unwrap();
+        assert_eq!(p.as_ptr() as usize % PINNED_ALIGN, 0);
+        assert_eq!(sim.pinned_live_bytes(), 100);
+        // SAFETY: from alloc_pinned(100) just above.
+        unsafe { sim.free_pinned(p, 100) };
+        assert_eq!(sim.pinned_live_bytes(), 0);
+    }
+}
