@@ -561,16 +561,28 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         })
     }
 
-    fn stage_opt(
-        &self,
-        t: Option<&dyn Tensor>,
-        reduce: Option<DType>,
-        access: Access,
-    ) -> Result<Stage<'_, 'c>> {
-        match t {
-            Some(t) => self.stage(t, reduce, access),
+    fn stage_planned(&self, plan: Option<Plan>, access: Access) -> Result<Stage<'_, 'c>> {
+        match plan {
+            Some(p) => self.stage_plan(p, access),
             None => Ok(Stage::host()),
         }
+    }
+
+    /// Plans a send and a receive tensor, then stages both: every refusal comes before any
+    /// copy.
+    fn stage_pair(
+        &self,
+        send: &dyn Tensor,
+        recv: &dyn Tensor,
+        reduce: Option<DType>,
+        recv_access: Access,
+    ) -> Result<(Stage<'_, 'c>, Stage<'_, 'c>)> {
+        let ps = self.plan(send, reduce, Access::Read)?;
+        let pr = self.plan(recv, reduce, recv_access)?;
+        Ok((
+            self.stage_planned(ps, Access::Read)?,
+            self.stage_planned(pr, recv_access)?,
+        ))
     }
 
     // ----- point-to-point -------------------------------------------------------------
@@ -659,8 +671,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         source: Rank,
         recv_tag: Tag,
     ) -> Result<Status> {
-        let s = self.stage(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::Write)?;
+        let (s, r) = self.stage_pair(send, &*recv, None, Access::Write)?;
         self.note(&[&s, &r]);
         let status = self.comm.sendrecv_tensor(
             s.view(send)?.get(),
@@ -853,10 +864,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         root: Rank,
     ) -> Result<()> {
         let dt = Some(send.dtype());
-        let s = self.stage(send, dt, Access::Read)?;
         match recv {
             Some(recv) => {
-                let r = self.stage(&*recv, dt, Access::Write)?;
+                let (s, r) = self.stage_pair(send, &*recv, dt, Access::Write)?;
                 self.note(&[&s, &r]);
                 self.comm.reduce_tensor(
                     s.view(send)?.get(),
@@ -867,6 +877,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 r.finish()
             }
             None => {
+                let s = self.stage(send, dt, Access::Read)?;
                 self.note(&[&s]);
                 self.comm.reduce_tensor(s.view(send)?.get(), None, op, root)
             }
@@ -884,8 +895,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = Some(send.dtype());
-        let s = self.stage(send, dt, Access::Read)?;
-        let r = self.stage(&*recv, dt, Access::Write)?;
+        let (s, r) = self.stage_pair(send, &*recv, dt, Access::Write)?;
         self.note(&[&s, &r]);
         self.comm
             .all_reduce_tensor(s.view(send)?.get(), r.view_mut(recv)?.get(), op)?;
@@ -915,8 +925,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         op: ReduceOp,
     ) -> Result<()> {
         let dt = Some(send.dtype());
-        let s = self.stage(send, dt, Access::Read)?;
-        let r = self.stage(&*recv, dt, Access::Write)?;
+        let (s, r) = self.stage_pair(send, &*recv, dt, Access::Write)?;
         self.note(&[&s, &r]);
         self.comm
             .reduce_scatter_block_tensor(s.view(send)?.get(), r.view_mut(recv)?.get(), op)?;
@@ -933,10 +942,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<&mut dyn Tensor>,
         root: Rank,
     ) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
         match recv {
             Some(recv) => {
-                let r = self.stage(&*recv, None, Access::Write)?;
+                let (s, r) = self.stage_pair(send, &*recv, None, Access::Write)?;
                 self.note(&[&s, &r]);
                 self.comm.gather_tensor(
                     s.view(send)?.get(),
@@ -946,6 +954,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 r.finish()
             }
             None => {
+                let s = self.stage(send, None, Access::Read)?;
                 self.note(&[&s]);
                 self.comm.gather_tensor(s.view(send)?.get(), None, root)
             }
@@ -962,11 +971,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
         root: Rank,
     ) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
         match recv {
             Some((recv, counts, displs)) => {
                 // A varying receive may leave gaps: read the span first (ReadWrite).
-                let r = self.stage(&*recv, None, Access::ReadWrite)?;
+                let (s, r) = self.stage_pair(send, &*recv, None, Access::ReadWrite)?;
                 self.note(&[&s, &r]);
                 self.comm.gatherv_tensor(
                     s.view(send)?.get(),
@@ -976,6 +984,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 r.finish()
             }
             None => {
+                let s = self.stage(send, None, Access::Read)?;
                 self.note(&[&s]);
                 self.comm.gatherv_tensor(s.view(send)?.get(), None, root)
             }
@@ -992,8 +1001,13 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
-        let s = self.stage_opt(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::Write)?;
+        let ps = match send {
+            Some(t) => self.plan(t, None, Access::Read)?,
+            None => None,
+        };
+        let pr = self.plan(&*recv, None, Access::Write)?;
+        let s = self.stage_planned(ps, Access::Read)?;
+        let r = self.stage_planned(pr, Access::Write)?;
         self.note(&[&s, &r]);
         let sv = match send {
             Some(t) => Some(s.view(t)?),
@@ -1014,8 +1028,13 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
-        let s = self.stage_opt(send.map(|x| x.0), None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::Write)?;
+        let ps = match send {
+            Some((t, _, _)) => self.plan(t, None, Access::Read)?,
+            None => None,
+        };
+        let pr = self.plan(&*recv, None, Access::Write)?;
+        let s = self.stage_planned(ps, Access::Read)?;
+        let r = self.stage_planned(pr, Access::Write)?;
         self.note(&[&s, &r]);
         let sv = match send {
             Some((t, c, d)) => Some((s.view(t)?, c, d)),
@@ -1034,8 +1053,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::all_gather_tensor`] and the [type docs](DeviceComm).
     pub fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::Write)?;
+        let (s, r) = self.stage_pair(send, &*recv, None, Access::Write)?;
         self.note(&[&s, &r]);
         self.comm
             .all_gather_tensor(s.view(send)?.get(), r.view_mut(recv)?.get())?;
@@ -1053,8 +1071,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         counts: &[i64],
         displacements: &[i64],
     ) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::ReadWrite)?;
+        let (s, r) = self.stage_pair(send, &*recv, None, Access::ReadWrite)?;
         self.note(&[&s, &r]);
         self.comm.all_gatherv_tensor(
             s.view(send)?.get(),
@@ -1070,8 +1087,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::all_to_all_tensor`] and the [type docs](DeviceComm).
     pub fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::Write)?;
+        let (s, r) = self.stage_pair(send, &*recv, None, Access::Write)?;
         self.note(&[&s, &r]);
         self.comm
             .all_to_all_tensor(s.view(send)?.get(), r.view_mut(recv)?.get())?;
@@ -1092,8 +1108,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv_counts: &[i64],
         recv_displacements: &[i64],
     ) -> Result<()> {
-        let s = self.stage(send, None, Access::Read)?;
-        let r = self.stage(&*recv, None, Access::ReadWrite)?;
+        let (s, r) = self.stage_pair(send, &*recv, None, Access::ReadWrite)?;
         self.note(&[&s, &r]);
         self.comm.all_to_allv_tensor(
             s.view(send)?.get(),

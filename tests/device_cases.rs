@@ -1,0 +1,746 @@
+//! GPU cases C51, C53, C60–C65 and the transport (issue 5) on a machine without a GPU:
+//! tensors labelled `kDLCUDA`/`kDLCUDAManaged` over host memory, with a
+//! [`SimulatedDevice`] runtime that records every call and runs "kernels" (work queued on a
+//! stream) only when that stream is synchronized. The routing, staging, pipelining, stream
+//! and device-check code is the code a CUDA tensor runs through; only the runtime differs.
+//!
+//! A plain `main` (harness = false): `cargo test` runs it at 1 rank, scripts/test.sh under
+//! `mpirun -n 2` and `-n 3`. The same cases against the real CUDA runtime are in
+//! `tests/gpu.rs` (feature `cuda`, skipped without a GPU).
+
+#[macro_use]
+mod harness;
+
+use dlpack_mpi::device::{device_type, Device};
+use dlpack_mpi::dlpack::{
+    acquire_with_runtime, AcquireOptions, ExportRequest, Exporter, ManagedTensor, Owned,
+    StreamPolicy, Tensor,
+};
+use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::transport::{
+    DeviceComm, DeviceRuntime, Route, RuntimeCall, SimulatedDevice, Transport,
+};
+use dlpack_mpi::Error;
+use half::f16;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+type Outcome = Result<(), String>;
+
+const CUDA0: Device = Device::new(device_type::CUDA, 0);
+const CUDA1: Device = Device::new(device_type::CUDA, 1);
+const MANAGED: Device = Device::new(device_type::CUDA_MANAGED, 0);
+const PINNED: Device = Device::new(device_type::CUDA_HOST, 0);
+
+macro_rules! call {
+    ($e:expr) => {
+        $e.map_err(|e| format!("{} failed: {e}", stringify!($e)))?
+    };
+}
+
+fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
+    acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
+}
+
+fn on(device: Device, vals: Vec<f32>) -> Owned<f32> {
+    Owned::new(vals).labelled(device)
+}
+
+fn staged<'c>(
+    w: &'c SimpleCommunicator,
+    rt: &'c SimulatedDevice,
+) -> DeviceComm<'c, SimpleCommunicator> {
+    DeviceComm::new(w, Some(rt as &dyn DeviceRuntime), Transport::Staged)
+        .expect("staged always works")
+}
+
+fn copies(rt: &SimulatedDevice) -> (usize, usize) {
+    rt.calls().iter().fold((0, 0), |(h, d), c| match c {
+        RuntimeCall::CopyToHost { .. } => (h + 1, d),
+        RuntimeCall::CopyToDevice { .. } => (h, d + 1),
+        _ => (h, d),
+    })
+}
+
+/// An exporter labelled CUDA that records the stream it is asked for and, like a
+/// producer with a kernel still running, queues the filling of its storage on that stream:
+/// the values exist only once the consumer synchronizes the stream (C61).
+struct AsyncKernel<'r> {
+    storage: Owned<f32>,
+    rt: &'r SimulatedDevice,
+    fill: f32,
+    asked: std::sync::Mutex<Vec<Option<isize>>>,
+    answers_query: bool,
+}
+
+impl<'r> AsyncKernel<'r> {
+    fn new(rt: &'r SimulatedDevice, len: usize, fill: f32, answers_query: bool) -> Self {
+        AsyncKernel {
+            storage: on(CUDA0, vec![0.0; len]),
+            rt,
+            fill,
+            asked: std::sync::Mutex::new(Vec::new()),
+            answers_query,
+        }
+    }
+}
+
+impl Exporter for AsyncKernel<'_> {
+    fn dlpack_device(&self) -> Option<Device> {
+        self.answers_query.then_some(CUDA0)
+    }
+
+    fn dlpack(&self, request: &ExportRequest) -> dlpack_mpi::Result<ManagedTensor<'_>> {
+        self.asked.lock().unwrap().push(request.stream);
+        let t = self.storage.dlpack(request)?;
+        let (addr, n, fill) = (t.data_ptr() as usize, t.num_elements() as usize, self.fill);
+        // The "kernel": ordered before the stream the consumer named (legacy default when
+        // none was named, as the array API says).
+        let stream = request.stream.unwrap_or(1);
+        self.rt.enqueue(stream, move || {
+            // SAFETY: the storage lives in the exporter, which outlives the tensor whose
+            // acquisition synchronizes this stream; nothing else touches it meanwhile.
+            let s = unsafe { std::slice::from_raw_parts_mut(addr as *mut f32, n) };
+            for (i, v) in s.iter_mut().enumerate() {
+                *v = fill + i as f32;
+            }
+        });
+        Ok(t)
+    }
+}
+
+/// A runtime that forgets to synchronize: the control that shows C61 can fail.
+struct NoSync<'a>(&'a SimulatedDevice);
+
+impl DeviceRuntime for NoSync<'_> {
+    fn describe(&self) -> String {
+        "simulated device without synchronization".into()
+    }
+    fn consumer_stream(&self, d: Device) -> dlpack_mpi::Result<isize> {
+        self.0.consumer_stream(d)
+    }
+    fn synchronize(&self, _: Device, _: isize) -> dlpack_mpi::Result<()> {
+        Ok(())
+    }
+    fn check_pointer(&self, d: Device, p: *const std::ffi::c_void) -> dlpack_mpi::Result<()> {
+        self.0.check_pointer(d, p)
+    }
+    fn alloc_pinned(&self, b: usize) -> dlpack_mpi::Result<std::ptr::NonNull<u8>> {
+        self.0.alloc_pinned(b)
+    }
+    unsafe fn free_pinned(&self, p: std::ptr::NonNull<u8>, b: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.free_pinned(p, b) }
+    }
+    unsafe fn copy_to_host(
+        &self,
+        d: Device,
+        dst: *mut u8,
+        src: *const std::ffi::c_void,
+        b: usize,
+    ) -> dlpack_mpi::Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.copy_to_host(d, dst, src, b) }
+    }
+    unsafe fn copy_to_device(
+        &self,
+        d: Device,
+        dst: *mut std::ffi::c_void,
+        src: *const u8,
+        b: usize,
+    ) -> dlpack_mpi::Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.copy_to_device(d, dst, src, b) }
+    }
+}
+
+fn c51_consumer_stream_and_minus_one(_w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let k = AsyncKernel::new(&rt, 4, 1.0, true);
+    drop(call!(acquire_with_runtime(
+        &k,
+        &AcquireOptions::default(),
+        Some(&rt)
+    )));
+    let unsync = AcquireOptions {
+        stream: StreamPolicy::Unsynchronized,
+        ..AcquireOptions::default()
+    };
+    drop(call!(acquire_with_runtime(&k, &unsync, Some(&rt))));
+    let asked = k.asked.lock().unwrap().clone();
+    let consumer = call!(rt.consumer_stream(CUDA0));
+    ensure_eq!(asked, vec![Some(consumer), Some(-1)]);
+    ensure!(
+        ![0, 1, 2, -1].contains(&consumer),
+        "the consumer's own stream must be a handle, got {consumer}"
+    );
+    // The default policy synchronized exactly that stream, and ran the queued kernel.
+    let syncs: Vec<_> = rt
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, RuntimeCall::Synchronize { .. }))
+        .collect();
+    ensure_eq!(
+        syncs,
+        vec![RuntimeCall::Synchronize {
+            device: CUDA0,
+            stream: consumer,
+            completed: 1
+        }]
+    );
+    Ok(())
+}
+
+fn c53_no_device_query_syncs_legacy_stream(_w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let k = AsyncKernel::new(&rt, 3, 5.0, false);
+    let t = call!(acquire_with_runtime(
+        &k,
+        &AcquireOptions::default(),
+        Some(&rt)
+    ));
+    ensure_eq!(t.device(), CUDA0);
+    drop(t);
+    ensure_eq!(k.asked.lock().unwrap().clone(), vec![None]);
+    ensure!(
+        rt.calls().contains(&RuntimeCall::Synchronize {
+            device: CUDA0,
+            stream: 1,
+            completed: 1
+        }),
+        "a tensor asked for without a stream must be ordered by the legacy stream: {:?}",
+        rt.calls()
+    );
+    Ok(())
+}
+
+/// Acquire from the asynchronous producer through `rt`, all-reduce (sum) through a staged
+/// DeviceComm, and compare with the values the kernel writes.
+fn async_kernel_allreduce(
+    w: &SimpleCommunicator,
+    sim: &SimulatedDevice,
+    rt: &dyn DeviceRuntime,
+) -> Outcome {
+    const N: usize = 100_000;
+    let k = AsyncKernel::new(sim, N, w.rank() as f32, true);
+    let mut out = on(CUDA0, vec![-1.0; N]);
+    {
+        let send = call!(acquire_with_runtime(
+            &k,
+            &AcquireOptions::default(),
+            Some(rt)
+        ));
+        let mut recv = take(&out, rt)?;
+        let dc = call!(DeviceComm::new(w, Some(rt), Transport::Staged));
+        call!(dc.all_reduce_tensor(&send, &mut recv, ReduceOp::Sum));
+    }
+    let size = w.size() as f32;
+    let rank_sum = (0..w.size()).map(|r| r as f32).sum::<f32>();
+    for (i, v) in out.as_slice().iter().enumerate() {
+        let want = rank_sum + size * i as f32;
+        ensure!(
+            *v == want,
+            "element {i}: got {v}, the kernel's sum is {want}"
+        );
+    }
+    Ok(())
+}
+
+fn c61_async_kernel_is_ordered_before_mpi(w: &SimpleCommunicator) -> Outcome {
+    let sim = SimulatedDevice::new();
+    async_kernel_allreduce(w, &sim, &sim)?;
+    // Control: the same pipeline with the synchronization removed must not pass.
+    let sim2 = SimulatedDevice::new();
+    let broken = async_kernel_allreduce(w, &sim2, &NoSync(&sim2));
+    ensure!(
+        broken.is_err(),
+        "without synchronization the receiver must see stale values; the case cannot fail"
+    );
+    Ok(())
+}
+
+fn c60_pinned_host_is_host_memory(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let src = on(PINNED, vec![w.rank() as f32 + 0.5; 32]);
+    let mut dst = on(PINNED, vec![0.0; 32]);
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        let dc = staged(w, &rt);
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Max));
+        ensure_eq!(dc.last_route(), Some(Route::Host));
+    }
+    ensure_eq!(dst.as_slice()[31], (w.size() - 1) as f32 + 0.5);
+    ensure!(
+        rt.calls().is_empty(),
+        "pinned host memory made runtime calls: {:?}",
+        rt.calls()
+    );
+    Ok(())
+}
+
+fn c62_other_device_current(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    rt.set_current_device(0);
+    let src = on(CUDA1, vec![1.0; 64]);
+    let mut dst = on(CUDA1, vec![0.0; 64]);
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        rt.place(s.data_ptr(), 256, CUDA1);
+        rt.place(d.data_ptr(), 256, CUDA1);
+        call!(staged(w, &rt).all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+    }
+    ensure_eq!(dst.as_slice()[63], w.size() as f32);
+    ensure_eq!(rt.current_device(), 0);
+    for c in rt.calls() {
+        if let RuntimeCall::CopyToHost { current, .. } | RuntimeCall::CopyToDevice { current, .. } =
+            c
+        {
+            ensure_eq!(current, 1);
+        }
+    }
+    // Memory of device 1 labelled device 0: DeviceMismatch naming both, before MPI.
+    let liar = on(CUDA0, vec![1.0; 8]);
+    let mut out = on(CUDA0, vec![0.0; 8]);
+    let s = take(&liar, &rt)?;
+    rt.place(s.data_ptr(), 32, CUDA1);
+    let mut d = take(&out, &rt)?;
+    match staged(w, &rt).all_reduce_tensor(&s, &mut d, ReduceOp::Sum) {
+        Err(Error::DeviceMismatch {
+            reported_type: 2,
+            reported_id: 0,
+            actual_type: 2,
+            actual_id: 1,
+        }) => {}
+        other => {
+            return Err(format!(
+                "expected DeviceMismatch (2,0) vs (2,1), got {other:?}"
+            ))
+        }
+    }
+    drop(d);
+    ensure_eq!(out.as_slice()[0], 0.0);
+    Ok(())
+}
+
+fn c63_managed_is_synchronized_not_copied(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let src = on(MANAGED, vec![2.0; 16]);
+    let mut dst = on(MANAGED, vec![0.0; 16]);
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        let dc = staged(w, &rt);
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+        ensure_eq!(dc.last_route(), Some(Route::Managed));
+    }
+    ensure_eq!(dst.as_slice()[15], 2.0 * w.size() as f32);
+    ensure_eq!(copies(&rt), (0, 0));
+    let syncs = rt
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, RuntimeCall::Synchronize { device, .. } if *device == MANAGED))
+        .count();
+    ensure_eq!(syncs, 2);
+    Ok(())
+}
+
+/// Every collective through staging, float32 and float16 (whose reduction is a host
+/// function), checked value by value.
+fn c64_staged_every_collective(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let dc = staged(w, &rt);
+    let (rank, size) = (w.rank() as usize, w.size() as usize);
+    let n = 6;
+    // all-reduce, float32 and float16
+    let src = on(CUDA0, (0..n).map(|i| (rank * 10 + i) as f32).collect());
+    let mut dst = on(CUDA0, vec![0.0; n]);
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    let ranks: usize = (0..size).sum();
+    for i in 0..n {
+        ensure_eq!(dst.as_slice()[i], (ranks * 10 + i * size) as f32);
+    }
+    let h: Vec<f16> = (0..n).map(|i| f16::from_f32((rank + i) as f32)).collect();
+    let hsrc = Owned::new(h).labelled(CUDA0);
+    let mut hdst = Owned::new(vec![f16::ZERO; n]).labelled(CUDA0);
+    {
+        let s = take(&hsrc, &rt)?;
+        let mut d = take(&hdst, &rt)?;
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Max));
+    }
+    for i in 0..n {
+        ensure_eq!(hdst.as_slice()[i].to_f32(), (size - 1 + i) as f32);
+    }
+    // in-place all-reduce
+    let mut inplace = on(CUDA0, vec![1.5; n]);
+    {
+        let mut t = take(&inplace, &rt)?;
+        call!(dc.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum));
+    }
+    ensure_eq!(inplace.as_slice()[n - 1], 1.5 * size as f32);
+    // broadcast from the last rank
+    let root = (size - 1) as i32;
+    let mut b = on(CUDA0, vec![if rank == size - 1 { 7.0 } else { 0.0 }; n]);
+    {
+        let mut t = take(&b, &rt)?;
+        call!(dc.broadcast_tensor(&mut t, root));
+    }
+    ensure_eq!(b.as_slice(), &[7.0; 6][..]);
+    // all-gather and all-to-all
+    let mine = on(CUDA0, vec![rank as f32; 2]);
+    let mut all = on(CUDA0, vec![-1.0; 2 * size]);
+    {
+        let s = take(&mine, &rt)?;
+        let mut d = take(&all, &rt)?;
+        call!(dc.all_gather_tensor(&s, &mut d));
+    }
+    let want: Vec<f32> = (0..size).flat_map(|r| [r as f32, r as f32]).collect();
+    ensure_eq!(all.as_slice(), &want[..]);
+    let a2a = on(CUDA0, (0..size).map(|r| (rank * 100 + r) as f32).collect());
+    let mut got = on(CUDA0, vec![-1.0; size]);
+    {
+        let s = take(&a2a, &rt)?;
+        let mut d = take(&got, &rt)?;
+        call!(dc.all_to_all_tensor(&s, &mut d));
+    }
+    let want: Vec<f32> = (0..size).map(|r| (r * 100 + rank) as f32).collect();
+    ensure_eq!(got.as_slice(), &want[..]);
+    // reduce and gather to rank 0 (others pass no receive tensor)
+    let one = on(CUDA0, vec![rank as f32 + 1.0; 3]);
+    let mut red = on(CUDA0, vec![0.0; 3]);
+    let mut gat = on(CUDA0, vec![0.0; 3 * size]);
+    {
+        let s = take(&one, &rt)?;
+        let mut r = take(&red, &rt)?;
+        let mut g = take(&gat, &rt)?;
+        let (rr, gg): (Option<&mut dyn Tensor>, Option<&mut dyn Tensor>) = if rank == 0 {
+            (Some(&mut r), Some(&mut g))
+        } else {
+            (None, None)
+        };
+        call!(dc.reduce_tensor(&s, rr, ReduceOp::Sum, 0));
+        call!(dc.gather_tensor(&s, gg, 0));
+    }
+    if rank == 0 {
+        ensure_eq!(red.as_slice()[2], (1..=size).sum::<usize>() as f32);
+        let want: Vec<f32> = (0..size).flat_map(|r| [r as f32 + 1.0; 3]).collect();
+        ensure_eq!(gat.as_slice(), &want[..]);
+    }
+    // the pool reuses its buffers: running the same all-reduce again allocates nothing
+    let before = rt
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, RuntimeCall::AllocPinned { .. }))
+        .count();
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+    }
+    let after = rt
+        .calls()
+        .iter()
+        .filter(|c| matches!(c, RuntimeCall::AllocPinned { .. }))
+        .count();
+    ensure_eq!(before, after);
+    drop(dc);
+    ensure_eq!(rt.pinned_live_bytes(), 0);
+    Ok(())
+}
+
+/// Strided device tensors keep their layout through staging: a step-2 and a negative-stride
+/// send, received into a step-2 tensor whose gap elements must keep their values.
+fn c64_strided_staged(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let dc = staged(w, &rt);
+    let (rank, size) = (w.rank(), w.size());
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    let base: Vec<f32> = (0..10).map(|i| (rank * 100 + i) as f32).collect();
+    let step2 = Owned::new(base.clone())
+        .with_layout(&[5], Some(&[2]), 0)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    let mut into = Owned::new(vec![-7.0f32; 10])
+        .with_layout(&[5], Some(&[2]), 4)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    {
+        let s = take(&step2, &rt)?;
+        let mut d = take(&into, &rt)?;
+        call!(dc.sendrecv_tensor(&s, next, 3, &mut d, prev, 3));
+    }
+    let got = into.as_slice().to_vec();
+    for i in 0..5 {
+        ensure_eq!(got[2 * i], -7.0);
+        ensure_eq!(got[2 * i + 1], (prev * 100 + 2 * i as i32) as f32);
+    }
+    let reversed = Owned::new(base)
+        .with_layout(&[10], Some(&[-1]), 36)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    let mut plain = on(CUDA0, vec![0.0; 10]);
+    {
+        let s = take(&reversed, &rt)?;
+        let mut d = take(&plain, &rt)?;
+        call!(dc.sendrecv_tensor(&s, next, 4, &mut d, prev, 4));
+    }
+    let want: Vec<f32> = (0..10).rev().map(|i| (prev * 100 + i) as f32).collect();
+    ensure_eq!(plain.as_slice(), &want[..]);
+    Ok(())
+}
+
+/// A staged send of 10 MiB with 1 MiB parts: ten copies out, ten messages, reassembled on
+/// the receiver — into device memory (staged) and into host memory.
+fn pipelined_point_to_point(w: &SimpleCommunicator) -> Outcome {
+    let (rank, size) = (w.rank(), w.size());
+    if size < 2 {
+        return Ok(()); // a blocking pipelined send to oneself would wait for itself
+    }
+    const N: usize = 10 << 18; // 10 MiB of f32
+    let rt = SimulatedDevice::new();
+    let dc = staged(w, &rt).with_pipeline_chunk(Some(1 << 20));
+    ensure_eq!(dc.pipeline_chunk_bytes(), 1 << 20);
+    if rank == 0 {
+        let src = on(CUDA0, (0..N).map(|i| i as f32).collect());
+        let s = take(&src, &rt)?;
+        call!(dc.send_tensor(&s, 1, 9));
+        call!(dc.send_tensor(&s, 1, 10));
+        let (to_host, _) = copies(&rt);
+        ensure_eq!(to_host, 20);
+        ensure!(
+            rt.calls()
+                .iter()
+                .all(|c| !matches!(c, RuntimeCall::CopyToHost { bytes, .. } if *bytes > 1 << 20)),
+            "a part larger than 1 MiB was copied"
+        );
+    } else if rank == 1 {
+        let mut dst = on(CUDA0, vec![0.0; N]);
+        {
+            let mut d = take(&dst, &rt)?;
+            let status = call!(dc.recv_tensor(&mut d, 0, 9));
+            ensure_eq!(status.source_rank(), 0);
+        }
+        ensure_eq!(copies(&rt).1, 10);
+        let v = dst.as_slice();
+        ensure!(
+            v.iter().enumerate().all(|(i, x)| *x == i as f32),
+            "device receive differs"
+        );
+        let mut host = Owned::new(vec![0.0f32; N]);
+        {
+            let mut d = take(&host, &rt)?;
+            call!(dc.recv_tensor(&mut d, 0, 10));
+            ensure_eq!(dc.last_route(), Some(Route::Host));
+        }
+        let v = host.as_slice();
+        ensure!(
+            v.iter().enumerate().all(|(i, x)| *x == i as f32),
+            "host receive differs"
+        );
+    }
+    // A sender without pipelining, a pipelining receiver: one message, still received.
+    if rank == 1 {
+        let src = on(CUDA0, vec![3.0; N]);
+        let s = take(&src, &rt)?;
+        call!(staged(w, &rt)
+            .with_pipeline_chunk(None)
+            .send_tensor(&s, 0, 11));
+    } else if rank == 0 {
+        let mut dst = on(CUDA0, vec![0.0; N]);
+        {
+            let mut d = take(&dst, &rt)?;
+            call!(dc.recv_tensor(&mut d, 1, 11));
+        }
+        ensure!(
+            dst.as_slice().iter().all(|x| *x == 3.0),
+            "single-message receive differs"
+        );
+    }
+    Ok(())
+}
+
+fn c65_empty_tensor_makes_no_runtime_call(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let empty = on(CUDA0, Vec::new());
+    let mut out = on(CUDA0, Vec::new());
+    let s = take(&empty, &rt)?;
+    let mut d = take(&out, &rt)?;
+    ensure!(s.data_ptr().is_null() || s.num_elements() == 0, "not empty");
+    rt.clear_calls();
+    call!(staged(w, &rt).all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+    let size = w.size();
+    let (rank, next, prev) = (
+        w.rank(),
+        (w.rank() + 1) % size,
+        (w.rank() + size - 1) % size,
+    );
+    let _ = rank;
+    call!(staged(w, &rt).sendrecv_tensor(&s, next, 5, &mut d, prev, 5));
+    ensure!(
+        rt.calls().is_empty(),
+        "an empty tensor made runtime calls: {:?}",
+        rt.calls()
+    );
+    drop(d);
+    ensure_eq!(out.as_slice().len(), 0);
+    Ok(())
+}
+
+/// With `DLPACK_MPI_CUDA_AWARE=1`, `Auto` goes direct for contiguous tensors and still
+/// stages strided ones and half-precision reductions; `Direct` is refused when MPI is not
+/// CUDA-aware.
+fn direct_route_and_its_exceptions(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
+    let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Auto);
+    std::env::set_var("DLPACK_MPI_CUDA_AWARE", "0");
+    let refused = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Direct);
+    std::env::remove_var("DLPACK_MPI_CUDA_AWARE");
+    let dc = call!(dc);
+    ensure!(dc.is_direct(), "Auto with an aware MPI must go direct");
+    match refused {
+        Err(Error::TransportUnavailable {
+            transport: "direct",
+            reason,
+        }) => {
+            ensure!(reason.contains("not CUDA-aware"), "reason: {reason}")
+        }
+        other => return Err(format!("expected TransportUnavailable, got {other:?}")),
+    }
+    let src = on(CUDA0, vec![1.0; 8]);
+    let mut dst = on(CUDA0, vec![0.0; 8]);
+    {
+        let s = take(&src, &rt)?;
+        let mut d = take(&dst, &rt)?;
+        rt.clear_calls();
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+        ensure_eq!(dc.last_route(), Some(Route::Direct));
+        ensure_eq!(copies(&rt), (0, 0));
+    }
+    ensure_eq!(dst.as_slice()[7], w.size() as f32);
+    let strided = on(CUDA0, vec![1.0; 8])
+        .with_layout(&[4], Some(&[2]), 0)
+        .map_err(|e| e.to_string())?;
+    let mut four = on(CUDA0, vec![0.0; 4]);
+    {
+        let s = take(&strided, &rt)?;
+        let mut d = take(&four, &rt)?;
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    ensure_eq!(four.as_slice(), &[w.size() as f32; 4][..]);
+    let h = Owned::new(vec![f16::ONE; 4]).labelled(CUDA0);
+    let mut hout = Owned::new(vec![f16::ZERO; 4]).labelled(CUDA0);
+    {
+        let s = take(&h, &rt)?;
+        let mut d = take(&hout, &rt)?;
+        call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    ensure_eq!(hout.as_slice()[0].to_f32(), w.size() as f32);
+    Ok(())
+}
+
+/// Refusals before MPI and before any copy: ROCm, no runtime, a read-only device receive.
+fn refusals(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let rocm = Owned::new(vec![1.0f32; 4]).labelled(Device::new(device_type::ROCM, 0));
+    let unsync = AcquireOptions {
+        stream: StreamPolicy::Unsynchronized,
+        ..AcquireOptions::default()
+    };
+    let t = call!(acquire_with_runtime(&rocm, &unsync, Some(&rt)));
+    let mut out = on(CUDA0, vec![0.0; 4]);
+    let mut d = take(&out, &rt)?;
+    match staged(w, &rt).all_reduce_tensor(&t, &mut d, ReduceOp::Sum) {
+        Err(Error::UnsupportedDevice {
+            device_type: 10, ..
+        }) => {}
+        other => return Err(format!("ROCm: expected UnsupportedDevice, got {other:?}")),
+    }
+    let cuda = on(CUDA0, vec![1.0; 4]);
+    let s = take(&cuda, &rt)?;
+    let hostonly = call!(DeviceComm::new(w, None, Transport::Staged));
+    match hostonly.all_reduce_tensor(&s, &mut d, ReduceOp::Sum) {
+        Err(Error::UnsupportedDevice { reason, .. }) => {
+            ensure!(reason.contains("feature `cuda`"), "reason: {reason}")
+        }
+        other => {
+            return Err(format!(
+                "no runtime: expected UnsupportedDevice, got {other:?}"
+            ))
+        }
+    }
+    drop(d);
+    let ro = on(CUDA0, vec![0.0; 4]).read_only();
+    let mut r = take(&ro, &rt)?;
+    rt.clear_calls();
+    match staged(w, &rt).all_reduce_tensor(&s, &mut r, ReduceOp::Sum) {
+        Err(Error::ReadOnly) => {}
+        other => return Err(format!("read-only: expected ReadOnly, got {other:?}")),
+    }
+    ensure_eq!(copies(&rt), (0, 0));
+    drop(r);
+    ensure_eq!(out.as_slice(), &[0.0; 4][..]);
+    Ok(())
+}
+
+type Case = fn(&SimpleCommunicator) -> Outcome;
+
+const CASES: &[(&str, Case)] = &[
+    (
+        "c51_consumer_stream_and_minus_one",
+        c51_consumer_stream_and_minus_one,
+    ),
+    (
+        "c53_no_device_query_syncs_legacy_stream",
+        c53_no_device_query_syncs_legacy_stream,
+    ),
+    (
+        "c60_pinned_host_is_host_memory",
+        c60_pinned_host_is_host_memory,
+    ),
+    (
+        "c61_async_kernel_is_ordered_before_mpi",
+        c61_async_kernel_is_ordered_before_mpi,
+    ),
+    ("c62_other_device_current", c62_other_device_current),
+    (
+        "c63_managed_is_synchronized_not_copied",
+        c63_managed_is_synchronized_not_copied,
+    ),
+    ("c64_staged_every_collective", c64_staged_every_collective),
+    ("c64_strided_staged", c64_strided_staged),
+    (
+        "c65_empty_tensor_makes_no_runtime_call",
+        c65_empty_tensor_makes_no_runtime_call,
+    ),
+    ("pipelined_point_to_point", pipelined_point_to_point),
+    (
+        "direct_route_and_its_exceptions",
+        direct_route_and_its_exceptions,
+    ),
+    ("refusals", refusals),
+];
+
+fn main() {
+    let filter = harness::filters();
+    let universe = mpi::initialize().expect("MPI initializes once");
+    let w = universe.world();
+    if w.rank() == 0 {
+        println!("running simulated-device cases at {} rank(s)", w.size());
+    }
+    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
+    harness::report(&w, passed, failed);
+    drop(universe);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
