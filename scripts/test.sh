@@ -6,7 +6,9 @@
 # at 1-3 ranks, wire interop with mpi4py (MPMD jobs), every example at 1-4 ranks, the check
 # matrix at 1-4 ranks (NumPy arrays and Rust-made tensors), and a two-host run over TCP
 # between two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be
-# made). Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# made), the GPU transport on a simulated device at 2-3 ranks, and the `cuda` feature's lints
+# and GPU cases (which skip without a GPU; scripts/gpu-check.sh runs them on one). Installs
+# what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh [--mpi openmpi|mpich]
 #   --mpi openmpi (the default, what CI runs): Open MPI, built in target/.
@@ -118,6 +120,13 @@ for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
 stage "checked protocol at 2 ranks" test_binary_at checked 2
+for n in 2 3; do
+    stage "GPU transport on a simulated device (C51, C53, C60-C65, staging) at $n ranks" \
+        test_binary_at device_cases "$n"
+done
+stage "cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time)" \
+    cargo clippy --all-targets --features cuda,python -- -D warnings
+stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cuda
 stage "python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI with NumPy" \
     timeout 600 cargo test --features python --lib --test python_cases --test cli
 stage "python: doc tests of the python module" timeout 600 cargo test --features python --doc python
