@@ -435,6 +435,31 @@ impl<'a, T: Element + DeviceRepr> CudaExport<'a, T> {
         }
     }
 
+    /// Exports as `dtype` instead of `T::DTYPE` (e.g. a `CudaSlice<u8>` of any element
+    /// type's bytes), as a 1-d tensor covering the whole slice; follow with
+    /// [`CudaExport::with_layout`] for another shape (its strides count `dtype` elements).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedDtype`] for sub-byte dtypes; [`Error::ShapeMismatch`] when the
+    /// slice is not a whole number of `dtype` elements.
+    pub fn with_dtype(mut self, dtype: crate::dtype::DType) -> Result<Self> {
+        let elem = dtype.size_bytes().ok_or(Error::UnsupportedDtype {
+            dtype,
+            reason: "exporters need a whole number of bytes per element",
+        })?;
+        if self.storage_bytes % elem != 0 {
+            return Err(Error::ShapeMismatch {
+                what: "CudaExport::with_dtype",
+                expected: (self.storage_bytes / elem + 1) as u64 * elem as u64,
+                actual: self.storage_bytes as u64,
+            });
+        }
+        let device = self.layout.device();
+        let flags = self.layout.flags();
+        self.layout = ExportLayout::new(dtype, self.storage_bytes / elem, flags, device);
+        Ok(self)
+    }
+
     /// Exports with `shape`, strides (elements; `None` = compact row-major) and a byte
     /// offset from the slice's start.
     ///

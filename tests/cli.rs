@@ -242,20 +242,31 @@ fn check_refusals_are_one_line_and_exit_2() {
             "unknown dtype `float128`",
         ),
         (
-            &["check", "--device", "cuda"],
-            "device `cuda` needs GPU support",
+            &["check", "--device", "cuda-host", "--transport", "staged"],
+            "transport `staged` applies to CUDA device memory",
         ),
         (
             &["check", "--transport", "staged"],
-            "transport `staged` applies to GPU",
+            "transport `staged` applies to CUDA device memory",
         ),
         (
             &["check", "--frobnicate"],
             "unexpected argument '--frobnicate'",
         ),
         (
-            &["bench", "--device", "cuda"],
-            "device `cuda` needs GPU support",
+            &["bench", "--device", "cuda-managed"],
+            "bench runs on device `cpu` or `cuda`",
+        ),
+        (
+            &[
+                "bench",
+                "--device",
+                "cuda",
+                "--simulate-device",
+                "--op",
+                "strided",
+            ],
+            "--device cuda benchmarks ping-pong",
         ),
         (&["bench", "--sizes", "3"], "size `3` is outside"),
     ] {
@@ -553,4 +564,224 @@ fn check_progress_bar_on_a_terminal() {
     // 2 dtypes × 6 layouts × 2 lengths; the bar shows "k/24", then is cleared.
     assert!(typed.contains("/24 "), "no progress bar: {typed}");
     assert!(typed.contains("24 passed, 0 failed, 0 skipped"), "{typed}");
+}
+
+/// The GPU path on a machine without a GPU: `--simulate-device` labels host memory as CUDA
+/// memory and simulates the runtime, so every CUDA tensor is staged through pinned buffers.
+#[test]
+fn check_simulated_cuda_device_is_staged() {
+    let json = scratch("gpu.json");
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "--device",
+            "cuda",
+            "--simulate-device",
+            "--op",
+            "allreduce,sendrecv,bcast",
+            "--dtype",
+            "float32,int32",
+            "--layout",
+            "contiguous,step",
+            "--len",
+            "0,7,1000",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[("DLPACK_MPI_CUDA_AWARE", "0")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("CUDA tensors staged through pinned host buffers"),
+        "{stdout}"
+    );
+    // 3 ops × 2 dtypes × 2 layouts × 3 lengths.
+    let pass: Vec<&str> = stdout.lines().filter(|l| l.starts_with("PASS ")).collect();
+    assert_eq!(pass.len(), 36, "{stdout}");
+    for l in &pass {
+        assert!(l.contains("/cuda/staged/"), "{l}");
+        assert!(l.ends_with(" [cuda:0 staged]"), "{l}");
+    }
+    assert!(
+        stdout.contains("PASS allreduce/float32/step/cuda/staged/1000 [cuda:0 staged]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("36 passed, 0 failed, 0 skipped"),
+        "{stdout}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let cases = report["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 36);
+    assert!(cases
+        .iter()
+        .all(|c| c["device"] == "cuda" && c["transport"] == "staged" && c["route"] == "staged"));
+
+    // `all` with a (simulated) runtime: every device, names unique; -k picks one device.
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "--device",
+            "all",
+            "--simulate-device",
+            "--list",
+            "-k",
+            "bcast/int8/contiguous/",
+            "--len",
+            "7",
+        ],
+        &[("DLPACK_MPI_CUDA_AWARE", "0")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let names: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        names,
+        [
+            "bcast/int8/contiguous/cpu/host/7",
+            "bcast/int8/contiguous/cuda-host/host/7",
+            "bcast/int8/contiguous/cuda/staged/7",
+            "bcast/int8/contiguous/cuda-managed/managed/7",
+        ]
+    );
+}
+
+/// `--device cuda` without a GPU runtime, and `--transport direct` with an MPI that is not
+/// CUDA-aware, are refused in one line with exit 2.
+#[test]
+fn check_gpu_refusals() {
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![(
+        vec![
+            "check",
+            "--device",
+            "cuda",
+            "--simulate-device",
+            "--transport",
+            "direct",
+        ],
+        "transport direct is not available: MPI is not CUDA-aware: no (set by \
+         DLPACK_MPI_CUDA_AWARE)",
+    )];
+    if !cfg!(feature = "cuda") {
+        cases.push((
+            vec!["check", "--device", "cuda"],
+            "dlpack-mpi check: device `cuda` needs a GPU runtime: this build lacks feature `cuda`",
+        ));
+        cases.push((
+            vec!["bench", "--device", "cuda"],
+            "dlpack-mpi bench: device `cuda` needs a GPU runtime: this build lacks feature `cuda`",
+        ));
+    }
+    for (args, says) in cases {
+        let out = mpirun(2, &args, &[("DLPACK_MPI_CUDA_AWARE", "0")]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("dlpack-mpi"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
+        assert!(ours[0].contains(says), "{args:?}: {stderr}");
+        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+    }
+}
+
+/// The GPU bench on a simulated device: staged next to the pinned copy and host MPI, with
+/// the ratio and every value checked.
+#[test]
+fn bench_simulated_cuda_device() {
+    let out = mpirun(
+        2,
+        &[
+            "bench",
+            "--device",
+            "cuda",
+            "--simulate-device",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "50",
+            "--rounds",
+            "2",
+        ],
+        &[("DLPACK_MPI_CUDA_AWARE", "0")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("GPU runtime: simulated device"), "{stdout}");
+    assert!(
+        stdout.contains("copy = device → pinned host → device copy"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("direct = DeviceComm with device pointers (not run: transport direct"),
+        "{stdout}"
+    );
+    for op in ["ping-pong", "allreduce"] {
+        assert!(
+            stdout.contains(&format!("{op} staged/copy at 64 MiB: not measured")),
+            "{stdout}"
+        );
+    }
+    // Two sizes per operation, each verified; the copy and staged columns hold numbers.
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("4 KiB") || l.trim_start().starts_with("64 KiB"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for r in &rows {
+        let cols: Vec<&str> = r.split_whitespace().collect();
+        // size (2 words), host, copy, staged, direct, copy GB/s, staged GB/s, ratio, verified
+        assert_eq!(cols.len(), 10, "{r}");
+        for c in [&cols[2], &cols[3], &cols[4], &cols[6], &cols[7], &cols[8]] {
+            assert!(c.parse::<f64>().is_ok_and(|v| v > 0.0), "{r}");
+        }
+        assert_eq!(cols[5], "—", "{r}");
+        assert_eq!(cols[9], "yes", "{r}");
+    }
+    assert!(
+        stdout.contains("values: every delivered element checked: passed"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn info_reports_the_gpu_runtime() {
+    let out = mpirun(1, &["info"], &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("GPU runtime: "))
+        .unwrap_or_else(|| panic!("no GPU runtime line: {stdout}"));
+    if cfg!(feature = "cuda") {
+        assert!(
+            line.starts_with("GPU runtime: CUDA driver ")
+                || line.starts_with("GPU runtime: none: no CUDA driver found"),
+            "{line}"
+        );
+    } else {
+        assert_eq!(
+            line,
+            "GPU runtime: none: this build lacks feature `cuda` (build with `--features cuda`)"
+        );
+    }
+    // Next to the CUDA-awareness line.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines.iter().position(|l| *l == line).unwrap();
+    assert!(lines[at - 1].starts_with("CUDA-aware MPI: "), "{stdout}");
 }

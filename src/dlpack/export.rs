@@ -486,6 +486,12 @@ impl ExportLayout {
         self.device
     }
 
+    /// The DLPack flags exported tensors carry.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn flags(&self) -> u64 {
+        self.flags
+    }
+
     /// Replaces shape, strides (elements) and byte offset, checked against the storage.
     #[cfg(feature = "cuda")]
     pub(crate) fn reshaped(

@@ -54,13 +54,15 @@ const ELEM: usize = std::mem::size_of::<Elem>();
 /// Sizes up to this many bytes run `--iters` iterations per round; larger ones run
 /// `iters × SCALE_REF / size` (at least `MIN_ITERS`), so every round moves about the same
 /// number of bytes.
-const SCALE_REF: usize = 16 << 10;
+pub(crate) const SCALE_REF: usize = 16 << 10;
 const MIN_ITERS: u64 = 4;
 /// The per-message target at the smallest size, µs (best round, dlpack − raw).
 const TARGET_SMALL_US: f64 = 0.05;
 /// The ratio target at ≥ 1 MiB (dlpack / raw).
 const TARGET_LARGE_RATIO: f64 = 1.02;
 const LARGE: usize = 1 << 20;
+/// `--max-size` when not given (host memory).
+const DEFAULT_MAX_SIZE: u64 = 64 << 20;
 
 /// Which benchmark to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,7 +90,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Latency => "latency",
             Op::Bandwidth => "bandwidth",
@@ -215,14 +217,22 @@ pub struct BenchArgs {
     /// fewer (iters × 16 KiB / size, at least 4).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub iters: u64,
-    /// Largest message in bytes when --sizes is not given (latency from 8 B; bandwidth and
-    /// all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB). Strided sizes are
-    /// fixed (a 64 MiB storage); `all` skips them below 64 MiB.
-    #[arg(long, default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
-    pub max_size: u64,
-    /// Where the tensors live.
+    /// Largest message in bytes when --sizes is not given, default 64 MiB (latency from 8 B;
+    /// bandwidth and all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB).
+    /// Strided sizes are fixed (a 64 MiB storage); `all` skips them below 64 MiB. With
+    /// `--device cuda`: sizes from 4 KiB, default up to 256 MiB.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
+    pub max_size: Option<u64>,
+    /// Where the tensors live: `cpu`, or `cuda` (device memory through cudarc: feature
+    /// `cuda` and a CUDA driver), which runs ping-pong and allreduce through DeviceComm
+    /// (staged, and direct when MPI is CUDA-aware) next to a device → pinned → device copy
+    /// of the same bytes and to host-memory MPI, with the staged/copy bandwidth ratio.
     #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
     pub device: crate::DeviceArg,
+    /// Testing without a GPU: `--device cuda` on host memory labelled `kDLCUDA`, with a
+    /// simulated runtime.
+    #[arg(long, hide = true)]
+    pub simulate_device: bool,
     /// Layout of the dlpack-mpi side's tensors.
     #[arg(long, value_enum, default_value_t = BenchLayout::Contiguous)]
     pub layout: BenchLayout,
@@ -345,7 +355,7 @@ impl Aligned {
     }
 }
 
-fn iters_for(base: u64, bytes: usize) -> u64 {
+pub(crate) fn iters_for(base: u64, bytes: usize) -> u64 {
     if bytes <= SCALE_REF {
         base
     } else {
@@ -353,7 +363,7 @@ fn iters_for(base: u64, bytes: usize) -> u64 {
     }
 }
 
-fn sizes(min: usize, max: usize) -> Vec<usize> {
+pub(crate) fn sizes(min: usize, max: usize) -> Vec<usize> {
     let mut v = Vec::new();
     let mut s = min;
     while s <= max {
@@ -363,7 +373,7 @@ fn sizes(min: usize, max: usize) -> Vec<usize> {
     v
 }
 
-fn fmt_size(bytes: usize) -> String {
+pub(crate) fn fmt_size(bytes: usize) -> String {
     if bytes >= 1 << 20 && bytes % (1 << 20) == 0 {
         format!("{} MiB", bytes >> 20)
     } else if bytes >= 1 << 10 && bytes % (1 << 10) == 0 {
@@ -1043,7 +1053,7 @@ fn sweep(
     }
     let list: Vec<usize> = match &args.sizes {
         Some(s) => s.0.iter().map(|&b| b as usize).collect(),
-        None => op.default_sizes(args.max_size as usize),
+        None => op.default_sizes(args.max_size.unwrap_or(DEFAULT_MAX_SIZE) as usize),
     };
     let paths = available(op, args.layout);
     if root {
@@ -1744,7 +1754,7 @@ fn write_plot(path: &std::path::Path, rows: &[Row], title: &str) -> Result<(), S
 }
 
 /// The library's version string, first line.
-fn library_line() -> String {
+pub(crate) fn library_line() -> String {
     mpi::environment::library_version()
         .map(|s| {
             s.trim_end_matches(['\0', '\n'])
@@ -1759,11 +1769,16 @@ fn library_line() -> String {
 
 /// Refuses options this build or this job cannot honour, in one line; `None` = go on.
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
-    if args.device != crate::DeviceArg::Cpu {
+    if !matches!(args.device, crate::DeviceArg::Cpu | crate::DeviceArg::Cuda) {
         return Some(format!(
-            "device `{}` needs GPU support, which this release does not have yet (host memory only)",
+            "bench runs on device `cpu` or `cuda`, not `{}`",
             args.device.name()
         ));
+    }
+    if args.device == crate::DeviceArg::Cuda {
+        if let Some(why) = crate::gpu_bench::refuse(args) {
+            return Some(why);
+        }
     }
     if args.op.point_to_point() && world.size() < 2 {
         return Some(if crate::under_launcher() {
@@ -1799,6 +1814,17 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
             eprintln!("dlpack-mpi bench: {why}");
         }
         return ExitCode::from(2);
+    }
+    if args.device == crate::DeviceArg::Cuda {
+        return match crate::agreed(world, crate::gpu_runtime(args.simulate_device)) {
+            Ok(gpu) => crate::gpu_bench::run(world, args, gpu),
+            Err(why) => {
+                if root {
+                    eprintln!("dlpack-mpi bench: device `cuda` needs a GPU runtime: {why}");
+                }
+                ExitCode::from(2)
+            }
+        };
     }
     if root {
         println!(
@@ -1837,7 +1863,7 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
     for &op in ops {
         let result = if op == Op::Strided {
             if args.op == Op::All
-                && (args.max_size < (STRIDED_STORAGE * ELEM) as u64
+                && (args.max_size.unwrap_or(DEFAULT_MAX_SIZE) < (STRIDED_STORAGE * ELEM) as u64
                     || args.sizes.is_some()
                     || args.layout != BenchLayout::Contiguous)
             {

@@ -1,7 +1,9 @@
 //! `dlpack-mpi check`: every operation × every transferable dtype × several lengths.
 //!
 //! Each case makes its tensors through the public producer path (`Owned` exporter →
-//! `acquire`), runs one operation through `TensorComm`, and compares what arrived with the
+//! `acquire`, NumPy's `__dlpack__`, or cudarc device memory through `CudaExport`), runs one
+//! operation through `DeviceComm` (which routes each tensor: host memory straight to
+//! `TensorComm`, CUDA memory direct or staged through pinned buffers), and compares what arrived with the
 //! values computed here independently of MPI (closed forms over rank and index, reductions
 //! folded in the element type's own arithmetic). Verdicts are combined across ranks; rank 0
 //! prints one line per case, `PASS`/`FAIL`/`SKIP` with the reason, and closes with
@@ -13,9 +15,11 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use dlpack_mpi::comm::TensorComm;
-use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
+use dlpack_mpi::device::{device_type, Device};
+use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
 use dlpack_mpi::dtype::{code, AnyBits, DType, ReduceOp};
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, Route};
 use dlpack_mpi::Error;
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
@@ -47,17 +51,30 @@ pub struct CheckArgs {
     /// Tensor lengths in elements.
     #[arg(long, value_delimiter = ',', default_values_t = [0i64, 1, 7, 1000, 65_536])]
     pub len: Vec<i64>,
-    /// Where the tensors live.
+    /// Where the tensors live: `cpu`; `cuda-host` (pinned host memory, `kDLCUDAHost`: host
+    /// memory, no device path); `cuda` (device memory through cudarc: feature `cuda` and a
+    /// CUDA driver); `cuda-managed` (needs --simulate-device for now); `all` = every device
+    /// available here. Device names appear in case names (`-k /cuda/`).
     #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
     pub device: crate::DeviceArg,
+    /// Testing without a GPU: CUDA tensors are host memory labelled `kDLCUDA` /
+    /// `kDLCUDAManaged` and the GPU runtime is simulated, so staging, routing and stream
+    /// synchronization run as on a GPU.
+    #[arg(long, hide = true)]
+    pub simulate_device: bool,
     /// Who makes the tensors: `numpy` = NumPy arrays through `__dlpack__` (feature
     /// `python`); `rust` = dlpack-mpi's own `Owned` exporter; `auto` = NumPy when this build
-    /// has Python support and NumPy imports, else Rust.
+    /// has Python support and NumPy imports, else Rust. Applies to `cpu` cases; other
+    /// devices' tensors are always made by Rust (`Owned`, or cudarc for `cuda`).
     #[arg(long, value_enum, default_value_t = Producer::Auto)]
     pub producer: Producer,
-    /// How device memory reaches MPI: `auto` = what the MPI library supports; `direct` =
-    /// device pointers to a CUDA-aware MPI; `staged` = through pinned host memory. Host
-    /// tensors always go directly (transport `host` in case names).
+    /// How CUDA device memory reaches MPI: `auto` = direct when the MPI library is
+    /// CUDA-aware, else staged; `direct` = device pointers to a CUDA-aware MPI (refused when
+    /// it is not); `staged` = through pinned host memory. Host tensors (`cpu`, `cuda-host`)
+    /// always go directly (transport `host` in case names), managed memory as `managed`;
+    /// `direct`/`staged` are refused when no CUDA device is selected. Strided or
+    /// float16/bfloat16-reduced tensors are staged even under `direct` (the line's `[…]`
+    /// says the route taken).
     #[arg(long, value_enum, default_value_t = Transport::Auto)]
     pub transport: Transport,
     /// Stop at the first failure.
@@ -104,6 +121,118 @@ pub enum Transport {
     Direct,
     /// Copies through pinned host buffers around each MPI call.
     Staged,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Direct => "direct",
+            Transport::Staged => "staged",
+        }
+    }
+
+    fn library(self) -> dlpack_mpi::transport::Transport {
+        match self {
+            Transport::Auto => dlpack_mpi::transport::Transport::Auto,
+            Transport::Direct => dlpack_mpi::transport::Transport::Direct,
+            Transport::Staged => dlpack_mpi::transport::Transport::Staged,
+        }
+    }
+}
+
+/// The communicator every case goes through.
+type Comm<'c> = DeviceComm<'c, SimpleCommunicator>;
+
+/// Where a case's tensors live (case names' `device` part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dev {
+    /// Host memory.
+    Cpu,
+    /// Pinned host memory (`kDLCUDAHost`): host memory for MPI.
+    CudaHost,
+    /// CUDA device memory (`kDLCUDA`, ordinal 0).
+    Cuda,
+    /// CUDA managed memory (`kDLCUDAManaged`).
+    CudaManaged,
+}
+
+const DEVS: [Dev; 4] = [Dev::Cpu, Dev::CudaHost, Dev::Cuda, Dev::CudaManaged];
+
+impl Dev {
+    fn name(self) -> &'static str {
+        match self {
+            Dev::Cpu => "cpu",
+            Dev::CudaHost => "cuda-host",
+            Dev::Cuda => "cuda",
+            Dev::CudaManaged => "cuda-managed",
+        }
+    }
+
+    /// The DLPack device the tensors are labelled with.
+    fn label(self) -> Device {
+        match self {
+            Dev::Cpu => Device::CPU,
+            Dev::CudaHost => Device::new(device_type::CUDA_HOST, 0),
+            Dev::Cuda => Device::new(device_type::CUDA, 0),
+            Dev::CudaManaged => Device::new(device_type::CUDA_MANAGED, 0),
+        }
+    }
+
+    /// Whether the tensors need a GPU runtime (streams, copies).
+    fn needs_runtime(self) -> bool {
+        matches!(self, Dev::Cuda | Dev::CudaManaged)
+    }
+
+    /// The transport part of case names: `host` for host memory, `managed` for managed
+    /// memory, the communicator's mode (`direct` or `staged`) for device memory.
+    fn transport(self, dc: &Comm<'_>) -> &'static str {
+        match self {
+            Dev::Cpu | Dev::CudaHost => "host",
+            Dev::CudaManaged => "managed",
+            Dev::Cuda if dc.is_direct() => "direct",
+            Dev::Cuda => "staged",
+        }
+    }
+
+    /// `cuda:0`-style, for the `[device route]` of a line.
+    fn short(self) -> String {
+        let d = self.label();
+        let kind = match self {
+            Dev::Cpu => "cpu",
+            Dev::CudaHost => "cuda-host",
+            Dev::Cuda => "cuda",
+            Dev::CudaManaged => "cuda-managed",
+        };
+        format!("{kind}:{}", d.device_id)
+    }
+}
+
+thread_local! {
+    /// The device of the case being run.
+    static DEVICE: std::cell::Cell<Dev> = const { std::cell::Cell::new(Dev::Cpu) };
+    /// The GPU runtime of this run (`None`: host devices only).
+    static RUNTIME: std::cell::Cell<Option<&'static dyn DeviceRuntime>> =
+        const { std::cell::Cell::new(None) };
+    /// Whether `cuda` tensors are real device memory (cudarc) rather than labelled host
+    /// memory (`--simulate-device`).
+    static REAL_CUDA: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The most telling route the DeviceComm calls of the current case took.
+    static ROUTE: std::cell::Cell<Option<Route>> = const { std::cell::Cell::new(None) };
+}
+
+fn device() -> Dev {
+    DEVICE.with(|d| d.get())
+}
+
+fn runtime() -> Option<&'static dyn DeviceRuntime> {
+    RUNTIME.with(|r| r.get())
+}
+
+/// Records the route of the communicator's last operation for the case's line.
+fn note_route(dc: &Comm<'_>) {
+    let last = dc.last_route();
+    ROUTE.with(|r| r.set(r.get().max(last)));
 }
 
 /// Operations the check runs, by name.
@@ -260,26 +389,137 @@ enum Store<S: AnyBits> {
         view: pyo3::Py<pyo3::PyAny>,
         _elem: std::marker::PhantomData<S>,
     },
+    /// CUDA device memory (cudarc) holding the storage's bytes, exported through
+    /// `CudaExport` as the case's dtype and layout.
+    #[cfg(feature = "cuda")]
+    Cuda {
+        slice: std::cell::RefCell<cudarc::driver::CudaSlice<u8>>,
+        /// The storage as made on the host (its length and element type, for reading back).
+        template: Vec<S>,
+        dtype: DType,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        byte_offset: u64,
+    },
+}
+
+/// The bytes of `storage` (through a `uint8` view of an `Owned`, so no `unsafe` here).
+#[cfg(feature = "cuda")]
+fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
+    let o = Owned::new(storage)
+        .with_dtype(DType::new(code::UINT, 8))
+        .map_err(e)?;
+    let t = acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
+    t.as_slice::<u8>().map(<[u8]>::to_vec).map_err(e)
+}
+
+/// The stream of device 0 that check's device memory is allocated and read on.
+#[cfg(feature = "cuda")]
+fn cuda_stream() -> Res<std::sync::Arc<cudarc::driver::CudaStream>> {
+    thread_local! {
+        static STREAM: std::cell::RefCell<Option<std::sync::Arc<cudarc::driver::CudaStream>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    STREAM.with(|s| {
+        if let Some(stream) = s.borrow().as_ref() {
+            return Ok(stream.clone());
+        }
+        let ctx = cudarc::driver::CudaContext::new(0).map_err(|err| format!("CUDA: {err}"))?;
+        let stream = ctx.default_stream();
+        *s.borrow_mut() = Some(stream.clone());
+        Ok(stream)
+    })
 }
 
 impl<S: AnyBits> Store<S> {
-    /// The tensor, through the producer's own path (`acquire` of the exporter, or
-    /// `__dlpack__` of the NumPy view).
-    fn acquire(&self) -> Res<dlpack_mpi::dlpack::ManagedTensor<'_>> {
+    /// Runs `f` on the tensor, acquired through the producer's own path (`acquire` of the
+    /// exporter with the run's GPU runtime, `__dlpack__` of the NumPy view, or a
+    /// `CudaExport` of the device memory).
+    fn with_tensor<R>(&self, f: impl FnOnce(&mut dyn Tensor) -> Res<R>) -> Res<R> {
+        let options = AcquireOptions::default();
         match self {
-            Store::Rust(o) => acquire(o, &AcquireOptions::default()).map_err(e),
+            Store::Rust(o) => {
+                let mut t = acquire_with_runtime(o, &options, runtime()).map_err(e)?;
+                f(&mut t)
+            }
             #[cfg(feature = "python")]
-            Store::Numpy { view, .. } => pyo3::Python::attach(|py| {
-                dlpack_mpi::python::acquire(view.bind(py), &AcquireOptions::default())
-            })
-            .map_err(e),
+            Store::Numpy { view, .. } => {
+                let mut t =
+                    pyo3::Python::attach(|py| dlpack_mpi::python::acquire(view.bind(py), &options))
+                        .map_err(e)?;
+                f(&mut t)
+            }
+            #[cfg(feature = "cuda")]
+            Store::Cuda {
+                slice,
+                dtype,
+                shape,
+                strides,
+                byte_offset,
+                ..
+            } => {
+                let mut slice = slice.borrow_mut();
+                let export = dlpack_mpi::cuda::CudaExport::new_mut(&mut *slice)
+                    .with_dtype(*dtype)
+                    .and_then(|x| x.with_layout(shape, Some(strides), *byte_offset))
+                    .map_err(e)?;
+                let mut t = acquire_with_runtime(&export, &options, runtime()).map_err(e)?;
+                f(&mut t)
+            }
         }
+    }
+
+    /// Copies `storage` to new device memory, to be exported with `shape`, `strides`
+    /// (elements) from `byte_offset`.
+    #[cfg(feature = "cuda")]
+    fn cuda(
+        dtype: DType,
+        storage: Vec<S>,
+        shape: &[i64],
+        strides: &[i64],
+        byte_offset: u64,
+    ) -> Res<Store<S>> {
+        let mut bytes = storage_bytes(storage.clone())?;
+        // cudarc allocates at least one byte (an empty tensor still has a pointer).
+        if bytes.is_empty() {
+            bytes.push(0);
+        }
+        let slice = cuda_stream()?
+            .clone_htod(&bytes)
+            .map_err(|err| format!("CUDA: {err}"))?;
+        Ok(Store::Cuda {
+            slice: std::cell::RefCell::new(slice),
+            template: storage,
+            dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            byte_offset,
+        })
     }
 
     /// The storage, in storage order.
     fn into_vec(self) -> Res<Vec<S>> {
         match self {
             Store::Rust(o) => Ok(o.into_vec()),
+            #[cfg(feature = "cuda")]
+            Store::Cuda {
+                slice, template, ..
+            } => {
+                let bytes = cuda_stream()?
+                    .clone_dtoh(&slice.into_inner())
+                    .map_err(|err| format!("CUDA: {err}"))?;
+                let o = Owned::new(template)
+                    .with_dtype(DType::new(code::UINT, 8))
+                    .map_err(e)?;
+                {
+                    let mut t =
+                        acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
+                    let dst = t.as_mut_slice::<u8>().map_err(e)?;
+                    let n = dst.len();
+                    dst.copy_from_slice(&bytes[..n]);
+                }
+                Ok(o.into_vec())
+            }
             #[cfg(feature = "python")]
             Store::Numpy { base, .. } => pyo3::Python::attach(|py| {
                 let t = dlpack_mpi::python::acquire(base.bind(py), &AcquireOptions::default())?;
@@ -382,7 +622,7 @@ struct Kind<S> {
 /// Runs cases for one dtype, whatever its storage type.
 trait Runner {
     fn name(&self) -> &'static str;
-    fn run(&self, w: &SimpleCommunicator, op: &str, layout: Layout, len: i64) -> Verdict;
+    fn run(&self, dc: &Comm<'_>, op: &str, layout: Layout, len: i64) -> Verdict;
 }
 
 type Res<T> = Result<T, String>;
@@ -426,13 +666,19 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             store[p * k..(p + 1) * k].copy_from_slice(&data[l * k..(l + 1) * k]);
         }
         let first = pos.first().copied().unwrap_or(0);
-        if producer() == Producer::Numpy {
+        let dev = device();
+        if dev == Dev::Cpu && producer() == Producer::Numpy {
             return Store::numpy(self.dtype, store, &shape, &strides, first);
         }
         let esize = self.dtype.size_bytes().unwrap_or(0) as u64;
+        #[cfg(feature = "cuda")]
+        if dev == Dev::Cuda && REAL_CUDA.with(|r| r.get()) {
+            return Store::cuda(self.dtype, store, &shape, &strides, first as u64 * esize);
+        }
         Owned::new(store)
             .with_dtype(self.dtype)
             .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize))
+            .map(|o| o.labelled(dev.label()))
             .map(Store::Rust)
             .map_err(e)
     }
@@ -521,6 +767,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
     /// elements, returning the received values.
     fn with_pair(
         &self,
+        dc: &Comm<'_>,
         send: Vec<S>,
         recv_len: usize,
         f: impl FnOnce(&dyn Tensor, &mut dyn Tensor) -> Result<(), Error>,
@@ -528,16 +775,18 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         let fill = (self.value)(-1, -1);
         let src = self.owned_send(send)?;
         let dst = self.owned(vec![fill; recv_len])?;
-        {
-            let s = src.acquire()?;
-            let mut d = dst.acquire()?;
-            f(&s, &mut d).map_err(|err| match err {
-                // A documented limitation (per-rank blocks need contiguous tensors), not a
-                // wrong result: reported as a skip.
-                Error::StridedNotSupported { .. } => format!("{SKIP_MARK}{err}"),
-                other => e(other),
-            })?;
-        }
+        src.with_tensor(|s| {
+            dst.with_tensor(|d| {
+                let done = f(&*s, d).map_err(|err| match err {
+                    // A documented limitation (per-rank blocks need contiguous tensors), not
+                    // a wrong result: reported as a skip.
+                    Error::StridedNotSupported { .. } => format!("{SKIP_MARK}{err}"),
+                    other => e(other),
+                });
+                note_route(dc);
+                done
+            })
+        })?;
         let mut got = self.read(dst, recv_len)?;
         if INJECT.with(|i| i.get()) && !got.is_empty() {
             let at = 3.min(got.len() - 1);
@@ -546,7 +795,8 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         Ok(got)
     }
 
-    fn case(&self, w: &SimpleCommunicator, op: &str, n: i64) -> Res<Verdict> {
+    fn case(&self, dc: &Comm<'_>, op: &str, n: i64) -> Res<Verdict> {
+        let w = dc.comm();
         let (r, p) = (w.rank(), w.size());
         let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
         let k = self.per_elem;
@@ -567,25 +817,32 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 if p < 2 {
                     return Ok(Verdict::Skip("needs 2 ranks".into()));
                 }
-                let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
+                let got = self.with_pair(dc, self.values(r, n, 0), nk, |s, d| {
                     if r % 2 == 0 {
-                        w.send_tensor(s, next, 11)?;
-                        w.recv_tensor(d, prev, 11).map(drop)
+                        dc.send_tensor(s, next, 11)?;
+                        dc.recv_tensor(d, prev, 11).map(drop)
                     } else {
-                        w.recv_tensor(d, prev, 11)?;
-                        w.send_tensor(s, next, 11)
+                        dc.recv_tensor(d, prev, 11)?;
+                        dc.send_tensor(s, next, 11)
                     }
                 })?;
                 self.compare(r, "from previous rank", &self.values(prev, n, 0), &got)?;
             }
             "sendrecv" => {
-                let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
-                    w.sendrecv_tensor(s, next, 12, d, prev, 12).map(drop)
+                let got = self.with_pair(dc, self.values(r, n, 0), nk, |s, d| {
+                    dc.sendrecv_tensor(s, next, 12, d, prev, 12).map(drop)
                 })?;
                 self.compare(r, "from previous rank", &self.values(prev, n, 0), &got)?;
             }
             "isend-irecv" => {
-                let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
+                if device().needs_runtime() {
+                    return Ok(Verdict::Skip(
+                        "DeviceComm has no nonblocking operations (GPU tensors go through the \
+                         blocking ones)"
+                            .into(),
+                    ));
+                }
+                let got = self.with_pair(dc, self.values(r, n, 0), nk, |s, d| {
                     let send = SendSpec::new(s)?;
                     let mut recv = RecvSpec::new(d)?;
                     mpi::request::scope(|scope| -> Result<(), Error> {
@@ -607,10 +864,11 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                     vec![fill; nk]
                 };
                 let buf = self.owned(init)?;
-                {
-                    let mut t = buf.acquire()?;
-                    w.broadcast_tensor(&mut t, root).map_err(e)?;
-                }
+                buf.with_tensor(|t| {
+                    let done = dc.broadcast_tensor(t, root).map_err(e);
+                    note_route(dc);
+                    done
+                })?;
                 let got = self.read(buf, nk)?;
                 self.compare(r, "broadcast", &self.values(root, n, 0), &got)?;
             }
@@ -621,9 +879,9 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 match op {
                     "reduce" => {
                         let (_, expect) = self.fold(n, p).unwrap_or((rop, vec![]));
-                        let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
+                        let got = self.with_pair(dc, self.values(r, n, 0), nk, |s, d| {
                             let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
-                            w.reduce_tensor(s, recv, rop, 0)
+                            dc.reduce_tensor(s, recv, rop, 0)
                         })?;
                         if r == 0 {
                             return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
@@ -631,25 +889,26 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                     }
                     "allreduce" => {
                         let (_, expect) = self.fold(n, p).unwrap_or((rop, vec![]));
-                        let got = self.with_pair(self.values(r, n, 0), nk, |s, d| {
-                            w.all_reduce_tensor(s, d, rop)
+                        let got = self.with_pair(dc, self.values(r, n, 0), nk, |s, d| {
+                            dc.all_reduce_tensor(s, d, rop)
                         })?;
                         return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                     }
                     "allreduce-inplace" => {
                         let (_, expect) = self.fold(n, p).unwrap_or((rop, vec![]));
                         let buf = self.owned(self.values(r, n, 0))?;
-                        {
-                            let mut t = buf.acquire()?;
-                            w.all_reduce_tensor_in_place(&mut t, rop).map_err(e)?;
-                        }
+                        buf.with_tensor(|t| {
+                            let done = dc.all_reduce_tensor_in_place(t, rop).map_err(e);
+                            note_route(dc);
+                            done
+                        })?;
                         let got = self.read(buf, nk)?;
                         return self.compare_reduced(r, &expect, &got, n, 0..nk, p);
                     }
                     _ => {
                         let (_, full) = self.fold(pn, p).unwrap_or((rop, vec![]));
-                        let got = self.with_pair(self.values(r, pn, 0), nk, |s, d| {
-                            w.reduce_scatter_block_tensor(s, d, rop)
+                        let got = self.with_pair(dc, self.values(r, pn, 0), nk, |s, d| {
+                            dc.reduce_scatter_block_tensor(s, d, rop)
                         })?;
                         let part = r as usize * nk..(r as usize + 1) * nk;
                         let mine = &full[part.clone()];
@@ -658,9 +917,9 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 }
             }
             "gather" => {
-                let got = self.with_pair(self.values(r, n, 0), p as usize * nk, |s, d| {
+                let got = self.with_pair(dc, self.values(r, n, 0), p as usize * nk, |s, d| {
                     let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
-                    w.gather_tensor(s, recv, 0)
+                    dc.gather_tensor(s, recv, 0)
                 })?;
                 if r == 0 {
                     let expect: Vec<S> = (0..p).flat_map(|i| self.values(i, n, 0)).collect();
@@ -670,13 +929,13 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             "gatherv" => {
                 let mine = counts_v[r as usize];
                 let got =
-                    self.with_pair(self.values(r, mine, 0), total_v as usize * k, |s, d| {
+                    self.with_pair(dc, self.values(r, mine, 0), total_v as usize * k, |s, d| {
                         let recv = if r == 0 {
                             Some((d, &counts_v[..], &displs_v[..]))
                         } else {
                             None
                         };
-                        w.gatherv_tensor(s, recv, 0)
+                        dc.gatherv_tensor(s, recv, 0)
                     })?;
                 if r == 0 {
                     let expect: Vec<S> = (0..p)
@@ -686,29 +945,29 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                 }
             }
             "scatter" => {
-                let got = self.with_pair(self.values(0, pn, 0), nk, |s, d| {
+                let got = self.with_pair(dc, self.values(0, pn, 0), nk, |s, d| {
                     let send: Option<&dyn Tensor> = if r == 0 { Some(s) } else { None };
-                    w.scatter_tensor(send, d, 0)
+                    dc.scatter_tensor(send, d, 0)
                 })?;
                 self.compare(r, "scattered", &self.values(0, n, i64::from(r) * n), &got)?;
             }
             "scatterv" => {
                 let mine = counts_v[r as usize];
                 let got =
-                    self.with_pair(self.values(0, total_v, 0), mine as usize * k, |s, d| {
+                    self.with_pair(dc, self.values(0, total_v, 0), mine as usize * k, |s, d| {
                         let send = if r == 0 {
                             Some((s, &counts_v[..], &displs_v[..]))
                         } else {
                             None
                         };
-                        w.scatterv_tensor(send, d, 0)
+                        dc.scatterv_tensor(send, d, 0)
                     })?;
                 let expect = self.values(0, mine, displs_v[r as usize]);
                 self.compare(r, "scattered", &expect, &got)?;
             }
             "allgather" => {
-                let got = self.with_pair(self.values(r, n, 0), p as usize * nk, |s, d| {
-                    w.all_gather_tensor(s, d)
+                let got = self.with_pair(dc, self.values(r, n, 0), p as usize * nk, |s, d| {
+                    dc.all_gather_tensor(s, d)
                 })?;
                 let expect: Vec<S> = (0..p).flat_map(|i| self.values(i, n, 0)).collect();
                 self.compare(r, "gathered", &expect, &got)?;
@@ -716,8 +975,8 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             "allgatherv" => {
                 let mine = counts_v[r as usize];
                 let got =
-                    self.with_pair(self.values(r, mine, 0), total_v as usize * k, |s, d| {
-                        w.all_gatherv_tensor(s, d, &counts_v, &displs_v)
+                    self.with_pair(dc, self.values(r, mine, 0), total_v as usize * k, |s, d| {
+                        dc.all_gatherv_tensor(s, d, &counts_v, &displs_v)
                     })?;
                 let expect: Vec<S> = (0..p)
                     .flat_map(|i| self.values(i, counts_v[i as usize], 0))
@@ -726,8 +985,8 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             }
             "alltoall" => {
                 // Rank r's block j holds values(r, n, j n).
-                let got = self.with_pair(self.values(r, pn, 0), p as usize * nk, |s, d| {
-                    w.all_to_all_tensor(s, d)
+                let got = self.with_pair(dc, self.values(r, pn, 0), p as usize * nk, |s, d| {
+                    dc.all_to_all_tensor(s, d)
                 })?;
                 let expect: Vec<S> = (0..p)
                     .flat_map(|i| self.values(i, n, i64::from(r) * n))
@@ -741,10 +1000,18 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
                     .map(|i| i * counts_v[r as usize])
                     .collect();
                 let got = self.with_pair(
+                    dc,
                     self.values(r, total_v, 0),
                     (counts_v[r as usize] * i64::from(p)) as usize * k,
                     |s, d| {
-                        w.all_to_allv_tensor(s, &counts_v, &displs_v, d, &recv_counts, &recv_displs)
+                        dc.all_to_allv_tensor(
+                            s,
+                            &counts_v,
+                            &displs_v,
+                            d,
+                            &recv_counts,
+                            &recv_displs,
+                        )
                     },
                 )?;
                 let expect: Vec<S> = (0..p)
@@ -763,9 +1030,9 @@ impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
         self.name
     }
 
-    fn run(&self, w: &SimpleCommunicator, op: &str, layout: Layout, len: i64) -> Verdict {
+    fn run(&self, dc: &Comm<'_>, op: &str, layout: Layout, len: i64) -> Verdict {
         LAYOUT.with(|l| l.set(layout));
-        match self.case(w, op, len) {
+        match self.case(dc, op, len) {
             Ok(v) => v,
             Err(msg) => match msg.strip_prefix(SKIP_MARK) {
                 Some(why) => Verdict::Skip(why.to_string()),
@@ -929,11 +1196,21 @@ struct Case<'k> {
     kind: &'k dyn Runner,
     layout: Layout,
     len: i64,
+    dev: Dev,
+    /// The transport part of the name (`host`, `managed`, `direct`, `staged`).
+    transport: &'static str,
 }
 
 impl Case<'_> {
     fn name(&self) -> String {
-        case_name(self.op, self.kind.name(), self.layout, self.len)
+        case_name(
+            self.op,
+            self.kind.name(),
+            self.layout,
+            self.dev.name(),
+            self.transport,
+            self.len,
+        )
     }
 }
 
@@ -1039,28 +1316,17 @@ impl Pattern {
     }
 }
 
-/// A case as indices into `OPS`, the dtype list, `LAYOUTS`, and its length: what rank 0
-/// broadcasts so that every rank runs the same list.
-type CaseIndex = [i64; 4];
+/// A case as indices into `OPS`, the dtype list, `LAYOUTS`, its length, and an index into
+/// `DEVS`: what rank 0 broadcasts so that every rank runs the same list.
+type CaseIndex = [i64; 5];
 
-/// Rank 0's choice of cases from the options, or the one-line reason it refuses them.
-fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>, String> {
-    if args.device != crate::DeviceArg::Cpu && args.device != crate::DeviceArg::All {
-        return Err(format!(
-            "device `{}` needs GPU support, which this release does not have yet (host memory only)",
-            args.device.name()
-        ));
-    }
-    if args.transport != Transport::Auto {
-        return Err(format!(
-            "transport `{}` applies to GPU tensors, and no GPU device is selected \
-             (host tensors always go to MPI directly)",
-            match args.transport {
-                Transport::Direct => "direct",
-                _ => "staged",
-            }
-        ));
-    }
+/// Rank 0's choice of cases from the options and the devices every rank can use (with the
+/// transport part of their names), or the one-line reason it refuses them.
+fn select(
+    kinds: &[Box<dyn Runner>],
+    args: &CheckArgs,
+    devices: &[(Dev, &'static str)],
+) -> Result<Vec<CaseIndex>, String> {
     let kind_names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     let layout_names: Vec<&str> = LAYOUTS.iter().map(|l| l.name()).collect();
     for (what, given, known) in [
@@ -1096,40 +1362,43 @@ fn select(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<Vec<CaseIndex>,
     let mut used_exclude = vec![false; exclude.len()];
     let wanted = |given: &[String], name: &str| given.is_empty() || given.iter().any(|g| g == name);
     let mut cases = Vec::new();
-    for (o, op) in OPS.iter().enumerate() {
-        for (k, kind) in kinds.iter().enumerate() {
-            for (l, layout) in LAYOUTS.iter().enumerate() {
-                for &len in &args.len {
-                    // A 0-d tensor has exactly one element.
-                    if *layout == Layout::Scalar && len != 1 {
-                        continue;
-                    }
-                    if !wanted(&args.op, op)
-                        || !wanted(&args.dtype, kind.name())
-                        || !wanted(&args.layout, layout.name())
-                    {
-                        continue;
-                    }
-                    let name = case_name(op, kind.name(), *layout, len);
-                    let mut included = include.is_empty();
-                    for (i, (_, p)) in include.iter().enumerate() {
-                        if p.matches(&name) {
-                            used_include[i] = true;
-                            included = true;
+    for &(dev, transport) in devices {
+        let d = DEVS.iter().position(|x| *x == dev).unwrap_or(0) as i64;
+        for (o, op) in OPS.iter().enumerate() {
+            for (k, kind) in kinds.iter().enumerate() {
+                for (l, layout) in LAYOUTS.iter().enumerate() {
+                    for &len in &args.len {
+                        // A 0-d tensor has exactly one element.
+                        if *layout == Layout::Scalar && len != 1 {
+                            continue;
                         }
-                    }
-                    if !included {
-                        continue;
-                    }
-                    let mut excluded = false;
-                    for (i, (_, p)) in exclude.iter().enumerate() {
-                        if p.matches(&name) {
-                            used_exclude[i] = true;
-                            excluded = true;
+                        if !wanted(&args.op, op)
+                            || !wanted(&args.dtype, kind.name())
+                            || !wanted(&args.layout, layout.name())
+                        {
+                            continue;
                         }
-                    }
-                    if !excluded {
-                        cases.push([o as i64, k as i64, l as i64, len]);
+                        let name = case_name(op, kind.name(), *layout, dev.name(), transport, len);
+                        let mut included = include.is_empty();
+                        for (i, (_, p)) in include.iter().enumerate() {
+                            if p.matches(&name) {
+                                used_include[i] = true;
+                                included = true;
+                            }
+                        }
+                        if !included {
+                            continue;
+                        }
+                        let mut excluded = false;
+                        for (i, (_, p)) in exclude.iter().enumerate() {
+                            if p.matches(&name) {
+                                used_exclude[i] = true;
+                                excluded = true;
+                            }
+                        }
+                        if !excluded {
+                            cases.push([o as i64, k as i64, l as i64, len, d]);
+                        }
                     }
                 }
             }
@@ -1163,13 +1432,14 @@ fn agree_on_cases(
     w: &SimpleCommunicator,
     kinds: &[Box<dyn Runner>],
     args: &CheckArgs,
+    devices: &[(Dev, &'static str)],
 ) -> Option<(Producer, Vec<CaseIndex>)> {
     let root = w.process_at_rank(0);
     let mut chosen = Vec::new();
     let mut count: i64 = -1;
     let mut made_by = 0i32;
     if w.rank() == 0 {
-        match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args)?))) {
+        match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args, devices)?))) {
             Ok((p, cases)) => {
                 made_by = i32::from(p == Producer::Numpy);
                 count = cases.len() as i64;
@@ -1183,7 +1453,7 @@ fn agree_on_cases(
     if count < 0 {
         return None;
     }
-    chosen.resize(count as usize * 4, 0);
+    chosen.resize(count as usize * 5, 0);
     if count > 0 {
         root.broadcast_into(&mut chosen[..]);
     }
@@ -1195,8 +1465,8 @@ fn agree_on_cases(
     Some((
         producer,
         chosen
-            .chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
+            .chunks_exact(5)
+            .map(|c| [c[0], c[1], c[2], c[3], c[4]])
             .collect(),
     ))
 }
@@ -1243,7 +1513,12 @@ struct Record {
     dtype: &'static str,
     layout: &'static str,
     device: &'static str,
+    /// The transport part of the name: `host`, `managed`, `direct` or `staged`.
     transport: &'static str,
+    /// The route the tensors took (`host`, `managed`, `direct`, `staged`; rank 0's, the
+    /// most telling of the case's operations); absent when no operation ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    route: Option<String>,
     /// Logical elements per tensor.
     len: i64,
     /// `pass`, `fail`, `skip` or `known-bug`.
@@ -1307,8 +1582,15 @@ fn write_json(path: &std::path::Path, report: &Report<'_>) -> Result<(), String>
     writeln!(out).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn case_name(op: &str, dtype: &str, layout: Layout, len: i64) -> String {
-    format!("{op}/{dtype}/{}/cpu/host/{len}", layout.name())
+fn case_name(
+    op: &str,
+    dtype: &str,
+    layout: Layout,
+    device: &str,
+    transport: &str,
+    len: i64,
+) -> String {
+    format!("{op}/{dtype}/{}/{device}/{transport}/{len}", layout.name())
 }
 
 /// The MPI library's version string (`-v`, reports); the header shows its first line up to
@@ -1321,11 +1603,110 @@ fn library_name() -> String {
         .to_string()
 }
 
+/// What every rank needs before the cases: the communicator the cases go through, the
+/// devices of the run with the transport part of their names, and the GPU runtime.
+struct Setup<'c> {
+    dc: Comm<'c>,
+    devices: Vec<(Dev, &'static str)>,
+    gpu: Option<crate::Gpu>,
+}
+
+/// Rank 0's `--device`, `--transport` and `--simulate-device`, made every rank's, then the GPU
+/// runtime and the communicator, agreed by all ranks (one rank without a runtime, or whose
+/// MPI refuses `direct`, refuses the run for all).
+fn setup<'c>(w: &'c SimpleCommunicator, args: &CheckArgs) -> Result<Setup<'c>, String> {
+    use crate::DeviceArg as A;
+    const ARGS: [A; 5] = [A::Cpu, A::CudaHost, A::Cuda, A::CudaManaged, A::All];
+    const TRANSPORTS: [Transport; 3] = [Transport::Auto, Transport::Direct, Transport::Staged];
+    let mut chosen = [
+        ARGS.iter().position(|a| *a == args.device).unwrap_or(0) as i32,
+        TRANSPORTS
+            .iter()
+            .position(|t| *t == args.transport)
+            .unwrap_or(0) as i32,
+        i32::from(args.simulate_device),
+    ];
+    w.process_at_rank(0).broadcast_into(&mut chosen[..]);
+    let (device, transport, simulate) = (
+        ARGS[chosen[0] as usize],
+        TRANSPORTS[chosen[1] as usize],
+        chosen[2] != 0,
+    );
+    let mut devs = match device {
+        A::Cpu => vec![Dev::Cpu],
+        A::CudaHost => vec![Dev::CudaHost],
+        A::Cuda => vec![Dev::Cuda],
+        A::CudaManaged => vec![Dev::CudaManaged],
+        A::All => DEVS.to_vec(),
+    };
+    let gpu = if devs.iter().any(|d| d.needs_runtime()) {
+        match crate::agreed(w, crate::gpu_runtime(simulate)) {
+            Ok(g) => Some(g),
+            // `all`: the GPU devices are left out.
+            Err(_) if device == A::All => None,
+            Err(why) => {
+                return Err(format!(
+                    "device `{}` needs a GPU runtime: {why}",
+                    device.name()
+                ))
+            }
+        }
+    } else {
+        None
+    };
+    match gpu {
+        None => devs.retain(|d| !d.needs_runtime()),
+        // Real managed memory has no producer here yet (CudaExport labels kDLCUDA).
+        Some(g) if !g.simulated => {
+            if device == A::CudaManaged {
+                return Err(
+                    "device `cuda-managed` runs only with simulated memory for now \
+                     (no managed-memory producer yet); use `--device cuda`"
+                        .into(),
+                );
+            }
+            devs.retain(|d| *d != Dev::CudaManaged);
+        }
+        Some(_) => {}
+    }
+    let gpu_selected = devs.iter().any(|d| d.needs_runtime());
+    if transport != Transport::Auto && !gpu_selected {
+        return Err(format!(
+            "transport `{}` applies to CUDA device memory, and no CUDA device is selected \
+             (host tensors always go to MPI directly)",
+            transport.name()
+        ));
+    }
+    let dc = match gpu.filter(|_| gpu_selected) {
+        Some(g) => crate::agreed(
+            w,
+            DeviceComm::new(w, Some(g.runtime), transport.library()).map_err(|err| err.to_string()),
+        )?,
+        // Host memory only: no runtime, no CUDA-awareness query; tensors pass through.
+        None => DeviceComm::new(w, None, dlpack_mpi::transport::Transport::Staged)
+            .map_err(|err| err.to_string())?,
+    };
+    let devices = devs.iter().map(|d| (*d, d.transport(&dc))).collect();
+    Ok(Setup { dc, devices, gpu })
+}
+
 /// Runs the check matrix. Exit status: 0 when no case failed, 1 when one did, 2 when the
 /// options were refused (one line on standard error) or a report could not be written.
 pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let kinds = kinds();
-    let Some((made_by, indices)) = agree_on_cases(w, &kinds, args) else {
+    let setup = match setup(w, args) {
+        Ok(s) => s,
+        Err(why) => {
+            if w.rank() == 0 {
+                eprintln!("dlpack-mpi check: {why}");
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let dc = &setup.dc;
+    RUNTIME.with(|r| r.set(setup.gpu.map(|g| g.runtime)));
+    REAL_CUDA.with(|r| r.set(setup.gpu.is_some_and(|g| !g.simulated)));
+    let Some((made_by, indices)) = agree_on_cases(w, &kinds, args, &setup.devices) else {
         return ExitCode::from(2);
     };
     PRODUCER.with(|p| p.set(made_by));
@@ -1341,11 +1722,16 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     };
     let cases: Vec<Case> = indices
         .iter()
-        .map(|&[o, k, l, len]| Case {
-            op: OPS[o as usize],
-            kind: kinds[k as usize].as_ref(),
-            layout: LAYOUTS[l as usize],
-            len,
+        .map(|&[o, k, l, len, d]| {
+            let dev = DEVS[d as usize];
+            Case {
+                op: OPS[o as usize],
+                kind: kinds[k as usize].as_ref(),
+                layout: LAYOUTS[l as usize],
+                len,
+                dev,
+                transport: dev.transport(dc),
+            }
         })
         .collect();
     let root = w.rank() == 0;
@@ -1363,11 +1749,30 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     }
     let library = library_name();
     if root && !args.quiet {
+        let mut devices: Vec<&str> = Vec::new();
+        for c in &cases {
+            if !devices.contains(&c.dev.name()) {
+                devices.push(c.dev.name());
+            }
+        }
+        let gpu = match setup.gpu {
+            Some(g) if cases.iter().any(|c| c.dev.needs_runtime()) => format!(
+                " (GPU runtime: {}; CUDA tensors {})",
+                g.runtime.describe(),
+                if dc.is_direct() {
+                    "direct to a CUDA-aware MPI"
+                } else {
+                    "staged through pinned host buffers"
+                }
+            ),
+            _ => String::new(),
+        };
         println!(
-            "dlpack-mpi check: {} case{} at {} rank(s), host memory, {producer_line}, {}",
+            "dlpack-mpi check: {} case{} at {} rank(s), device {}{gpu}, {producer_line}, {}",
             cases.len(),
             if cases.len() == 1 { "" } else { "s" },
             w.size(),
+            devices.join(", "),
             library
                 .lines()
                 .next()
@@ -1408,12 +1813,24 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         let corrupt =
             w.rank() == w.size() - 1 && inject.as_ref().is_some_and(|p| p.matches(&case.name()));
         INJECT.with(|i| i.set(corrupt));
-        let verdict = case.kind.run(w, case.op, case.layout, case.len);
+        DEVICE.with(|d| d.set(case.dev));
+        ROUTE.with(|r| r.set(None));
+        let verdict = case.kind.run(dc, case.op, case.layout, case.len);
+        let route = ROUTE.with(|r| r.get());
         let agreed = agree(w, verdict);
         let seconds = t0.elapsed().as_secs_f64();
         let mut stop = false;
         if let Some(v) = agreed {
-            let name = case.name();
+            let name = match case.dev {
+                // Host memory: the name says it all (`cpu/host`).
+                Dev::Cpu => case.name(),
+                dev => format!(
+                    "{} [{} {}]",
+                    case.name(),
+                    dev.short(),
+                    route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
+                ),
+            };
             let took = if args.verbose {
                 format!(" [{:.2} ms]", seconds * 1e3)
             } else {
@@ -1451,12 +1868,13 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
             }
             bar.inc(1);
             records.push(Record {
-                name,
+                name: case.name(),
                 op: case.op,
                 dtype: case.kind.name(),
                 layout: case.layout.name(),
-                device: "cpu",
-                transport: "host",
+                device: case.dev.name(),
+                transport: case.transport,
+                route: route.map(|r| r.to_string()),
                 len: case.len,
                 status,
                 message,

@@ -7,7 +7,8 @@ use mpi::traits::*;
 
 /// Prints, on rank 0: the MPI library version string, the MPI standard version, the thread
 /// level, the number of ranks and their hosts, whether the MPI library is CUDA-aware and
-/// which source said so, the devices this build can use, and the features built.
+/// which source said so, the GPU runtime (or why there is none), the devices this build can
+/// use, and the features built.
 pub fn run(world: &SimpleCommunicator) -> ExitCode {
     // Every rank's processor name, gathered so that rank 0 can say how many hosts there are.
     let name = mpi::environment::processor_name().unwrap_or_default();
@@ -73,14 +74,31 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         Ok(a) => println!("CUDA-aware MPI: {a}"),
         Err(e) => println!("CUDA-aware MPI: unknown: {e}"),
     }
-    println!("devices: cpu (host memory); GPU memory is not supported by this release yet");
+    let runtime = dlpack_mpi::transport::default_runtime();
+    match runtime {
+        Some(r) => println!("GPU runtime: {}", r.describe()),
+        None => println!("GPU runtime: none: {}", crate::no_runtime_reason()),
+    }
+    println!(
+        "devices: cpu (host memory), cuda-host (pinned host memory){}",
+        if runtime.is_some() {
+            ", cuda (device memory: staged, or direct with a CUDA-aware MPI)"
+        } else {
+            "; cuda needs a GPU runtime"
+        }
+    );
     let python = if cfg!(feature = "python") {
         "python (Python producers through __dlpack__)"
     } else {
         "python not built"
     };
+    let cuda = if cfg!(feature = "cuda") {
+        "cuda (cudarc, driver loaded at run time)"
+    } else {
+        "cuda not built"
+    };
     println!(
-        "features: cli; {python}; packing: {:?} (DLPACK_MPI_PACKING)",
+        "features: cli; {python}; {cuda}; packing: {:?} (DLPACK_MPI_PACKING)",
         dlpack_mpi::spec::packing()
     );
     ExitCode::SUCCESS

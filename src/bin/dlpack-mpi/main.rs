@@ -1,14 +1,20 @@
 //! `dlpack-mpi`: tells whether an MPI stack moves DLPack tensors correctly (`check`), how fast
 //! next to raw MPI (`bench`), and what it is (`info`). Start it under `mpirun`.
-#![forbid(unsafe_code)]
+// `unsafe` only in bench's GPU copy baseline (raw device ↔ pinned copies through the runtime).
+#![deny(unsafe_code)]
 
 mod bench;
 mod check;
+mod gpu_bench;
 mod info;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use dlpack_mpi::transport::{default_runtime, DeviceRuntime, SimulatedDevice};
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
 
 /// Command line of `dlpack-mpi`.
 #[derive(Debug, Parser)]
@@ -63,6 +69,80 @@ impl DeviceArg {
             DeviceArg::All => "all",
         }
     }
+}
+
+/// The GPU runtime of `check` and `bench`.
+#[derive(Clone, Copy)]
+pub struct Gpu {
+    /// The runtime: the CUDA driver, or a simulated device.
+    pub runtime: &'static dyn DeviceRuntime,
+    /// `--simulate-device`: CUDA tensors are labelled host memory.
+    pub simulated: bool,
+}
+
+/// The GPU runtime: a [`SimulatedDevice`] with `--simulate-device`, else the CUDA driver
+/// ([`default_runtime`]), else why there is none, in words.
+pub fn gpu_runtime(simulate: bool) -> Result<Gpu, String> {
+    if simulate {
+        let sim: &'static SimulatedDevice = Box::leak(Box::new(SimulatedDevice::new()));
+        return Ok(Gpu {
+            runtime: sim,
+            simulated: true,
+        });
+    }
+    default_runtime()
+        .map(|runtime| Gpu {
+            runtime,
+            simulated: false,
+        })
+        .ok_or_else(no_runtime_reason)
+}
+
+/// Why [`default_runtime`] is `None`: the build lacks feature `cuda`, or no driver loads.
+pub fn no_runtime_reason() -> String {
+    #[cfg(feature = "cuda")]
+    {
+        match dlpack_mpi::cuda::CudaRuntime::global() {
+            Err(err) => format!("no CUDA driver found ({err})"),
+            Ok(_) => "the CUDA runtime is not available".into(),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        "this build lacks feature `cuda` (build with `--features cuda`)".into()
+    }
+}
+
+/// `result` on every rank when it is `Ok` on every rank; else the lowest failing rank's
+/// error on every rank (prefixed `rank N: ` when that is not rank 0). Collective.
+pub fn agreed<T>(world: &SimpleCommunicator, result: Result<T, String>) -> Result<T, String> {
+    let mine = if result.is_err() {
+        world.rank()
+    } else {
+        world.size()
+    };
+    let mut first = 0;
+    world.all_reduce_into(&mine, &mut first, SystemOperation::min());
+    if first == world.size() {
+        return result;
+    }
+    let mut text = match &result {
+        Err(m) if world.rank() == first => m.clone().into_bytes(),
+        _ => Vec::new(),
+    };
+    let from = world.process_at_rank(first);
+    let mut len = text.len() as u64;
+    from.broadcast_into(&mut len);
+    text.resize(len as usize, 0);
+    if len > 0 {
+        from.broadcast_into(&mut text[..]);
+    }
+    let text = String::from_utf8_lossy(&text).into_owned();
+    Err(if first == 0 {
+        text
+    } else {
+        format!("rank {first}: {text}")
+    })
 }
 
 /// This process's rank in `MPI_COMM_WORLD` as the launcher announces it, before `MPI_Init`;
