@@ -21,7 +21,7 @@ export OPAL_PREFIX=$g/ompi PATH=$g/ompi/bin:$PATH LD_LIBRARY_PATH=$g/ompi/lib:${
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_prte_allow_run_as_root=1
 # Sandboxed machines (gVisor) may refuse cross-memory attach: use copy-in/copy-out.
 export OMPI_MCA_btl_sm_single_copy_mechanism=none
-mpirun_2() { mpirun --oversubscribe -n 2 "$@"; }
+mpirun_2=(mpirun --oversubscribe -n 2)
 failed=0
 step() {
     local name=$1 limit=$2; shift 2
@@ -43,15 +43,15 @@ exec > >(tee "$log") 2>&1
     done
     ls /usr/lib/x86_64-linux-gnu/libmpi.so* /opt/*/lib/libmpi.so* 2>/dev/null | head -5
     step "info" 60 "$g/bin/dlpack-mpi" info
-    step "simulated-device cases, 2 ranks" 120 mpirun_2 "$g/bin/device_cases"
-    step "GPU cases (tests/gpu.rs), 2 ranks" 180 mpirun_2 "$g/bin/gpu"
-    step "check on CUDA tensors, staged, 2 ranks" 180 mpirun_2 "$g/bin/dlpack-mpi" check -q --device cuda --transport staged
+    step "simulated-device cases, 2 ranks" 120 "${mpirun_2[@]}" "$g/bin/device_cases"
+    step "GPU cases (tests/gpu.rs), 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/gpu"
+    step "check on CUDA tensors, staged, 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" check -q --device cuda --transport staged
     if DLPACK_MPI_CUDA_AWARE= "$g/bin/dlpack-mpi" info 2>/dev/null | grep -qi 'cuda-aware.*yes'; then
-        step "check on CUDA tensors, direct, 2 ranks" 180 mpirun_2 "$g/bin/dlpack-mpi" check -q --device cuda --transport direct
+        step "check on CUDA tensors, direct, 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" check -q --device cuda --transport direct
     else
         echo "== direct transport: skipped (no CUDA-aware MPI on this machine)"
     fi
-    step "GPU bench, 2 ranks" 150 mpirun_2 "$g/bin/dlpack-mpi" bench --device cuda --op all --sizes 4K:256M
+    step "GPU bench, 2 ranks" 150 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" bench --device cuda --op all --sizes 4K:256M
     echo "== gpu-check.sh: $failed step(s) failed"
 }
 exit $((failed > 0))
