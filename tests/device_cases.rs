@@ -514,6 +514,7 @@ fn pipelined_point_to_point(w: &SimpleCommunicator) -> Outcome {
         call!(dc.send_tensor(&s, 1, 10));
         let (to_host, _) = copies(&rt);
         ensure_eq!(to_host, 20);
+        call!(dc.send_tensor(&s, 1, 12));
         ensure!(
             rt.calls()
                 .iter()
@@ -544,6 +545,22 @@ fn pipelined_point_to_point(w: &SimpleCommunicator) -> Outcome {
             v.iter().enumerate().all(|(i, x)| *x == i as f32),
             "host receive differs"
         );
+        // A read-only host tensor is refused before any part is received; the message
+        // stays queued for a fitting receive.
+        let ro = Owned::new(vec![0.0f32; N]).read_only();
+        {
+            let mut d = take(&ro, &rt)?;
+            match dc.recv_tensor(&mut d, 0, 12) {
+                Err(Error::ReadOnly) => {}
+                other => return Err(format!("read-only host receive: got {other:?}")),
+            }
+        }
+        let mut again = Owned::new(vec![0.0f32; N]);
+        {
+            let mut d = take(&again, &rt)?;
+            call!(dc.recv_tensor(&mut d, 0, 12));
+        }
+        ensure_eq!(again.as_slice()[N - 1], (N - 1) as f32);
     }
     // A sender without pipelining, a pipelining receiver: one message, still received.
     if rank == 1 {

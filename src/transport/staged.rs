@@ -620,20 +620,19 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         check_rank(source, self.comm.target_size())?;
         check_tag(tag)?;
         let plan = self.plan(&*tensor, None, Access::Write)?;
-        let host_len = if plan.is_none() {
-            Some(SendSpec::new(&*tensor)?)
-        } else {
-            None
-        };
         // Could a pipelined message be meant for this tensor?
-        let (contiguous, bytes, element) = match (&plan, &host_len) {
-            (Some(p), _) => (p.contiguous, p.span, p.element),
-            (None, Some(s)) => (
-                s.is_contiguous(),
-                s.len_elems() as usize * s.element_type().size_bytes(),
-                s.element_type(),
-            ),
-            (None, None) => unreachable!("one of the two is set"),
+        let (contiguous, bytes, element) = match &plan {
+            Some(p) => (p.contiguous, p.span, p.element),
+            None => {
+                // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen
+                // here, because a pipelined message is received without TensorComm.
+                let r = RecvSpec::new(&mut *tensor)?;
+                (
+                    r.is_contiguous(),
+                    r.len_elems() as usize * r.element_type().size_bytes(),
+                    r.element_type(),
+                )
+            }
         };
         if self.chunk_bytes > 0 && contiguous && bytes > self.chunk_bytes {
             let status = self.comm.process_at_rank(source).probe_with_tag(tag);
