@@ -419,13 +419,19 @@ fn c64_staged_every_collective(w: &SimpleCommunicator) -> Outcome {
         let s = take(&one, &rt)?;
         let mut r = take(&red, &rt)?;
         let mut g = take(&gat, &rt)?;
-        let (rr, gg): (Option<&mut dyn Tensor>, Option<&mut dyn Tensor>) = if rank == 0 {
-            (Some(&mut r), Some(&mut g))
-        } else {
-            (None, None)
-        };
+        // Every rank passes its receive tensors: only the root's may change (the others are
+        // ignored, never staged or copied back).
+        let (rr, gg): (Option<&mut dyn Tensor>, Option<&mut dyn Tensor>) =
+            (Some(&mut r), Some(&mut g));
         call!(dc.reduce_tensor(&s, rr, ReduceOp::Sum, 0));
         call!(dc.gather_tensor(&s, gg, 0));
+    }
+    if rank != 0 {
+        ensure_eq!(red.as_slice(), &[0.0; 3][..]);
+        ensure!(
+            gat.as_slice().iter().all(|v| *v == 0.0),
+            "a non-root gather tensor changed"
+        );
     }
     if rank == 0 {
         ensure_eq!(red.as_slice()[2], (1..=size).sum::<usize>() as f32);

@@ -25,7 +25,12 @@
 //! first message (its size is either the whole tensor or one part), so any `DeviceComm`
 //! receives from any `DeviceComm` whatever their devices and transports. Both sides must use
 //! the same part size; a plain [`TensorComm::recv_tensor`] sees a pipelined message as a
-//! [`Error::CountMismatch`] (nothing is received). Collectives are staged whole.
+//! [`Error::CountMismatch`] (nothing is received). Every part's size is checked as it
+//! arrives ([`Error::CountMismatch`] naming the part; nothing more is copied to the device);
+//! a part longer than expected is MPI's truncation error. One ambiguity remains: a single
+//! message exactly one part long, sent to a receive tensor larger than one part, is taken
+//! for the first part of a pipelined message — sizes must agree, as for any MPI receive.
+//! Collectives are staged whole; operands only the root uses are ignored at other ranks.
 //!
 //! **Direct exceptions.** Strided device tensors are staged even when MPI is CUDA-aware
 //! (derived datatypes over device memory are packed element by element by Open MPI's and
@@ -811,8 +816,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         let mut result = Ok(());
         for k in 0..parts {
             let i = k % 2;
-            wait(&mut reqs[i]);
-            if k + 1 < parts {
+            let n = part.min(total - k * part);
+            let arrived = wait_count(&mut reqs[i], datatype);
+            if result.is_ok() && arrived != Some((n * upe) as i64) {
+                // A part of another size: the sender's tensor differs from this one.
+                result = Err(Error::CountMismatch {
+                    what: format!("pipelined receive, part {k} of {parts}"),
+                    expected: n as i64,
+                    actual: arrived.map_or(-1, |u| u / upe as i64),
+                });
+            }
+            if k + 1 < parts && result.is_ok() {
                 reqs[(k + 1) % 2] = Some(post(k + 1));
             }
             if let (Some(b), Some(p), Some(rt), true) = (&bufs, &plan, runtime, result.is_ok()) {
@@ -862,6 +876,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         op: ReduceOp,
         root: Rank,
     ) -> Result<()> {
+        // Only the root uses it (TensorComm ignores it elsewhere): never stage it, copy it
+        // back, or refuse it at other ranks, where the root is already in the collective.
+        let recv = if self.comm.rank() == root { recv } else { None };
         let dt = Some(send.dtype());
         match recv {
             Some(recv) => {
@@ -941,6 +958,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<&mut dyn Tensor>,
         root: Rank,
     ) -> Result<()> {
+        // Only the root uses it (TensorComm ignores it elsewhere): never stage it, copy it
+        // back, or refuse it at other ranks, where the root is already in the collective.
+        let recv = if self.comm.rank() == root { recv } else { None };
         match recv {
             Some(recv) => {
                 let (s, r) = self.stage_pair(send, &*recv, None, Access::Write)?;
@@ -970,6 +990,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
         root: Rank,
     ) -> Result<()> {
+        // Only the root uses it (TensorComm ignores it elsewhere): never stage it, copy it
+        // back, or refuse it at other ranks, where the root is already in the collective.
+        let recv = if self.comm.rank() == root { recv } else { None };
         match recv {
             Some((recv, counts, displs)) => {
                 // A varying receive may leave gaps: read the span first (ReadWrite).
@@ -1000,6 +1023,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
+        // Only the root uses it (TensorComm ignores it elsewhere): never stage it, copy it
+        // back, or refuse it at other ranks, where the root is already in the collective.
+        let send = if self.comm.rank() == root { send } else { None };
         let ps = match send {
             Some(t) => self.plan(t, None, Access::Read)?,
             None => None,
@@ -1027,13 +1053,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
+        // Only the root uses it (TensorComm ignores it elsewhere): never stage it, copy it
+        // back, or refuse it at other ranks, where the root is already in the collective.
+        let send = if self.comm.rank() == root { send } else { None };
         let ps = match send {
             Some((t, _, _)) => self.plan(t, None, Access::Read)?,
             None => None,
         };
-        let pr = self.plan(&*recv, None, Access::Write)?;
+        // A block shorter than the tensor leaves its tail untouched: read the span first.
+        let pr = self.plan(&*recv, None, Access::ReadWrite)?;
         let s = self.stage_planned(ps, Access::Read)?;
-        let r = self.stage_planned(pr, Access::Write)?;
+        let r = self.stage_planned(pr, Access::ReadWrite)?;
         self.note(&[&s, &r]);
         let sv = match send {
             Some((t, c, d)) => Some((s.view(t)?, c, d)),
@@ -1122,6 +1152,23 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
 }
 
 /// Waits for a posted request, if any.
+/// Waits for a posted receive and returns how many `datatype` units arrived.
+fn wait_count(
+    req: &mut Option<mpi::ffi::MPI_Request>,
+    datatype: mpi::ffi::MPI_Datatype,
+) -> Option<i64> {
+    let mut r = req.take()?;
+    let mut status = std::mem::MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
+    let mut count: c_int = -1;
+    // SAFETY: a request posted by this module and not yet completed; the status is written
+    // by MPI_Wait before MPI_Get_count reads it.
+    unsafe {
+        mpi::ffi::MPI_Wait(&mut r, status.as_mut_ptr());
+        mpi::ffi::MPI_Get_count(status.as_ptr(), datatype, &mut count);
+    }
+    Some(i64::from(count))
+}
+
 fn wait(req: &mut Option<mpi::ffi::MPI_Request>) {
     if let Some(mut r) = req.take() {
         // SAFETY: a request posted by this module and not yet completed.
