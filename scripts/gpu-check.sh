@@ -46,10 +46,28 @@ exec > >(tee "$log") 2>&1
     step "simulated-device cases, 2 ranks" 120 "${mpirun_2[@]}" "$g/bin/device_cases"
     step "GPU cases (tests/gpu.rs), 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/gpu"
     step "check on CUDA tensors, staged, 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" check -q --device cuda --transport staged
-    if DLPACK_MPI_CUDA_AWARE= "$g/bin/dlpack-mpi" info 2>/dev/null | grep -qi 'cuda-aware.*yes'; then
-        step "check on CUDA tensors, direct, 2 ranks" 180 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" check -q --device cuda --transport direct
+    # The direct transport needs a CUDA-aware MPI: the carried one is not. Look for an Open
+    # MPI of the machine's own (libmpi.so.40, the soname the binaries link) built with CUDA.
+    aware=""
+    for oi in /opt/*/bin/ompi_info /opt/*/*/bin/ompi_info /opt/*/*/*/bin/ompi_info \
+        /usr/local/bin/ompi_info /usr/local/*/bin/ompi_info /usr/bin/ompi_info; do
+        [ -x "$oi" ] || continue
+        if env -u OPAL_PREFIX LD_LIBRARY_PATH= timeout 30 "$oi" --parsable --all 2>/dev/null |
+            grep -q 'built_with_cuda_support:value:true'; then
+            aware=$(dirname "$(dirname "$oi")")
+            break
+        fi
+    done
+    if [ -n "$aware" ]; then
+        echo "== CUDA-aware Open MPI found at $aware"
+        step "check on CUDA tensors, direct, 2 ranks ($aware)" 180 env OPAL_PREFIX="$aware" \
+            PATH="$aware/bin:$PATH" LD_LIBRARY_PATH="$aware/lib:${LD_LIBRARY_PATH#*:}" \
+            mpirun --oversubscribe -n 2 "$g/bin/dlpack-mpi" check -q --device cuda --transport direct
+        step "GPU cases, direct, 2 ranks ($aware)" 180 env OPAL_PREFIX="$aware" \
+            PATH="$aware/bin:$PATH" LD_LIBRARY_PATH="$aware/lib:${LD_LIBRARY_PATH#*:}" \
+            mpirun --oversubscribe -n 2 "$g/bin/gpu"
     else
-        echo "== direct transport: skipped (no CUDA-aware MPI on this machine)"
+        echo "== direct transport: skipped (no CUDA-aware Open MPI found on this machine)"
     fi
     step "GPU bench, 2 ranks" 150 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" bench --device cuda --op all --sizes 4K:256M
     echo "== gpu-check.sh: $failed step(s) failed"

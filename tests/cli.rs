@@ -668,8 +668,9 @@ fn check_gpu_refusals() {
             "--transport",
             "direct",
         ],
-        "transport direct is not available: MPI is not CUDA-aware: no (set by \
-         DLPACK_MPI_CUDA_AWARE)",
+        "transport direct is not available: MPI is not CUDA-aware (the answer: no (set by \
+         DLPACK_MPI_CUDA_AWARE)); use the staged transport, or set DLPACK_MPI_CUDA_AWARE=1 if \
+         this MPI is CUDA-aware",
     )];
     if !cfg!(feature = "cuda") {
         cases.push((

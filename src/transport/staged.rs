@@ -382,7 +382,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 if !a.aware {
                     return Err(Error::TransportUnavailable {
                         transport: "direct",
-                        reason: format!("MPI is not CUDA-aware: {a}"),
+                        reason: format!(
+                            "MPI is not CUDA-aware (the answer: {a}); use the staged \
+                             transport, or set {}=1 if this MPI is CUDA-aware",
+                            super::CUDA_AWARE_ENV
+                        ),
                     });
                 }
                 (true, Some(a))

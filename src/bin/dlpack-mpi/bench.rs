@@ -220,11 +220,12 @@ pub struct BenchArgs {
     /// Largest message in bytes when --sizes is not given, default 64 MiB (latency from 8 B;
     /// bandwidth and all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB).
     /// Strided sizes are fixed (a 64 MiB storage); `all` skips them below 64 MiB. With
-    /// `--device cuda`: sizes from 4 KiB, default up to 256 MiB.
+    /// `--device cuda` the default sizes are 4 KiB … 256 MiB.
     #[arg(long, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
     pub max_size: Option<u64>,
-    /// Where the tensors live: `cpu`, or `cuda` (device memory through cudarc: feature
-    /// `cuda` and a CUDA driver), which runs ping-pong and allreduce through DeviceComm
+    /// Where the tensors live; bench accepts `cpu` and `cuda` only (the other values are
+    /// `check`'s). `cuda` (device memory through cudarc: feature `cuda` and a CUDA driver)
+    /// runs ping-pong and allreduce only (`--op all` = both) through DeviceComm
     /// (staged, and direct when MPI is CUDA-aware) next to a device → pinned → device copy
     /// of the same bytes and to host-memory MPI, with the staged/copy bandwidth ratio.
     #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]

@@ -1644,6 +1644,14 @@ fn setup<'c>(w: &'c SimpleCommunicator, args: &CheckArgs) -> Result<Setup<'c>, S
             Ok(g) => Some(g),
             // `all`: the GPU devices are left out.
             Err(_) if device == A::All => None,
+            Err(_) if device == A::CudaManaged && !simulate => {
+                return Err(
+                    "device `cuda-managed` runs only with simulated memory for now \
+                     (no managed-memory producer yet; add --simulate-device, or use \
+                     `--device cuda`)"
+                        .into(),
+                )
+            }
             Err(why) => {
                 return Err(format!(
                     "device `{}` needs a GPU runtime: {why}",

@@ -464,8 +464,8 @@ fn gbs(bytes: usize, secs: f64) -> f64 {
 
 fn print_header(op: &str, cx: &Ctx<'_>) {
     println!(
-        "{op}: µs per {} (median of {} rounds); GB/s = bytes / time; staged/copy = staged \
-         bandwidth / pinned-copy bandwidth",
+        "{op}: µs per {} (median of {} round(s)); GB/s = 10^9 bytes/s (sizes: K = 2^10, \
+         M = 2^20 bytes); staged/copy = staged bandwidth / pinned-copy bandwidth",
         if op == "ping-pong" {
             "message"
         } else {
@@ -568,6 +568,12 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs, gpu: Gpu) -> ExitCode {
             crate::bench::fmt_size(crate::bench::SCALE_REF),
             args.rounds,
         );
+        if gpu.simulated {
+            println!(
+                "simulated device: \"device\" memory is host memory and copies are memcpy; \
+                 these figures test the code path and say nothing about GPU speed"
+            );
+        }
         println!(
             "paths: host = rsmpi on host Vec<f32>; copy = device → pinned host → device copy of \
              the same bytes (runtime copy_to_host + copy_to_device, no MPI); staged = DeviceComm \
