@@ -19,9 +19,9 @@
 //! `contiguous(q, contiguous(2^30, unit))` plus, when `r ≠ 0`, `r` units after it (one
 //! `MPI_Type_create_struct`), sent with count 1: never a truncated or negative count.
 //!
-//! Datatypes are committed once per `(unit, lanes, axes)` or `(unit, units)` and cached for
-//! the life of the process (MPI frees them at `MPI_Finalize`); building one needs MPI to be
-//! initialized.
+//! Datatypes are committed once per `(unit, lanes, axes)` or `(unit, units)` and cached
+//! until `MPI_Finalize`, which frees them through a delete callback on an `MPI_COMM_SELF`
+//! attribute (MPI-4.1 §9.5.1); building one needs MPI to be initialized.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -62,10 +62,34 @@ fn cache() -> &'static Mutex<HashMap<Key, Handle>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+extern "C" {
+    fn dlpack_mpi_on_finalize(hook: extern "C" fn()) -> c_int;
+}
+
+/// Frees every cached datatype; run by `MPI_Finalize` (through an `MPI_COMM_SELF` attribute,
+/// MPI-4.1 §9.5.1), so that no committed type outlives MPI (MPICH's yaksa engine reports
+/// the ones that do as leaked handle-pool objects).
+extern "C" fn free_cache_at_finalize() {
+    let mut map = cache()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (_, mut h) in map.drain() {
+        // SAFETY: a committed type this cache created; MPI still works while the
+        // attributes of MPI_COMM_SELF are deleted; no spec can use it after finalize.
+        unsafe { mpi::ffi::MPI_Type_free(&mut h.0) };
+    }
+}
+
 fn cached(key: Key, build: impl FnOnce() -> Result<MPI_Datatype>) -> Result<MPI_Datatype> {
+    static HOOKED: std::sync::Once = std::sync::Once::new();
     if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
         return Err(Error::MpiNotInitialized);
     }
+    HOOKED.call_once(|| {
+        // SAFETY: MPI is initialized; the hook is a plain function that lives forever.
+        // Failure only means the types stay until the process exits, as before.
+        let _ = unsafe { dlpack_mpi_on_finalize(free_cache_at_finalize) };
+    });
     let mut map = cache()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

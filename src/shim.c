@@ -16,3 +16,29 @@ int dlpack_mpi_tag_ub(void)
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &flag);
     return flag && value ? *value : -1;
 }
+
+/* Runs `hook` at the start of MPI_Finalize: MPI-4.1 §9.5.1 says MPI_Finalize first deletes
+ * the attributes of MPI_COMM_SELF, calling their delete callbacks while MPI still works.
+ * Returns MPI_SUCCESS or the MPI error code. */
+static void (*finalize_hook)(void) = 0;
+
+static int run_finalize_hook(MPI_Comm comm, int keyval, void *attribute, void *extra)
+{
+    (void)comm;
+    (void)keyval;
+    (void)attribute;
+    (void)extra;
+    if (finalize_hook)
+        finalize_hook();
+    return MPI_SUCCESS;
+}
+
+int dlpack_mpi_on_finalize(void (*hook)(void))
+{
+    int keyval = MPI_KEYVAL_INVALID;
+    int rc = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, run_finalize_hook, &keyval, 0);
+    if (rc != MPI_SUCCESS)
+        return rc;
+    finalize_hook = hook;
+    return MPI_Comm_set_attr(MPI_COMM_SELF, keyval, 0);
+}
