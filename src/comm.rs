@@ -144,7 +144,7 @@ pub trait TensorComm: Communicator {
         check_rank(dest, self.target_size())?;
         check_tag(tag)?;
         let spec = SendSpec::new(tensor)?;
-        if copy_packing(spec.is_contiguous()) {
+        if copy_packing(spec.is_contiguous())? {
             let flat = flat_send(tensor, &spec)?.counted()?;
             self.process_at_rank(dest).send_with_tag(&flat, tag);
         } else {
@@ -175,7 +175,7 @@ pub trait TensorComm: Communicator {
         let process = self.process_at_rank(source);
         let status = process.probe_with_tag(tag);
         check_incoming(&spec, &status)?;
-        if copy_packing(spec.is_contiguous()) {
+        if copy_packing(spec.is_contiguous())? {
             let info = recv_info(&mut spec);
             let mut flat = flat_recv(&*tensor, info, false)?.counted()?;
             let status = process.receive_into_with_tag(&mut flat, tag);
@@ -211,7 +211,7 @@ pub trait TensorComm: Communicator {
         check_disjoint(&s, &r)?;
         let src = self.process_at_rank(source);
         let dst = self.process_at_rank(dest);
-        if copy_packing(s.is_contiguous() && r.is_contiguous()) {
+        if copy_packing(s.is_contiguous() && r.is_contiguous())? {
             let info = recv_info(&mut r);
             let sf = flat_send(send, &s)?.counted()?;
             let mut rf = flat_recv(&*recv, info, false)?.counted()?;
@@ -291,7 +291,7 @@ pub trait TensorComm: Communicator {
         let process = self.process_at_rank(root);
         if self.rank() == root {
             let spec = SendSpec::new(&*tensor)?;
-            let flat = if copy_packing(spec.is_contiguous()) {
+            let flat = if copy_packing(spec.is_contiguous())? {
                 Some(flat_send(&*tensor, &spec)?.counted()?)
             } else {
                 None
@@ -309,7 +309,7 @@ pub trait TensorComm: Communicator {
             unsafe { mpi::ffi::MPI_Bcast(ptr, count, datatype, root, self.as_raw()) };
         } else {
             let mut spec = RecvSpec::new(&mut *tensor)?;
-            if copy_packing(spec.is_contiguous()) {
+            if copy_packing(spec.is_contiguous())? {
                 let info = recv_info(&mut spec);
                 let mut flat = flat_recv(&*tensor, info, false)?.counted()?;
                 process.broadcast_into(&mut flat);
@@ -1030,8 +1030,8 @@ fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64])
 }
 
 /// Whether the [`crate::spec::Packing::Copy`] policy applies to a non-contiguous side.
-fn copy_packing(contiguous: bool) -> bool {
-    !contiguous && crate::spec::packing() == crate::spec::Packing::Copy
+fn copy_packing(contiguous: bool) -> Result<bool> {
+    Ok(!contiguous && crate::spec::packing()? == crate::spec::Packing::Copy)
 }
 
 /// Compares a probed message with a flat receive buffer of `units` units.

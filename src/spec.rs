@@ -650,22 +650,47 @@ pub enum Packing {
 
 static PACKING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
 
-/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=copy` in the
-/// environment, else [`Packing::DerivedDatatype`]. Reductions and per-rank blocks of
+/// The environment variable that sets the packing policy when [`set_packing`] was not called.
+pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
+
+/// Reads a `DLPACK_MPI_PACKING` value: `copy` → [`Packing::Copy`], `derived` →
+/// [`Packing::DerivedDatatype`], unset or empty → `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default, as
+/// `DLPACK_MPI_CUDA_AWARE` is not).
+pub fn parse_packing(value: Option<&str>) -> Result<Option<Packing>> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("copy") => Ok(Some(Packing::Copy)),
+        Some(v) if v.eq_ignore_ascii_case("derived") => Ok(Some(Packing::DerivedDatatype)),
+        Some(v) => Err(Error::InvalidSetting {
+            name: PACKING_ENV,
+            value: v.to_string(),
+            expected: "copy or derived",
+        }),
+    }
+}
+
+/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=copy|derived`
+/// in the environment, else [`Packing::DerivedDatatype`]. Reductions and per-rank blocks of
 /// strided tensors always go through packed copies (MPI's predefined reductions take
 /// predefined datatypes only); the nonblocking operations always use the spec as given.
-pub fn packing() -> Packing {
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACKING` holds another value (also a value
+/// that is not UTF-8); the operations that consult the policy (point-to-point and broadcast
+/// of strided tensors) return it before any MPI call.
+pub fn packing() -> Result<Packing> {
     use std::sync::atomic::Ordering;
     match PACKING.load(Ordering::Relaxed) {
-        0 => Packing::DerivedDatatype,
-        1 => Packing::Copy,
+        0 => Ok(Packing::DerivedDatatype),
+        1 => Ok(Packing::Copy),
         _ => {
-            let from_env = match std::env::var("DLPACK_MPI_PACKING").as_deref() {
-                Ok("copy") => Packing::Copy,
-                _ => Packing::DerivedDatatype,
-            };
+            let value = std::env::var_os(PACKING_ENV).map(|v| v.to_string_lossy().into_owned());
+            let from_env = parse_packing(value.as_deref())?.unwrap_or_default();
             set_packing(from_env);
-            from_env
+            Ok(from_env)
         }
     }
 }
@@ -685,6 +710,23 @@ pub fn set_packing(policy: Packing) {
 mod tests {
     use super::*;
     use crate::dlpack::{acquire, AcquireOptions, Owned};
+
+    #[test]
+    fn packing_values() {
+        assert_eq!(parse_packing(None).unwrap(), None);
+        assert_eq!(parse_packing(Some(" ")).unwrap(), None);
+        assert_eq!(parse_packing(Some("copy")).unwrap(), Some(Packing::Copy));
+        assert_eq!(
+            parse_packing(Some("Derived")).unwrap(),
+            Some(Packing::DerivedDatatype)
+        );
+        match parse_packing(Some("cpoy")) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+    }
 
     #[test]
     fn contiguous_specs_describe_the_tensor() {

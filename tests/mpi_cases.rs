@@ -1232,7 +1232,7 @@ fn prop_strided_delivery_equals_reference_gather(w: &SimpleCommunicator) -> Outc
 /// path, through packed copies, for send/receive, sendrecv and broadcast.
 fn packing_copy_delivers_the_same(w: &SimpleCommunicator) -> Outcome {
     use dlpack_mpi::spec::{packing, set_packing, Packing};
-    let before = packing();
+    let before = packing().map_err(|e| e.to_string())?;
     set_packing(Packing::Copy);
     let result = (|| -> Outcome {
         let storage: Vec<f32> = (0..8).map(|i| i as f32).collect();

@@ -97,9 +97,10 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
     } else {
         "cuda not built"
     };
-    println!(
-        "features: cli; {python}; {cuda}; packing: {:?} (DLPACK_MPI_PACKING)",
-        dlpack_mpi::spec::packing()
-    );
+    let packing = match dlpack_mpi::spec::packing() {
+        Ok(p) => format!("{p:?}"),
+        Err(e) => format!("refused: {e}"),
+    };
+    println!("features: cli; {python}; {cuda}; packing: {packing} (DLPACK_MPI_PACKING)");
     ExitCode::SUCCESS
 }
