@@ -107,6 +107,15 @@ check_at() {
     timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$TARGET_DIR"/release/dlpack-mpi check -q "$@"
 }
 
+# The GPU routes on simulated CUDA memory: direct (MPI declared CUDA-aware; the "device"
+# memory is host memory, so MPI can read it) and managed.
+check_direct_and_managed() {
+    local DLPACK_MPI_CUDA_AWARE=1
+    export DLPACK_MPI_CUDA_AWARE
+    check_at 2 --device cuda --simulate-device --transport direct &&
+        check_at 2 --device cuda-managed --simulate-device
+}
+
 netns_stage() {
     MPI_CASES_BIN=$(test_binary mpi_cases) CHECKED_BIN=$(test_binary checked) \
         timeout 600 scripts/netns-test.sh
@@ -160,6 +169,10 @@ done
 for n in 2 3 4; do
     stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
 done
+stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, staged" \
+    check_at 2 --device cuda --simulate-device --transport staged
+stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed" \
+    check_direct_and_managed
 stage "two hosts (network namespaces, TCP): check matrix and multi-rank cases" netns_stage
 
 echo
