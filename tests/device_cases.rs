@@ -13,8 +13,8 @@ mod harness;
 
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{
-    acquire_with_runtime, AcquireOptions, ExportRequest, Exporter, ManagedTensor, Owned,
-    StreamPolicy, Tensor,
+    acquire_with_runtime, AcquireOptions, DLDataType, DLTensor, ExportRequest, Exporter,
+    ManagedTensor, Owned, StreamPolicy, Tensor, TensorView,
 };
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::transport::{
@@ -712,6 +712,43 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
     ensure_eq!(copies(&rt), (0, 0));
     drop(r);
     ensure_eq!(out.as_slice(), &[0.0; 4][..]);
+    // A send and a receive over the same device bytes: BuffersAlias, as on host memory.
+    let mut buf = vec![1.0f32; 8];
+    let mut shape = [7i64];
+    let mut dl = DLTensor {
+        data: buf.as_mut_ptr().cast(),
+        device: CUDA0.into(),
+        ndim: 1,
+        dtype: DLDataType {
+            code: 2,
+            bits: 32,
+            lanes: 1,
+        },
+        shape: shape.as_mut_ptr(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    };
+    let mut dl2 = dl;
+    dl2.byte_offset = 4;
+    let size = w.size();
+    let (next, prev) = ((w.rank() + 1) % size, (w.rank() + size - 1) % size);
+    {
+        // SAFETY: both DLTensors describe 7 floats inside `buf` (elements 0..7 and 1..8),
+        // which outlives the views; nothing else touches `buf` meanwhile.
+        let a = call!(unsafe { TensorView::from_raw(&mut dl) });
+        let mut b = call!(unsafe { TensorView::from_raw(&mut dl2) });
+        rt.clear_calls();
+        match staged(w, &rt).sendrecv_tensor(&a, next, 6, &mut b, prev, 6) {
+            Err(Error::BuffersAlias {
+                send_bytes: 28,
+                recv_bytes: 28,
+                ..
+            }) => {}
+            other => return Err(format!("overlapping device spans: got {other:?}")),
+        }
+        ensure_eq!(copies(&rt), (0, 0));
+    }
+    ensure_eq!(buf, vec![1.0f32; 8]);
     Ok(())
 }
 

@@ -24,6 +24,7 @@ mod staged;
 pub use runtime::{default_runtime, stream_meaning, DeviceRuntime, RuntimeCall, SimulatedDevice};
 pub use staged::{
     DeviceComm, Route, Transport, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES,
+    MAX_POOLED_BYTES,
 };
 
 /// The environment variable that overrides the library's own answer.

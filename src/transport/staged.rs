@@ -14,8 +14,10 @@
 //! by the same derived datatype) are copied device → pinned host for tensors MPI reads; the
 //! operation runs on host memory; then the span is copied pinned host → device for tensors
 //! MPI wrote. A receive span with gaps (a step slice) is first read from the device, so the
-//! bytes between elements keep their values. Pinned buffers come from a pool owned by the
-//! `DeviceComm` and are reused.
+//! bytes between elements keep their values. Pinned buffers (sizes rounded up to a power of
+//! two, at least 64 KiB) come from a pool owned by the `DeviceComm` and are reused; the pool
+//! keeps at most [`MAX_POOLED_BYTES`] and frees the rest. A send and a receive tensor whose
+//! device spans overlap are [`Error::BuffersAlias`], as on host memory.
 //!
 //! **Pipelining** (point-to-point only). A staged contiguous send of more than
 //! [`DeviceComm::pipeline_chunk_bytes`] bytes (default 4 MiB) goes out as consecutive
@@ -31,6 +33,9 @@
 //! message exactly one part long, sent to a receive tensor larger than one part, is taken
 //! for the first part of a pipelined message — sizes must agree, as for any MPI receive.
 //! Collectives are staged whole; operands only the root uses are ignored at other ranks.
+//! A device copy that fails after some parts of a pipelined send went out returns the error
+//! to the sender, and the receiver keeps waiting for the missing parts (a CUDA failure in
+//! the middle of a message cannot be announced to the peer without a protocol of its own).
 //!
 //! **Direct exceptions.** Strided device tensors are staged even when MPI is CUDA-aware
 //! (derived datatypes over device memory are packed element by element by Open MPI's and
@@ -65,6 +70,8 @@ pub const DEFAULT_PIPELINE_CHUNK_BYTES: usize = 4 << 20;
 /// Largest part size accepted (so that a part's count always fits MPI's `int`).
 pub const MAX_PIPELINE_CHUNK_BYTES: usize = 1 << 30;
 const MIN_PINNED_BYTES: usize = 64 << 10;
+/// Pinned bytes a `DeviceComm` keeps for reuse; buffers beyond are freed when released.
+pub const MAX_POOLED_BYTES: usize = 1 << 30;
 
 /// How device memory reaches MPI, as asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -188,11 +195,18 @@ impl PinnedBuf<'_, '_> {
 
 impl Drop for PinnedBuf<'_, '_> {
     fn drop(&mut self) {
-        self.pool
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((self.addr, self.cap));
+        let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+        let pooled: usize = free.iter().map(|(_, cap)| cap).sum();
+        if pooled + self.cap <= MAX_POOLED_BYTES {
+            free.push((self.addr, self.cap));
+            return;
+        }
+        drop(free);
+        if let (Some(rt), Some(p)) = (self.pool.runtime, NonNull::new(self.ptr())) {
+            // SAFETY: allocated by this runtime's alloc_pinned(cap); no longer in use (the
+            // buffer is being dropped) and not in the free list.
+            unsafe { rt.free_pinned(p, self.cap) };
+        }
     }
 }
 
@@ -588,6 +602,18 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     ) -> Result<(Stage<'_, 'c>, Stage<'_, 'c>)> {
         let ps = self.plan(send, reduce, Access::Read)?;
         let pr = self.plan(recv, reduce, recv_access)?;
+        if let (Some(a), Some(b)) = (&ps, &pr) {
+            // Staging would hide an overlap that TensorComm refuses on host memory.
+            let (a1, b1) = (a.start + a.span, b.start + b.span);
+            if a.span > 0 && b.span > 0 && a.start < b1 && b.start < a1 {
+                return Err(Error::BuffersAlias {
+                    send_address: a.start,
+                    send_bytes: a.span,
+                    recv_address: b.start,
+                    recv_bytes: b.span,
+                });
+            }
+        }
         Ok((
             self.stage_planned(ps, Access::Read)?,
             self.stage_planned(pr, recv_access)?,
