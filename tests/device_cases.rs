@@ -736,6 +736,7 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
         // SAFETY: both DLTensors describe 7 floats inside `buf` (elements 0..7 and 1..8),
         // which outlives the views; nothing else touches `buf` meanwhile.
         let a = call!(unsafe { TensorView::from_raw(&mut dl) });
+        // SAFETY: as above.
         let mut b = call!(unsafe { TensorView::from_raw(&mut dl2) });
         rt.clear_calls();
         match staged(w, &rt).sendrecv_tensor(&a, next, 6, &mut b, prev, 6) {
