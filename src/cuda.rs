@@ -310,21 +310,7 @@ impl DeviceRuntime for CudaRuntime {
         } else {
             Device::new(device_type::CUDA_HOST, 0)
         };
-        let fits = match device.device_type {
-            device_type::CUDA_MANAGED => actual.device_type == device_type::CUDA_MANAGED,
-            // Managed memory labelled kDLCUDA is device-addressable: accepted.
-            _ => actual == device || actual.device_type == device_type::CUDA_MANAGED,
-        };
-        if fits {
-            Ok(())
-        } else {
-            Err(Error::DeviceMismatch {
-                reported_type: device.device_type,
-                reported_id: device.device_id,
-                actual_type: actual.device_type,
-                actual_id: actual.device_id,
-            })
-        }
+        crate::transport::check_placement(device, actual)
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<std::ptr::NonNull<u8>> {

@@ -21,7 +21,9 @@ use crate::error::{Error, Result};
 mod runtime;
 mod staged;
 
-pub use runtime::{default_runtime, stream_meaning, DeviceRuntime, RuntimeCall, SimulatedDevice};
+#[cfg(feature = "cuda")]
+pub(crate) use runtime::check_placement;
+pub use runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
 pub use staged::{
     DeviceComm, Route, Transport, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES,
     MAX_POOLED_BYTES,

@@ -13,7 +13,7 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use crate::device::{device_type, Device};
-use crate::dlpack::{CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM};
+use crate::dlpack::NO_SYNC_STREAM;
 use crate::error::{Error, Result};
 
 /// What the transport asks of a GPU runtime. Every method that names a `device` runs with
@@ -332,22 +332,9 @@ impl DeviceRuntime for SimulatedDevice {
             .rev()
             .find(|(lo, hi, _)| (*lo..*hi).contains(&addr))
             .map(|p| p.2);
-        let Some(actual) = placed else {
-            return Ok(());
-        };
-        let fits = match device.device_type {
-            device_type::CUDA_MANAGED => actual.device_type == device_type::CUDA_MANAGED,
-            _ => actual == device,
-        };
-        if fits {
-            Ok(())
-        } else {
-            Err(Error::DeviceMismatch {
-                reported_type: device.device_type,
-                reported_id: device.device_id,
-                actual_type: actual.device_type,
-                actual_id: actual.device_id,
-            })
+        match placed {
+            Some(actual) => check_placement(device, actual),
+            None => Ok(()),
         }
     }
 
@@ -405,13 +392,28 @@ impl DeviceRuntime for SimulatedDevice {
     }
 }
 
-/// What a DLPack CUDA stream value means, for messages.
-pub fn stream_meaning(stream: isize) -> &'static str {
-    match stream {
-        CUDA_LEGACY_DEFAULT_STREAM => "legacy default stream",
-        CUDA_PER_THREAD_DEFAULT_STREAM => "per-thread default stream",
-        NO_SYNC_STREAM => "no synchronization",
-        _ => "stream handle",
+/// The rule both runtimes apply to a pointer whose memory is `actual` and whose tensor is
+/// labelled `label`: `kDLCUDAManaged` needs managed memory; `kDLCUDA` needs device memory of
+/// that ordinal, or managed memory (device-addressable, so accepted).
+///
+/// # Errors
+/// [`Error::DeviceMismatch`] with the label as the reported device and `actual` as the
+/// actual one.
+pub(crate) fn check_placement(label: Device, actual: Device) -> Result<()> {
+    let managed = actual.device_type == device_type::CUDA_MANAGED;
+    let fits = match label.device_type {
+        device_type::CUDA_MANAGED => managed,
+        _ => actual == label || managed,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::DeviceMismatch {
+            reported_type: label.device_type,
+            reported_id: label.device_id,
+            actual_type: actual.device_type,
+            actual_id: actual.device_id,
+        })
     }
 }
 
@@ -436,7 +438,6 @@ mod tests {
         sim.synchronize(cuda, s).unwrap();
         assert!(flag.load(std::sync::atomic::Ordering::SeqCst));
         assert_eq!(sim.pending(s), 0);
-        assert_eq!(stream_meaning(1), "legacy default stream");
     }
 
     #[test]

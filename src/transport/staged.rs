@@ -655,21 +655,29 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         check_rank(source, self.comm.target_size())?;
         check_tag(tag)?;
         let plan = self.plan(&*tensor, None, Access::Write)?;
-        // Could a pipelined message be meant for this tensor?
-        let (contiguous, bytes, element) = match &plan {
-            Some(p) => (p.contiguous, p.span, p.element),
-            None => {
-                // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen
-                // here, because a pipelined message is received without TensorComm.
+        // Could a pipelined message be meant for this tensor? Only one larger than a part.
+        let candidate = match &plan {
+            Some(p) => Some((p.contiguous, p.span, p.element)),
+            // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen here,
+            // because a pipelined message is received without TensorComm; a small tensor
+            // (the per-message common case) skips this and gets them from TensorComm.
+            None if self.chunk_bytes > 0
+                && tensor.dtype().size_bytes().is_some_and(|b| {
+                    b as u128 * tensor.num_elements() as u128 > self.chunk_bytes as u128
+                }) =>
+            {
                 let r = RecvSpec::new(&mut *tensor)?;
-                (
+                Some((
                     r.is_contiguous(),
                     r.len_elems() as usize * r.element_type().size_bytes(),
                     r.element_type(),
-                )
+                ))
             }
+            None => None,
         };
-        if self.chunk_bytes > 0 && contiguous && bytes > self.chunk_bytes {
+        if let Some((true, bytes, element)) =
+            candidate.filter(|&(_, bytes, _)| self.chunk_bytes > 0 && bytes > self.chunk_bytes)
+        {
             let status = self.comm.process_at_rank(source).probe_with_tag(tag);
             let part_elems = self.part_elems(element.size_bytes());
             let part_units = part_elems * element.units_per_element();
