@@ -124,6 +124,7 @@ netns_stage() {
         timeout 600 scripts/netns-test.sh
 }
 
+stage "setup.sh detects libclang as bindgen does (libclang-cpp is not libclang)" scripts/setup-test.sh
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
 stage "cargo clippy --features python -D warnings" cargo clippy --all-targets --features python -- -D warnings
