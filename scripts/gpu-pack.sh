@@ -28,7 +28,7 @@ chmod +x "$out"/ompi/bin/*
 # Build against that Open MPI (its mpicc tells build-probe-mpi where mpi.h and libmpi are).
 export OPAL_PREFIX=$root/$out/ompi PATH=$root/$out/ompi/bin:$PATH
 export CARGO_TARGET_DIR=$root/target/gpu
-cargo build --release --features cuda --bin dlpack-mpi
+cargo build --release --features cli,cuda --bin dlpack-mpi
 cargo build --release --features cuda --test gpu --test device_cases
 newest() { ls -t "$CARGO_TARGET_DIR"/release/deps/"$1"-* | grep -v '\.d$' | head -1; }
 cp "$CARGO_TARGET_DIR/release/dlpack-mpi" "$out/bin/"
