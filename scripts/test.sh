@@ -129,6 +129,10 @@ stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy -D warnings (the library alone, default features)" cargo clippy --all-targets -- -D warnings
 stage "cargo clippy --features cli -D warnings" cargo clippy --all-targets --features cli -- -D warnings
 stage "cargo clippy --features cli,python -D warnings" cargo clippy --all-targets --features cli,python -- -D warnings
+doc_stage() {
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features cli,cuda,python
+}
+stage "cargo doc --no-deps, warnings denied (features cli, cuda, python)" doc_stage
 stage "cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
