@@ -76,7 +76,7 @@ enum Owner {
 /// It trusts the producer only for ownership and destruction (the struct stays valid until
 /// the deleter runs; the deleter frees it); all fields are validated on import. The lifetime
 /// `'a` is the longest the data may be used: `'static`-like for tensors from C, the borrow of
-/// the exporter for the built-in Rust exporters. Specs ([`crate::spec`]) borrow the guard, so
+/// the exporter for the built-in Rust exporters. Specs (module `spec`) borrow the guard, so
 /// no MPI request can outlive it and the deleter always runs after MPI is done.
 ///
 /// # Examples

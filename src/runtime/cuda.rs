@@ -1,7 +1,7 @@
 //! CUDA through the driver API (cudarc 0.19, feature `cuda`): the [`CudaRuntime`] that
 //! acquisition and the transport use. The DLPack exporter for cudarc's slices,
 //! `CudaExport`, is a producer and lives with the others in `dlpack` (`dlpack/cudarc.rs`);
-//! it orders its stream through [`wait_for_stream`] here.
+//! it orders its stream through `wait_for_stream` here.
 //!
 //! The driver library (`libcuda.so`) is loaded at run time: a build with this feature runs
 //! on machines without CUDA, where [`CudaRuntime::global`] answers an error and GPU tests
