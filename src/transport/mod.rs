@@ -18,12 +18,9 @@
 
 use crate::error::{Error, Result};
 
-mod runtime;
 mod staged;
 
-#[cfg(feature = "cuda")]
-pub(crate) use runtime::check_placement;
-pub use runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
+pub use crate::runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
 pub use staged::{
     DeviceComm, Route, Transport, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES,
     MAX_POOLED_BYTES,

@@ -55,7 +55,6 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-use super::runtime::DeviceRuntime;
 use super::{cuda_awareness, CudaAwareness};
 use crate::comm::{check_rank, check_tag, TensorComm};
 use crate::device::{Device, MemoryKind};
@@ -63,6 +62,7 @@ use crate::dlpack::{DLTensor, Tensor, TensorView};
 use crate::dtype::{DType, ElementType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::halfops;
+use crate::runtime::DeviceRuntime;
 use crate::spec::{RecvSpec, SendSpec};
 
 /// Default part size of pipelined staged point-to-point messages, in bytes.
