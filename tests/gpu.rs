@@ -93,10 +93,13 @@ impl Watchdog {
             std::thread::sleep(Duration::from_millis(250));
             let (name, since) = watched.lock().expect("watchdog lock").clone();
             if since.elapsed() > Duration::from_secs(limit_s) {
-                eprintln!(
-                    "rank {rank}: {name}: still running after {limit_s} s \
-                     (DLPACK_MPI_CASE_TIMEOUT_S): a peer probably failed inside a transfer; \
-                     aborting the job"
+                eprint!(
+                    "{}",
+                    format!(
+                        "rank {rank}: {name}: still running after {limit_s} s \
+                         (DLPACK_MPI_CASE_TIMEOUT_S): a peer probably failed inside a \
+                         transfer; aborting the job\n"
+                    )
                 );
                 std::process::abort();
             }
@@ -424,7 +427,10 @@ fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime) -> Outco
     agreed(w, refused)?;
     drop(r);
     let first = out.as_slice()[0];
-    agreed(w, check(first == 0.0, || format!("output written: {first}")))
+    agreed(
+        w,
+        check(first == 0.0, || format!("output written: {first}")),
+    )
 }
 
 /// Whether every rank has a CUDA runtime and its device: each rank that has not prints its
@@ -434,10 +440,18 @@ fn gpu_on_every_rank(
     mine: Result<(&'static CudaRuntime, Gpu), String>,
 ) -> Option<(&'static CudaRuntime, Gpu)> {
     if let Err(reason) = &mine {
-        eprintln!("GPU cases: rank {}: cannot run: {reason}", w.rank());
+        // One write per line: Rust's stderr is unbuffered, and the ranks' lines interleave.
+        eprint!(
+            "{}",
+            format!("GPU cases: rank {}: cannot run: {reason}\n", w.rank())
+        );
     }
     let mut failing = 0i32;
-    w.all_reduce_into(&i32::from(mine.is_err()), &mut failing, SystemOperation::sum());
+    w.all_reduce_into(
+        &i32::from(mine.is_err()),
+        &mut failing,
+        SystemOperation::sum(),
+    );
     if failing == 0 {
         return mine.ok();
     }
@@ -516,7 +530,9 @@ fn main() {
     let (passed, failed) = harness::run_cases(&w, named, &filter, |(name, case)| {
         dog.arm(name);
         let outcome = case();
-        dog.arm(&format!("after {name} (waiting for the other ranks' verdict)"));
+        dog.arm(&format!(
+            "after {name} (waiting for the other ranks' verdict)"
+        ));
         outcome
     });
     harness::report(&w, passed, failed);

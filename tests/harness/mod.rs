@@ -60,7 +60,8 @@ pub fn run_cases<N: AsRef<str>, C>(
         }
         let outcome = run(&case);
         if let Err(msg) = &outcome {
-            eprintln!("rank {}: {name}: {msg}", w.rank());
+            // One write per line (stderr is unbuffered): the ranks' lines interleave.
+            eprint!("{}", format!("rank {}: {name}: {msg}\n", w.rank()));
         }
         let mine = i32::from(outcome.is_err());
         let mut any = 0i32;
