@@ -151,14 +151,14 @@ choose_driver() {
 }
 
 # The MPI settings that match the MPI in use (see the header); saves what the environment
-# had in $saved_env for the direct steps.
+# had for the direct steps: $saved_env (VAR=value) and $saved_unset (-u VAR).
 carried_vars=(OMPI_MCA_pml OMPI_MCA_btl OMPI_MCA_mtl OMPI_MCA_osc OMPI_MCA_smsc
     OMPI_MCA_btl_vader_single_copy_mechanism)
 choose_mpi_settings() {
     local major=$1 v scope kernel cma=yes why
-    saved_env=()
+    saved_env=() saved_unset=()
     for v in "${carried_vars[@]}"; do
-        if [ -n "${!v+x}" ]; then saved_env+=("$v=${!v}"); else saved_env+=(-u "$v"); fi
+        if [ -n "${!v+x}" ]; then saved_env+=("$v=${!v}"); else saved_unset+=(-u "$v"); fi
     done
     scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo absent)
     kernel=$(uname -r)
@@ -229,7 +229,7 @@ run_direct_steps() {
         return
     fi
     echo "== CUDA-aware Open MPI found at $aware: run with the environment's own MPI settings"
-    local with=(env "${saved_env[@]}" OPAL_PREFIX="$aware" PATH="$aware/bin:$PATH"
+    local with=(env "${saved_unset[@]}" "${saved_env[@]}" OPAL_PREFIX="$aware" PATH="$aware/bin:$PATH"
         LD_LIBRARY_PATH="$aware/lib:$LD_LIBRARY_PATH")
     step "check on CUDA tensors, direct, 2 ranks ($aware)" 90 "${with[@]}" \
         mpirun --oversubscribe --bind-to none -n 2 "$g/bin/dlpack-mpi" check -q --device cuda --transport direct

@@ -22,6 +22,7 @@
 mod harness;
 
 use std::ffi::c_void;
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -93,14 +94,12 @@ impl Watchdog {
             std::thread::sleep(Duration::from_millis(250));
             let (name, since) = watched.lock().expect("watchdog lock").clone();
             if since.elapsed() > Duration::from_secs(limit_s) {
-                eprint!(
-                    "{}",
-                    format!(
-                        "rank {rank}: {name}: still running after {limit_s} s \
-                         (DLPACK_MPI_CASE_TIMEOUT_S): a peer probably failed inside a \
-                         transfer; aborting the job\n"
-                    )
+                let line = format!(
+                    "rank {rank}: {name}: still running after {limit_s} s \
+                     (DLPACK_MPI_CASE_TIMEOUT_S): a peer probably failed inside a transfer; \
+                     aborting the job\n"
                 );
+                let _ = std::io::stderr().write_all(line.as_bytes());
                 std::process::abort();
             }
         });
@@ -441,10 +440,8 @@ fn gpu_on_every_rank(
 ) -> Option<(&'static CudaRuntime, Gpu)> {
     if let Err(reason) = &mine {
         // One write per line: Rust's stderr is unbuffered, and the ranks' lines interleave.
-        eprint!(
-            "{}",
-            format!("GPU cases: rank {}: cannot run: {reason}\n", w.rank())
-        );
+        let line = format!("GPU cases: rank {}: cannot run: {reason}\n", w.rank());
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
     let mut failing = 0i32;
     w.all_reduce_into(
