@@ -144,7 +144,7 @@ for n in 2 3; do
 done
 stage "cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time)" \
     cargo clippy --all-targets --features cli,cuda,python -- -D warnings
-stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cuda
+stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cli,cuda
 stage "cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget)" \
     timeout 300 scripts/gpu-check-test.sh
 stage "cli, python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI (tests/cli.rs) with NumPy" \
