@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs scripts/gpu-check.sh end to end on a machine without a GPU, against fake CUDA driver
 # libraries (tests/fixtures/fake_libcuda.c, built here with cc) and a cheap local pack
-# (`scripts/gpu-pack.sh --local`: the debug binaries of feature `cuda`), and checks that
+# (`scripts/gpu-pack.sh --local`: the debug binaries of features `cli,cuda`), and checks that
 # every run ends within its budget with the right one-line reason:
 #
 #   none        no libcuda at all           -> STOPPED: no working CUDA runtime (no library)
