@@ -34,10 +34,9 @@
 //! The returned status is part 0's. So any `DeviceComm` receives from any `DeviceComm`
 //! whatever their devices and transports, as long as both use the same `P`.
 //!
-//! **Errors.** A part of another size than expected is
-//! [`Error::CountMismatch`](crate::Error::CountMismatch) naming the part (nothing more is
-//! copied to the device, and no further part is posted); a part longer than expected is
-//! MPI's truncation error. A plain `TensorComm::recv_tensor` sees a parted message as a
+//! **Errors.** A part of another size than expected is [`Error::CountMismatch`] naming the
+//! part (nothing more is copied to the device, and no further part is posted); a part
+//! longer than expected is MPI's truncation error. A plain `TensorComm::recv_tensor` sees a parted message as a
 //! `CountMismatch` (nothing is received). One ambiguity remains: a single message exactly
 //! one part long, sent to a receive tensor larger than one part, is taken for part 0 of a
 //! parted message — sizes must agree, as for any MPI receive. A device copy that fails after
