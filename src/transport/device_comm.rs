@@ -9,7 +9,6 @@ use mpi::Tag;
 use super::pipeline::{Pipe, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
 use super::pool::PinnedPool;
 use super::route::{Route, Transport};
-use crate::runtime::DeviceRuntime;
 use super::stage::{Access, Extent, Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
 use crate::comm::{check_rank, check_tag, TensorComm};
@@ -17,6 +16,7 @@ use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::layout;
+use crate::runtime::DeviceRuntime;
 
 /// Tensor operations for tensors on any device: [`TensorComm`]'s operations, with each
 /// tensor routed as [`Route`] says. Host tensors pass straight through.

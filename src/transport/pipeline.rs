@@ -54,10 +54,10 @@ use mpi::Tag;
 
 use super::pool::{PinnedBuf, PinnedPool};
 use super::route::{no_runtime_error, Route};
-use crate::runtime::DeviceRuntime;
 use super::stage::Placement;
 use crate::dtype::ElementType;
 use crate::error::{Error, Result};
+use crate::runtime::DeviceRuntime;
 
 /// Default part size of pipelined staged point-to-point messages, in bytes.
 pub const DEFAULT_PIPELINE_CHUNK_BYTES: usize = 4 << 20;

@@ -4,8 +4,8 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 use super::route::no_runtime_error;
-use crate::runtime::DeviceRuntime;
 use crate::error::Result;
+use crate::runtime::DeviceRuntime;
 
 /// Smallest pinned buffer allocated (sizes are rounded up to a power of two, at least this).
 const MIN_PINNED_BYTES: usize = 64 << 10;

@@ -5,12 +5,12 @@ use std::ffi::c_void;
 
 use super::pool::{PinnedBuf, PinnedPool};
 use super::route::{no_runtime, no_runtime_error, Route};
-use crate::runtime::DeviceRuntime;
 use crate::device::{Device, MemoryKind};
 use crate::dlpack::{DLTensor, Tensor, TensorView};
 use crate::dtype::{self, DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
+use crate::runtime::DeviceRuntime;
 
 /// What an operation does with a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
