@@ -18,7 +18,8 @@ use dlpack_mpi::dlpack::{
 };
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::transport::{
-    DeviceComm, DeviceRuntime, Route, RuntimeCall, SimulatedDevice, Transport,
+    select_device, select_device_at, DeviceComm, DeviceRuntime, DeviceSource, NodeLocal, Route,
+    RuntimeCall, SimulatedDevice, Transport, DEVICE_ENV,
 };
 use dlpack_mpi::Error;
 use half::f16;
@@ -616,6 +617,112 @@ fn c65_empty_tensor_makes_no_runtime_call(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// The two calls a selection makes, in order, before anything else reaches the runtime.
+fn selected(ordinal: i32) -> Vec<RuntimeCall> {
+    vec![
+        RuntimeCall::DeviceCount { count: 2 },
+        RuntimeCall::SelectDevice { ordinal },
+    ]
+}
+
+/// Two simulated devices per node: each rank gets its node-local rank modulo 2 (all ranks of
+/// these runs share one node, so the node-local rank is the world rank), and the selection
+/// is the runtime's first call; the rank's tensors then live on that device.
+fn device_per_node_local_rank(w: &SimpleCommunicator) -> Outcome {
+    let local = NodeLocal::of(w);
+    ensure_eq!((local.rank, local.size), (w.rank(), w.size()));
+    let rt = SimulatedDevice::with_devices(2);
+    let sel = call!(select_device_at(local, &rt, None, None));
+    ensure_eq!(sel.ordinal, w.rank() % 2);
+    ensure_eq!(sel.source, DeviceSource::NodeLocalRank);
+    ensure_eq!(
+        (sel.local_rank, sel.local_size, sel.device_count),
+        (w.rank(), w.size(), 2)
+    );
+    ensure_eq!(rt.calls(), selected(sel.ordinal));
+    ensure_eq!(rt.current_device(), sel.ordinal);
+    // A staged all-reduce on the selected device copies with that device current.
+    let mine = Device::new(device_type::CUDA, sel.ordinal);
+    let x = on(mine, vec![1.0f32; 4]);
+    let mut out = on(mine, vec![0.0f32; 4]);
+    {
+        let s = take(&x, &rt)?;
+        let mut d = take(&out, &rt)?;
+        call!(staged(w, &rt).all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
+    }
+    ensure_eq!(out.as_slice(), &[w.size() as f32; 4][..]);
+    let calls = rt.calls();
+    ensure_eq!(calls[..2], selected(sel.ordinal)[..]);
+    ensure!(
+        calls.iter().all(|c| match c {
+            RuntimeCall::CopyToHost { current, .. } | RuntimeCall::CopyToDevice { current, .. } =>
+                *current == sel.ordinal,
+            _ => true,
+        }),
+        "a copy ran on another device: {calls:?}"
+    );
+    // Through the environment (unset here): the same answer.
+    std::env::remove_var(DEVICE_ENV);
+    let rt = SimulatedDevice::with_devices(2);
+    let again = call!(select_device(w, &rt, None));
+    ensure_eq!(again, sel);
+    ensure_eq!(rt.calls(), selected(sel.ordinal));
+    Ok(())
+}
+
+/// `DLPACK_MPI_DEVICE` wins over the node-local rank, an explicit ordinal over both; a bad
+/// value is a typed error before any runtime call; an ordinal the node lacks is refused
+/// before any context is made.
+fn device_overrides_and_refusals(w: &SimpleCommunicator) -> Outcome {
+    let local = NodeLocal::of(w);
+    let rt = SimulatedDevice::with_devices(2);
+    let sel = call!(select_device_at(local, &rt, None, Some("1")));
+    ensure_eq!((sel.ordinal, sel.source), (1, DeviceSource::Environment));
+    ensure_eq!(rt.calls(), selected(1));
+    let rt = SimulatedDevice::with_devices(2);
+    let sel = call!(select_device_at(local, &rt, Some(0), Some("1")));
+    ensure_eq!((sel.ordinal, sel.source), (0, DeviceSource::Flag));
+    ensure_eq!(rt.calls(), selected(0));
+    // The process environment, as `select_device` reads it.
+    std::env::set_var(DEVICE_ENV, "1");
+    let rt = SimulatedDevice::with_devices(2);
+    let from_env = select_device(w, &rt, None);
+    std::env::set_var(DEVICE_ENV, "gpu1");
+    let rt_bad = SimulatedDevice::with_devices(2);
+    let bad = select_device(w, &rt_bad, None);
+    std::env::remove_var(DEVICE_ENV);
+    let from_env = call!(from_env);
+    ensure_eq!(
+        (from_env.ordinal, from_env.source),
+        (1, DeviceSource::Environment)
+    );
+    ensure_eq!(rt.calls(), selected(1));
+    match bad {
+        Err(Error::InvalidSetting { name, value, .. }) => {
+            ensure_eq!((name, value.as_str()), (DEVICE_ENV, "gpu1"));
+        }
+        other => return Err(format!("expected InvalidSetting, got {other:?}")),
+    }
+    ensure!(rt_bad.calls().is_empty(), "{:?}", rt_bad.calls());
+    ensure_eq!(rt_bad.selected_device(), None);
+    for (flag, env) in [(Some(2), None), (None, Some("2")), (Some(-1), None)] {
+        let rt = SimulatedDevice::with_devices(2);
+        match select_device_at(local, &rt, flag, env) {
+            Err(Error::UnsupportedDevice { device_id, .. }) => {
+                ensure_eq!(device_id, flag.unwrap_or(2));
+            }
+            other => {
+                return Err(format!(
+                    "{flag:?}/{env:?}: expected UnsupportedDevice, got {other:?}"
+                ))
+            }
+        }
+        ensure_eq!(rt.calls(), vec![RuntimeCall::DeviceCount { count: 2 }]);
+        ensure_eq!(rt.selected_device(), None);
+    }
+    Ok(())
+}
+
 /// With `DLPACK_MPI_CUDA_AWARE=1`, `Auto` goes direct for contiguous tensors and still
 /// stages strided ones and half-precision reductions; `Direct` is refused when MPI is not
 /// CUDA-aware.
@@ -789,6 +896,11 @@ const CASES: &[(&str, Case)] = &[
         direct_route_and_its_exceptions,
     ),
     ("refusals", refusals),
+    ("device_per_node_local_rank", device_per_node_local_rank),
+    (
+        "device_overrides_and_refusals",
+        device_overrides_and_refusals,
+    ),
 ];
 
 fn main() {

@@ -31,7 +31,10 @@ use dlpack_mpi::cuda::{CudaExport, CudaRuntime};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, StreamPolicy};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, Route, Transport};
+use dlpack_mpi::transport::{
+    select_device_at, DeviceComm, DeviceRuntime, DeviceSelection, NodeLocal, Route, Transport,
+    DEVICE_ENV,
+};
 use dlpack_mpi::Error;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -402,8 +405,9 @@ fn c65_empty(
     )
 }
 
-fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime) -> Outcome {
-    let liar = Owned::new(vec![1.0f32; 8]).labelled(Device::new(device_type::CUDA, 0));
+fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime, ordinal: i32) -> Outcome {
+    // Labelled with this rank's own device: no context is made on another one.
+    let liar = Owned::new(vec![1.0f32; 8]).labelled(Device::new(device_type::CUDA, ordinal));
     let unsync = AcquireOptions {
         stream: StreamPolicy::Unsynchronized,
         ..AcquireOptions::default()
@@ -436,8 +440,8 @@ fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime) -> Outco
 /// own reason; rank 0 says how many could not. Collective.
 fn gpu_on_every_rank(
     w: &SimpleCommunicator,
-    mine: Result<(&'static CudaRuntime, Gpu), String>,
-) -> Option<(&'static CudaRuntime, Gpu)> {
+    mine: Result<(&'static CudaRuntime, Gpu, DeviceSelection), String>,
+) -> Option<(&'static CudaRuntime, Gpu, DeviceSelection)> {
     if let Err(reason) = &mine {
         // One write per line: Rust's stderr is unbuffered, and the ranks' lines interleave.
         let line = format!("GPU cases: rank {}: cannot run: {reason}\n", w.rank());
@@ -466,15 +470,21 @@ fn main() {
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
     let dog = Watchdog::start(w.rank());
+    // The node-local split is collective: every rank makes it, whether its runtime loads or not.
+    let local = NodeLocal::of(&w);
+    let env = std::env::var_os(DEVICE_ENV).map(|v| v.to_string_lossy().into_owned());
     let mine = CudaRuntime::global()
         .map_err(|e| e.to_string())
         .and_then(|rt| {
-            let ordinal = w.rank() as usize % rt.device_count();
+            // The runtime's first context is made here, on this rank's own device.
+            let sel = select_device_at(local, rt, None, env.as_deref())
+                .map_err(|e| format!("{}: {e}", rt.describe()))?;
+            let ordinal = sel.ordinal as usize;
             Gpu::new(ordinal)
-                .map(|g| (rt, g))
+                .map(|g| (rt, g, sel))
                 .map_err(|e| format!("device {ordinal} ({}): {e}", rt.describe()))
         });
-    let Some((rt, gpu)) = gpu_on_every_rank(&w, mine) else {
+    let Some((rt, gpu, sel)) = gpu_on_every_rank(&w, mine) else {
         let required = std::env::var("DLPACK_MPI_REQUIRE_GPU").is_ok_and(|v| v == "1");
         let rank = w.rank();
         drop(universe);
@@ -498,7 +508,7 @@ fn main() {
     let aware = aware_all == 1;
     if w.rank() == 0 {
         println!(
-            "running GPU cases at {} rank(s) on {}; MPI CUDA-aware: {aware}",
+            "running GPU cases at {} rank(s) on {}; rank 0: {sel}; MPI CUDA-aware: {aware}",
             w.size(),
             rt.describe()
         );
@@ -521,7 +531,7 @@ fn main() {
     }
     cases.push((
         "host_pointer_labelled_cuda".into(),
-        Box::new(|| host_pointer_labelled_cuda(&w, rt)),
+        Box::new(|| host_pointer_labelled_cuda(&w, rt, sel.ordinal)),
     ));
     let named = cases.into_iter().map(|(n, c)| (n.clone(), (n, c)));
     let (passed, failed) = harness::run_cases(&w, named, &filter, |(name, case)| {

@@ -5,16 +5,17 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{sys, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
 
-use super::producers::{export_foreign, ExportLayout, Lease};
+use super::producers::{export_foreign, ExportLayout, Lease, ReleaseHook};
 use super::{ExportRequest, Exporter, ManagedTensor, FLAG_READ_ONLY};
 use crate::device::{device_type, Device, CUDA_LEGACY_DEFAULT_STREAM, NO_SYNC_STREAM};
 use crate::dtype::Element;
 use crate::error::{Error, Result};
-use crate::runtime::cuda::wait_for_stream;
+use crate::runtime::cuda::{cu_stream, keeping_current_context, wait_for_stream};
 
 /// A DLPack exporter over cudarc device memory (`CudaSlice<T>`, `CudaView<T>`,
 /// `CudaViewMut<T>`): a 1-d tensor of `len` elements of `T::DTYPE` on `(kDLCUDA, ordinal)`,
@@ -25,37 +26,137 @@ use crate::runtime::cuda::wait_for_stream;
 /// legacy default stream, `2` the per-thread default stream, a handle that stream; `-1`
 /// orders nothing; `0` is refused. The memory stays cudarc's: the tensor's deleter frees
 /// only the shape arrays.
+///
+/// **cudarc's event tracking** (a context with several streams and event tracking on, the
+/// cudarc default) stays true for the whole time MPI uses the memory:
+///
+/// - [`CudaExport::new`] takes the slice as a read (`DevicePtr::device_ptr`), which makes the
+///   slice's stream wait for its last write; [`CudaExport::new_mut`] takes it as a write
+///   (`DevicePtrMut::device_ptr_mut`), which waits for its last reads and write. Each export
+///   then orders the consumer's stream after the slice's stream, so the consumer (the staging
+///   copies, or a CUDA-aware MPI) sees those accesses complete.
+/// - cudarc's read event (for `new`) or write event (for `new_mut`) is recorded when each
+///   exported tensor is *released* — when its deleter runs, i.e. after MPI is done with it
+///   (a blocking call returned, a request completed) — on the consumer's stream (the
+///   request's stream; the slice's own stream for `-1`), not when the export is made. A
+///   cudarc kernel launched later on any stream of the context, through `device_ptr_mut`
+///   (after a read export) or `device_ptr`/`device_ptr_mut` (after a write export), waits for
+///   that event, so it is ordered after everything the consumer queued on its stream before
+///   releasing the tensor: it cannot overtake the MPI transfer. While the exporter lives,
+///   Rust's borrow of the slice keeps cudarc from writing it (or, for `new_mut`, touching it)
+///   at all.
+///
+/// What is not covered: a consumer that passed `-1` and used the memory on a stream of its
+/// own must finish that work before releasing the tensor (DLPack's rule for `-1`); the
+/// stream a consumer named must still be valid when it releases the tensor (the transport's
+/// streams live for the process); with two tensors of one read export alive at once on
+/// different streams, the release recorded last is the one cudarc waits for (cudarc keeps
+/// one read event per slice). Without event tracking (one stream, or
+/// `disable_event_tracking`), cudarc records nothing and neither does this exporter;
+/// ordering is then the user's, as everywhere in cudarc.
 pub struct CudaExport<'a, T> {
     ptr: sys::CUdeviceptr,
     storage_bytes: usize,
-    stream: Arc<CudaStream>,
+    tracking: Tracking,
     layout: ExportLayout,
     lease: Lease,
     _borrow: PhantomData<&'a T>,
 }
 
+/// What a release records: cudarc's read or write event of the slice, and the slice's
+/// stream. The release hook's `ctx` points here.
+struct Tracking {
+    /// The event inside the slice (`CudaSlice::read`/`write`, or the view's), `None` when
+    /// cudarc tracks no events for it. Valid while the exporter lives: the slice it lives in
+    /// is borrowed by the exporter for `'a`.
+    event: Option<NonNull<CudaEvent>>,
+    /// The slice's stream (also keeps the `CudaStream` alive).
+    stream: Arc<CudaStream>,
+}
+
+// SAFETY: `CudaEvent` is `Send + Sync` (cudarc: its methods are thread safe); the pointer is
+// only ever read as a shared reference, while the slice that holds the event is borrowed.
+unsafe impl Send for Tracking {}
+// SAFETY: as above.
+unsafe impl Sync for Tracking {}
+
+/// Takes the event out of cudarc's guard so that dropping the guard records nothing now.
+/// A `Sync` guard (not produced for device memory) is dropped, i.e. synchronizes as cudarc
+/// intends.
+fn defuse<'g>(mut guard: SyncOnDrop<'g>) -> Option<&'g CudaEvent> {
+    match &mut guard {
+        SyncOnDrop::Record(target) => target.take().map(|(event, _)| event),
+        SyncOnDrop::Sync(_) => None,
+    }
+}
+
+impl Tracking {
+    /// Records the event on the consumer's `stream` (the slice's own for `-1`), through
+    /// cudarc's own guard: only when cudarc manages stream synchronization in the context,
+    /// an error is kept in the context's error slot (nothing panics), and the calling
+    /// thread's current context is left as it was.
+    fn record_release(&self, stream: isize) {
+        let Some(event) = self.event else { return };
+        // SAFETY: the event lives in the slice the exporter borrows, and the exporter
+        // outlives every tensor it hands out (the tensor borrows it).
+        let event = unsafe { event.as_ref() };
+        keeping_current_context(|| {
+            let on = if stream == NO_SYNC_STREAM {
+                self.stream.clone()
+            } else {
+                // SAFETY: the consumer's stream value of this export, a stream of the slice's
+                // device (DLPack `__dlpack__`), which the consumer keeps valid while it uses
+                // the tensor, i.e. until this release; the wrapper borrows it and destroys
+                // nothing when dropped below.
+                unsafe { event.context().wrap_borrowed_stream(cu_stream(stream)) }
+            };
+            drop(SyncOnDrop::Record(Some((event, &*on))));
+        });
+    }
+}
+
+/// The release hook of [`CudaExport`]'s tensors.
+///
+/// # Safety
+/// `ctx` points to the `Tracking` of a live exporter.
+unsafe fn record_on_release(ctx: NonNull<c_void>, stream: isize) {
+    // SAFETY: the caller's contract.
+    let tracking: &Tracking = unsafe { ctx.cast().as_ref() };
+    tracking.record_release(stream);
+}
+
 impl<'a, T: Element + DeviceRepr> CudaExport<'a, T> {
-    /// A read-only export (`READ_ONLY` flag) of `slice`.
+    /// A read-only export (`READ_ONLY` flag) of `slice`: a cudarc read, recorded when each
+    /// tensor is released (type docs).
     pub fn new<S: DevicePtr<T>>(slice: &'a S) -> Self {
         let stream = slice.stream().clone();
-        let ptr = slice.device_ptr(&stream).0;
-        Self::make(ptr, slice.len(), stream, FLAG_READ_ONLY)
+        let (ptr, guard) = slice.device_ptr(&stream);
+        let event = defuse(guard).map(NonNull::from);
+        Self::make(ptr, slice.len(), stream, event, FLAG_READ_ONLY)
     }
 
-    /// A writable export of `slice` (one writable tensor at a time).
+    /// A writable export of `slice` (one writable tensor at a time): a cudarc write,
+    /// recorded when each tensor is released (type docs).
     pub fn new_mut<S: DevicePtrMut<T>>(slice: &'a mut S) -> Self {
         let stream = slice.stream().clone();
         let len = slice.len();
-        let ptr = slice.device_ptr_mut(&stream).0;
-        Self::make(ptr, len, stream, 0)
+        let (ptr, guard) = slice.device_ptr_mut(&stream);
+        let event = defuse(guard).map(NonNull::from);
+        Self::make(ptr, len, stream, event, 0)
     }
 
-    fn make(ptr: sys::CUdeviceptr, len: usize, stream: Arc<CudaStream>, flags: u64) -> Self {
+    fn make(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        stream: Arc<CudaStream>,
+        event: Option<NonNull<CudaEvent>>,
+        flags: u64,
+    ) -> Self {
         let ordinal = stream.context().ordinal() as i32;
         CudaExport {
             ptr,
             storage_bytes: len * std::mem::size_of::<T>(),
-            stream,
+            tracking: Tracking { event, stream },
             layout: ExportLayout::new(
                 T::DTYPE,
                 len,
@@ -110,10 +211,11 @@ impl<'a, T: Element + DeviceRepr> CudaExport<'a, T> {
         Ok(self)
     }
 
-    /// Makes the consumer's `stream` wait for the work queued on the slice's stream.
-    fn order_before(&self, stream: Option<isize>) -> Result<()> {
+    /// The consumer's stream value for `stream` (`None` → the legacy default stream), after
+    /// making it wait for the work queued on the slice's stream.
+    fn order_before(&self, stream: Option<isize>) -> Result<isize> {
         let target = match stream {
-            Some(NO_SYNC_STREAM) => return Ok(()),
+            Some(NO_SYNC_STREAM) => return Ok(NO_SYNC_STREAM),
             Some(0) => {
                 return Err(Error::UnsupportedDevice {
                     device_type: device_type::CUDA,
@@ -124,7 +226,8 @@ impl<'a, T: Element + DeviceRepr> CudaExport<'a, T> {
             None => CUDA_LEGACY_DEFAULT_STREAM,
             Some(s) => s,
         };
-        wait_for_stream(&self.stream, target)
+        wait_for_stream(&self.tracking.stream, target)?;
+        Ok(target)
     }
 }
 
@@ -134,16 +237,22 @@ impl<T: Element + DeviceRepr> Exporter for CudaExport<'_, T> {
     }
 
     fn dlpack(&self, request: &ExportRequest) -> Result<ManagedTensor<'_>> {
-        self.order_before(request.stream)?;
+        let consumer = self.order_before(request.stream)?;
+        let release = ReleaseHook {
+            run: record_on_release,
+            ctx: NonNull::from(&self.tracking).cast(),
+            stream: consumer,
+        };
         // SAFETY: the device memory is borrowed from cudarc for 'a (outliving `&self`),
         // writable only for `new_mut`; the layout is checked against the storage; the lease
-        // lives in `self`.
+        // and the tracking the hook reads live in `self`, which the tensor borrows.
         unsafe {
             export_foreign(
                 self.ptr as usize as *mut c_void,
                 self.storage_bytes,
                 &self.layout,
                 Some(&self.lease),
+                Some(release),
             )
         }
     }

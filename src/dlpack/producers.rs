@@ -63,14 +63,31 @@ impl Lease {
     }
 }
 
+/// What a producer wants done when one of its tensors is released, before the lease is
+/// given back: `run(ctx, stream)` (the CUDA exporter records cudarc's read or write event
+/// there, `dlpack/cudarc.rs`). `ctx` points into the exporter, which the tensor borrows;
+/// `stream` is the consumer's stream value of the export request.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(super) struct ReleaseHook {
+    /// Called once, from the deleter; must not panic (it runs inside an `extern "C"` fn).
+    pub(super) run: unsafe fn(NonNull<c_void>, isize),
+    /// Handed to `run`.
+    pub(super) ctx: NonNull<c_void>,
+    /// Handed to `run`.
+    pub(super) stream: isize,
+}
+
 /// The heap block behind every tensor the built-in exporters hand out: the versioned struct
-/// first (so the deleter can cast back), then the arrays it points to and the lease it holds.
+/// first (so the deleter can cast back), then the arrays it points to, the lease it holds and
+/// the hook to run on release.
 #[repr(C)]
 struct Exported {
     managed: DLManagedTensorVersioned,
     shape: Box<[i64]>,
     strides: Option<Box<[i64]>>,
     lease: Option<NonNull<Lease>>,
+    release: Option<ReleaseHook>,
 }
 
 unsafe extern "C" fn delete_exported(p: *mut DLManagedTensorVersioned) {
@@ -78,6 +95,11 @@ unsafe extern "C" fn delete_exported(p: *mut DLManagedTensorVersioned) {
         // SAFETY: `p` is the first field of a Box<Exported> leaked by `export_raw`, and the
         // guard calls this exactly once.
         let block = unsafe { Box::from_raw(p.cast::<Exported>()) };
+        if let Some(hook) = block.release {
+            // SAFETY: `ctx` points into the exporter, which the tensor borrows (alive while
+            // the tensor is dropped); the producer that made the hook vouches for `run`.
+            unsafe { (hook.run)(hook.ctx, hook.stream) };
+        }
         if let Some(lease) = block.lease {
             // SAFETY: the lease lives in the exporter, which the tensor borrows, so it is
             // still alive while the tensor is dropped.
@@ -102,11 +124,13 @@ pub(super) struct ExportLayout {
 ///
 /// # Safety
 /// `data` (with the layout) must describe memory valid for `'a`, writable unless `flags`
-/// has `READ_ONLY`; `lease`, if given, must outlive the returned tensor.
+/// has `READ_ONLY`; `lease`, if given, must outlive the returned tensor; `release`, if given,
+/// must be safe to run once with its `ctx` and `stream` whenever the tensor is released.
 unsafe fn export_raw<'a>(
     data: *mut c_void,
     l: &ExportLayout,
     lease: Option<&Lease>,
+    release: Option<ReleaseHook>,
 ) -> Result<ManagedTensor<'a>> {
     let ndim = i32::try_from(l.shape.len()).map_err(|_| Error::InvalidTensor {
         field: "ndim".into(),
@@ -138,6 +162,7 @@ unsafe fn export_raw<'a>(
         shape: l.shape.as_slice().into(),
         strides: l.strides.as_deref().map(Into::into),
         lease: lease.map(NonNull::from),
+        release,
     });
     block.managed.dl_tensor.shape = block.shape.as_mut_ptr();
     if let Some(s) = block.strides.as_mut() {
@@ -161,7 +186,7 @@ impl<T: Element> Exporter for [T] {
             ..ExportLayout::dense::<T>(self.len())
         };
         // SAFETY: the slice is valid for the borrow; READ_ONLY keeps it from being written.
-        unsafe { export_raw(self.as_ptr() as *mut c_void, &layout, None) }
+        unsafe { export_raw(self.as_ptr() as *mut c_void, &layout, None, None) }
     }
 }
 
@@ -181,17 +206,19 @@ impl<T: Element> Exporter for Vec<T> {
 ///
 /// # Safety
 /// As `export_raw`: `data` points to `storage_bytes` bytes of memory of `layout.device`
-/// valid for `'a` (writable unless `READ_ONLY`); `lease` outlives the tensor.
+/// valid for `'a` (writable unless `READ_ONLY`); `lease` outlives the tensor; `release` may
+/// run once whenever the tensor is released.
 #[cfg(feature = "cuda")]
 pub(super) unsafe fn export_foreign<'a>(
     data: *mut c_void,
     storage_bytes: usize,
     layout: &ExportLayout,
     lease: Option<&Lease>,
+    release: Option<ReleaseHook>,
 ) -> Result<ManagedTensor<'a>> {
     layout.check_within(storage_bytes)?;
     // SAFETY: caller's contract; the layout stays inside the storage.
-    unsafe { export_raw(data, layout, lease) }
+    unsafe { export_raw(data, layout, lease, release) }
 }
 
 impl ExportLayout {
@@ -478,7 +505,14 @@ impl<T: AnyBits> Exporter for Owned<T> {
         // SAFETY: the layout was checked to stay inside the storage, which lives as long as
         // `&self`; the pointer comes from the owning Box, so writes through it are allowed;
         // the lease lives in `self`.
-        unsafe { export_raw(self.ptr.as_ptr().cast(), &self.layout, Some(&self.lease)) }
+        unsafe {
+            export_raw(
+                self.ptr.as_ptr().cast(),
+                &self.layout,
+                Some(&self.lease),
+                None,
+            )
+        }
     }
 }
 
@@ -534,7 +568,14 @@ impl<T: AnyBits> Exporter for SliceMut<'_, T> {
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
         // SAFETY: the pointer comes from the exclusive borrow held for 'a, outliving `&self`;
         // the layout was checked against the slice; the lease lives in `self`.
-        unsafe { export_raw(self.ptr.as_ptr().cast(), &self.layout, Some(&self.lease)) }
+        unsafe {
+            export_raw(
+                self.ptr.as_ptr().cast(),
+                &self.layout,
+                Some(&self.lease),
+                None,
+            )
+        }
     }
 }
 
@@ -571,5 +612,52 @@ mod tests {
         assert!(Owned::new(vec![0u8; 5])
             .with_dtype(DType::new(2, 16))
             .is_err());
+    }
+
+    /// The release hook runs once per tensor, when it is dropped, with the request's stream,
+    /// while the lease is still held (the CUDA exporter's event is recorded before another
+    /// export can begin).
+    #[test]
+    fn release_hook_runs_once_on_drop_before_the_lease_is_returned() {
+        struct Seen {
+            lease: Lease,
+            calls: std::sync::Mutex<Vec<(isize, isize)>>,
+        }
+        /// # Safety
+        /// `ctx` points to a live `Seen`.
+        unsafe fn record(ctx: NonNull<c_void>, stream: isize) {
+            // SAFETY: the caller's contract.
+            let seen = unsafe { ctx.cast::<Seen>().as_ref() };
+            let held = seen.lease.0.load(Ordering::Acquire);
+            seen.calls.lock().unwrap().push((stream, held));
+        }
+        let data = [1.0f32, 2.0];
+        let seen = Seen {
+            lease: Lease::default(),
+            calls: std::sync::Mutex::new(Vec::new()),
+        };
+        let layout = ExportLayout {
+            flags: FLAG_READ_ONLY,
+            ..ExportLayout::dense::<f32>(2)
+        };
+        let hook = ReleaseHook {
+            run: record,
+            ctx: NonNull::from(&seen).cast(),
+            stream: 0x5100,
+        };
+        // SAFETY: `data` and `seen` outlive the tensor; READ_ONLY; `record` reads a `Seen`.
+        let t = unsafe {
+            export_raw(
+                data.as_ptr() as *mut c_void,
+                &layout,
+                Some(&seen.lease),
+                Some(hook),
+            )
+        }
+        .unwrap();
+        assert!(seen.calls.lock().unwrap().is_empty());
+        drop(t);
+        assert_eq!(*seen.calls.lock().unwrap(), [(0x5100, 1)]);
+        assert_eq!(seen.lease.0.load(Ordering::Acquire), 0);
     }
 }

@@ -10,10 +10,15 @@
 //!
 //! **Contexts.** Every call for a tensor runs in the primary context of the tensor's device
 //! (`DLDevice::device_id`, CASES C62), and the context that was current before is current
-//! again afterwards. **Streams.** Each device has one consumer stream (non-blocking), handed
+//! again afterwards. A device's primary context is retained only when it is first needed —
+//! by [`DeviceRuntime::select_device`] or by the first tensor on that device — never for
+//! every device at start-up: a rank of a multi-GPU node makes a context on its own device
+//! only (on an `EXCLUSIVE_PROCESS` GPU a context elsewhere would fail or block a peer). The
+//! runtime's own pinned buffers belong to the selected device (device 0 when none was). **Streams.** Each device has one consumer stream (non-blocking), handed
 //! to producers under `StreamPolicy::Synchronize` and used for staging copies.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
@@ -37,7 +42,7 @@ fn cu(call: &'static str) -> impl Fn(DriverError) -> Error {
 
 /// A DLPack CUDA stream value as a `CUstream` (`1` → `CU_STREAM_LEGACY`, `2` →
 /// `CU_STREAM_PER_THREAD`, anything else is the handle itself).
-fn cu_stream(stream: isize) -> sys::CUstream {
+pub(crate) fn cu_stream(stream: isize) -> sys::CUstream {
     match stream {
         CUDA_LEGACY_DEFAULT_STREAM => 0x1 as sys::CUstream,
         CUDA_PER_THREAD_DEFAULT_STREAM => 0x2 as sys::CUstream,
@@ -46,7 +51,10 @@ fn cu_stream(stream: isize) -> sys::CUstream {
 }
 
 struct DeviceState {
-    ctx: sys::CUcontext,
+    dev: sys::CUdevice,
+    /// The primary context, retained on first use and kept for the process (`CUcontext` as
+    /// an address).
+    ctx: Mutex<Option<usize>>,
     /// The consumer stream, created on first use (`CUstream` as an address).
     stream: Mutex<Option<usize>>,
 }
@@ -55,6 +63,9 @@ struct DeviceState {
 pub struct CudaRuntime {
     devices: Vec<DeviceState>,
     driver_version: i32,
+    /// The ordinal given to `select_device` (0 until then): the device of pinned buffers and
+    /// of labels that name no CUDA ordinal (`kDLCUDAHost`, `kDLCUDAManaged`).
+    home: AtomicI32,
 }
 
 // SAFETY: CUDA driver handles (contexts, streams) may be used from any thread; the mutable
@@ -91,12 +102,12 @@ impl Drop for CtxGuard {
 }
 
 impl CudaRuntime {
-    /// The process's runtime: the driver loaded, initialized, and the primary context of
-    /// every device retained (once; later calls return the same answer).
+    /// The process's runtime: the driver loaded and initialized, its devices counted (once;
+    /// later calls return the same answer). No context is made here (module docs).
     ///
     /// # Errors
     /// [`Error::UnsupportedDevice`] when no CUDA driver library loads or there is no
-    /// device; [`Error::Cuda`] when `cuInit` or a context fails.
+    /// device; [`Error::Cuda`] when `cuInit` or `cuDeviceGet` fails.
     pub fn global() -> Result<&'static CudaRuntime> {
         static GLOBAL: OnceLock<std::result::Result<CudaRuntime, InitFailureRecord>> =
             OnceLock::new();
@@ -121,11 +132,9 @@ impl CudaRuntime {
         for ordinal in 0..count {
             let dev = result::device::get(ordinal)
                 .map_err(|e| InitFailure::Driver(cu("cuDeviceGet")(e)))?;
-            // SAFETY: `dev` comes from cuDeviceGet; the reference is kept for the process.
-            let ctx = unsafe { result::primary_ctx::retain(dev) }
-                .map_err(|e| InitFailure::Driver(cu("cuDevicePrimaryCtxRetain")(e)))?;
             devices.push(DeviceState {
-                ctx,
+                dev,
+                ctx: Mutex::new(None),
                 stream: Mutex::new(None),
             });
         }
@@ -135,6 +144,7 @@ impl CudaRuntime {
         Ok(CudaRuntime {
             devices,
             driver_version: version,
+            home: AtomicI32::new(0),
         })
     }
 
@@ -154,25 +164,44 @@ impl CudaRuntime {
             })
     }
 
-    /// Makes `device`'s primary context current until the guard drops.
-    fn enter(&self, device: Device) -> Result<CtxGuard> {
-        let ordinal = if device.device_type == device_type::CUDA {
+    /// The CUDA device whose context serves `device`: itself for `kDLCUDA`, the selected
+    /// device for the other CUDA kinds (pinned host and managed memory have no ordinal).
+    fn ordinal_for(&self, device: Device) -> Device {
+        if device.device_type == device_type::CUDA {
             device
         } else {
-            Device::new(device_type::CUDA, 0)
-        };
-        let state = self.state(ordinal)?;
+            Device::new(device_type::CUDA, self.home.load(Ordering::Relaxed))
+        }
+    }
+
+    /// The primary context of `state`'s device, retained on first use.
+    fn context(state: &DeviceState) -> Result<sys::CUcontext> {
+        let mut slot = state.ctx.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = *slot {
+            return Ok(c as sys::CUcontext);
+        }
+        // SAFETY: `dev` comes from cuDeviceGet; the reference is kept for the process.
+        let ctx = unsafe { result::primary_ctx::retain(state.dev) }
+            .map_err(cu("cuDevicePrimaryCtxRetain"))?;
+        *slot = Some(ctx as usize);
+        Ok(ctx)
+    }
+
+    /// Makes `device`'s primary context current until the guard drops.
+    fn enter(&self, device: Device) -> Result<CtxGuard> {
+        let state = self.state(self.ordinal_for(device))?;
+        let ctx = Self::context(state)?;
         let prev = result::ctx::get_current()
             .map_err(cu("cuCtxGetCurrent"))?
             .unwrap_or(std::ptr::null_mut());
-        if prev == state.ctx {
+        if prev == ctx {
             return Ok(CtxGuard {
                 prev,
                 switched: false,
             });
         }
         // SAFETY: a primary context retained for the life of the process.
-        unsafe { result::ctx::set_current(state.ctx) }.map_err(cu("cuCtxSetCurrent"))?;
+        unsafe { result::ctx::set_current(ctx) }.map_err(cu("cuCtxSetCurrent"))?;
         Ok(CtxGuard {
             prev,
             switched: true,
@@ -181,12 +210,7 @@ impl CudaRuntime {
 
     /// The consumer stream of `device` (its context must be current).
     fn stream(&self, device: Device) -> Result<sys::CUstream> {
-        let ordinal = if device.device_type == device_type::CUDA {
-            device
-        } else {
-            Device::new(device_type::CUDA, 0)
-        };
-        let state = self.state(ordinal)?;
+        let state = self.state(self.ordinal_for(device))?;
         let mut slot = state.stream.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = *slot {
             return Ok(s as sys::CUstream);
@@ -253,6 +277,23 @@ impl DeviceRuntime for CudaRuntime {
         )
     }
 
+    fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Retains `ordinal`'s primary context, makes it current on the calling thread (and
+    /// leaves it current: a CUDA-aware MPI library and cudarc find it there), and makes it the
+    /// home of pinned buffers.
+    fn select_device(&self, ordinal: i32) -> Result<()> {
+        super::check_ordinal(ordinal, self.devices.len())?;
+        let state = self.state(Device::new(device_type::CUDA, ordinal))?;
+        let ctx = Self::context(state)?;
+        // SAFETY: a primary context retained for the life of the process.
+        unsafe { result::ctx::set_current(ctx) }.map_err(cu("cuCtxSetCurrent"))?;
+        self.home.store(ordinal, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn consumer_stream(&self, device: Device) -> Result<isize> {
         let _ctx = self.enter(device)?;
         Ok(self.stream(device)? as isize)
@@ -310,7 +351,7 @@ impl DeviceRuntime for CudaRuntime {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<std::ptr::NonNull<u8>> {
-        let _ctx = self.enter(Device::new(device_type::CUDA, 0))?;
+        let _ctx = self.enter(Device::new(device_type::CUDA_HOST, 0))?;
         // SAFETY: allocates; PORTABLE makes it pinned for every context.
         let p = unsafe { result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
             .map_err(cu("cuMemHostAlloc"))?;
@@ -322,7 +363,7 @@ impl DeviceRuntime for CudaRuntime {
     }
 
     unsafe fn free_pinned(&self, ptr: std::ptr::NonNull<u8>, _bytes: usize) {
-        if let Ok(_ctx) = self.enter(Device::new(device_type::CUDA, 0)) {
+        if let Ok(_ctx) = self.enter(Device::new(device_type::CUDA_HOST, 0)) {
             // SAFETY: from alloc_pinned (caller's contract).
             let _ = unsafe { result::free_host(ptr.as_ptr().cast()) };
         }
@@ -364,6 +405,16 @@ impl DeviceRuntime for CudaRuntime {
             result::stream::synchronize(stream).map_err(cu("cuStreamSynchronize"))
         }
     }
+}
+
+/// Runs `f`, which may bind another context to the calling thread (as cudarc's calls do), and
+/// makes the context that was current before current again.
+pub(crate) fn keeping_current_context<R>(f: impl FnOnce() -> R) -> R {
+    let _restore = result::ctx::get_current().ok().map(|prev| CtxGuard {
+        prev: prev.unwrap_or(std::ptr::null_mut()),
+        switched: true,
+    });
+    f()
 }
 
 /// Makes the DLPack CUDA stream `consumer` (`1`, `2` or a handle; not `-1` or `0`) wait for

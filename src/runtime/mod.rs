@@ -36,6 +36,28 @@ pub trait DeviceRuntime: Send + Sync {
     /// A one-line description for reports (`dlpack-mpi info`, check headers).
     fn describe(&self) -> String;
 
+    /// How many devices of this runtime the process can see (for CUDA: `cuDeviceGetCount`,
+    /// after `CUDA_VISIBLE_DEVICES`). Makes no context. The default is one device.
+    fn device_count(&self) -> usize {
+        1
+    }
+
+    /// Makes `ordinal` this process's device: its context is made (for CUDA: the primary
+    /// context, `cuDevicePrimaryCtxRetain`) and current on the calling thread, and it is the
+    /// device of the runtime's own allocations (pinned buffers). Call it once, before anything
+    /// else asks the runtime for a context; [`crate::transport::select_device`] does, with the
+    /// node-local rank. Without a call, the runtime behaves as if device 0 were selected and
+    /// makes a device's context only when a tensor on it is first used. The default accepts
+    /// ordinal 0 only.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedDevice`] when `ordinal` is not below [`DeviceRuntime::device_count`];
+    /// [`Error::Cuda`] when the context cannot be made (e.g. an `EXCLUSIVE_PROCESS` GPU
+    /// another process holds).
+    fn select_device(&self, ordinal: i32) -> Result<()> {
+        check_ordinal(ordinal, self.device_count())
+    }
+
     /// The stream the consumer owns on `device`, handed to producers under
     /// [`crate::dlpack::StreamPolicy::Synchronize`] `{ stream: None }`.
     ///
@@ -140,6 +162,22 @@ fn check_placement(label: Device, actual: Device) -> Result<()> {
             reported_id: label.device_id,
             actual_type: actual.device_type,
             actual_id: actual.device_id,
+        })
+    }
+}
+
+/// `Ok` when `ordinal` names one of `count` devices.
+///
+/// # Errors
+/// [`Error::UnsupportedDevice`] (as `kDLCUDA`) naming the ordinal and saying how many there are.
+pub(crate) fn check_ordinal(ordinal: i32, count: usize) -> Result<()> {
+    if usize::try_from(ordinal).is_ok_and(|o| o < count) {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedDevice {
+            device_type: device_type::CUDA,
+            device_id: ordinal,
+            reason: "no device with this ordinal is visible to this process",
         })
     }
 }

@@ -13,6 +13,16 @@ use crate::error::{Error, Result};
 /// One call a [`SimulatedDevice`] received, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeCall {
+    /// `device_count()` answered `count`.
+    DeviceCount {
+        /// The number of simulated devices.
+        count: usize,
+    },
+    /// `select_device(ordinal)` made `ordinal` the process's device.
+    SelectDevice {
+        /// The ordinal selected.
+        ordinal: i32,
+    },
     /// `consumer_stream(device)` answered `stream`.
     ConsumerStream {
         /// The device asked about.
@@ -75,6 +85,8 @@ struct SimState {
     placements: Vec<(usize, usize, Device)>,
     current: i32,
     pinned_live: usize,
+    devices: usize,
+    selected: Option<i32>,
 }
 
 /// A [`DeviceRuntime`] over host memory, for tests and for `dlpack-mpi check
@@ -89,7 +101,10 @@ struct SimState {
 /// - The current device ([`SimulatedDevice::current_device`]) is switched to the tensor's
 ///   device for each copy and restored after, as the CUDA runtime does.
 /// - Pinned buffers are page-aligned host allocations; copies are `memcpy`.
-#[derive(Default)]
+/// - Devices: [`SimulatedDevice::with_devices`] models a node with several GPUs, for the
+///   device selection of [`crate::transport::select_device`]; `device_count` and
+///   `select_device` are recorded like every other call. Copies and checks accept any
+///   ordinal (the number only bounds `select_device`).
 pub struct SimulatedDevice {
     state: Mutex<SimState>,
 }
@@ -102,10 +117,32 @@ impl std::fmt::Debug for SimulatedDevice {
 
 const PINNED_ALIGN: usize = 4096;
 
+impl Default for SimulatedDevice {
+    fn default() -> Self {
+        Self::with_devices(1)
+    }
+}
+
 impl SimulatedDevice {
-    /// A simulated runtime with device 0 current and nothing recorded.
+    /// A simulated runtime with one device, device 0 current and nothing recorded.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A simulated runtime that reports `count` devices (ordinals `0..count`), device 0
+    /// current, none selected, nothing recorded.
+    pub fn with_devices(count: usize) -> Self {
+        SimulatedDevice {
+            state: Mutex::new(SimState {
+                devices: count,
+                ..SimState::default()
+            }),
+        }
+    }
+
+    /// The ordinal of the last successful `select_device`, if any.
+    pub fn selected_device(&self) -> Option<i32> {
+        self.state().selected
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, SimState> {
@@ -192,7 +229,24 @@ impl SimulatedDevice {
 
 impl DeviceRuntime for SimulatedDevice {
     fn describe(&self) -> String {
-        "simulated device (host memory labelled as GPU memory)".into()
+        let n = self.state().devices;
+        format!("simulated device (host memory labelled as GPU memory), {n} device(s)")
+    }
+
+    fn device_count(&self) -> usize {
+        let mut s = self.state();
+        let count = s.devices;
+        s.calls.push(RuntimeCall::DeviceCount { count });
+        count
+    }
+
+    fn select_device(&self, ordinal: i32) -> Result<()> {
+        let mut s = self.state();
+        super::check_ordinal(ordinal, s.devices)?;
+        s.calls.push(RuntimeCall::SelectDevice { ordinal });
+        s.current = ordinal;
+        s.selected = Some(ordinal);
+        Ok(())
     }
 
     fn consumer_stream(&self, device: Device) -> Result<isize> {

@@ -1,7 +1,9 @@
 //! How device memory reaches MPI: whether the MPI library is CUDA-aware and why we think so
 //! ([`cuda_awareness`]), the GPU runtime the transport uses ([`DeviceRuntime`], with
-//! [`SimulatedDevice`] for machines without a GPU), and [`DeviceComm`], which routes each
-//! tensor of an operation directly, through pinned staging buffers, or as host memory.
+//! [`SimulatedDevice`] for machines without a GPU), which device each rank uses
+//! ([`select_device`]: the node-local rank modulo the device count, overridable), and
+//! [`DeviceComm`], which routes each tensor of an operation directly, through pinned staging
+//! buffers, or as host memory.
 //!
 //! The answer comes from, in this order (ARCHITECTURE.md, "Transport"):
 //!
@@ -18,6 +20,7 @@
 
 use crate::error::{Error, Result};
 
+mod device;
 mod device_comm;
 pub mod pipeline;
 mod pool;
@@ -25,6 +28,10 @@ mod route;
 mod stage;
 
 pub use crate::runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
+pub use device::{
+    parse_device_override, select_device, select_device_at, DeviceSelection, DeviceSource,
+    NodeLocal, DEVICE_ENV,
+};
 pub use device_comm::DeviceComm;
 pub use pipeline::{DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
 pub use pool::MAX_POOLED_BYTES;
