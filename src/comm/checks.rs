@@ -3,7 +3,8 @@
 //! and disjoint in memory, counts consistent with each other and with the communicator
 //! size, per-rank block lists, and a probed incoming message against its receive buffer.
 //!
-//! `check_rank` and `check_tag` also serve [`crate::checked`] and the transport.
+//! `check_rank` and `check_tag` also serve the self-describing messages (`checked`) and the
+//! transport, which sit above this module.
 
 use mpi::datatype::{AsDatatype, Equivalence};
 use mpi::point_to_point::Status;

@@ -17,8 +17,9 @@
 //!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
 //! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
-//! the half-precision operations of [`crate::halfops`]); `checks` holds the argument checks and
-//! `packing` the packing policy ([`Packing`]). Raw MPI calls go through `crate::raw`.
+//! the half-precision operations of `halfops`, public as [`crate::halfops`]); `checks`
+//! holds the argument checks and `packing` the packing policy ([`Packing`]). Raw MPI calls
+//! go through the crate's private `raw` module.
 
 mod checks;
 mod collective;

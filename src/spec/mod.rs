@@ -82,18 +82,19 @@
 //! elements × lanes (see [`crate::dtype`]).
 //!
 //! **Checks** (all before any MPI call): the device must be host-accessible (device memory
-//! goes through [`crate::transport::DeviceComm`], which stages or routes it), the dtype must
+//! goes through the transport's `DeviceComm`, which stages or routes it), the dtype must
 //! have an MPI type of its exact size, and the address range must not overflow. Any layout
 //! is accepted: a contiguous tensor is `count` units of its predefined type, a strided one
 //! is one derived datatype that visits its elements in place, and a contiguous count beyond
-//! MPI's `int` is one large-count datatype ([`datatype`], both sent with count 1). A receive
-//! spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41) and `IS_COPIED`
-//! ([`Error::IsCopied`], C42) tensors and overlapping layouts ([`Error::Overlap`], C26).
+//! MPI's `int` is one large-count datatype (both sent with count 1, see
+//! [`crate::derived`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
+//! and `IS_COPIED` ([`Error::IsCopied`], C42) tensors and overlapping layouts
+//! ([`Error::Overlap`], C26).
 //!
-//! Submodules: [`datatype`] builds and caches the committed derived datatypes (the one place
-//! besides [`crate::comm`]'s `raw` wrappers and `halfops` that calls MPI directly:
-//! `MPI_Type_*`); `flat` is the contiguous form one side of a collective takes when MPI needs
-//! predefined units (packed copies of strided tensors, chunked reductions).
+//! Submodules: `datatype` (public as [`crate::derived`]) builds and caches the committed
+//! derived datatypes (its `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct
+//! calls of MPI's C API); `flat` is the contiguous form one side of a collective takes when
+//! MPI needs predefined units (packed copies of strided tensors, chunked reductions).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
