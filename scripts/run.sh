@@ -16,6 +16,6 @@ source scripts/mpi-env.sh
 # shellcheck source=scripts/python-env.sh
 source scripts/python-env.sh
 
-cargo build --release --features python --bin dlpack-mpi
+cargo build --release --features cli,python --bin dlpack-mpi
 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi info
 exec "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 4 "$TARGET_DIR"/release/dlpack-mpi check "$@"

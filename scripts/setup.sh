@@ -34,9 +34,10 @@ case "${DLPACK_MPI_IMPL:-openmpi}" in
         exit 2
         ;;
 esac
-if ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && ! compgen -G "/usr/lib/x86_64-linux-gnu/libclang*.so*" >/dev/null; then
-    missing+=(libclang-dev)
-fi
+# shellcheck source=scripts/prereqs.sh
+source "$(dirname "${BASH_SOURCE[0]}")/prereqs.sh"
+# libclang by the files bindgen loads (prereqs.sh), never libclang-cpp.
+have_libclang || missing+=(libclang-dev)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
@@ -98,7 +99,12 @@ if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]] && ! python_ok; then
     fi
 fi
 
+# Verify what was installed: one line naming the package when something is still missing.
+if ! have_libclang; then
+    echo "setup: bindgen will not find libclang (libclang.so*, not libclang-cpp): install Debian's libclang-dev (or libclang1-NN), or set LIBCLANG_PATH" >&2
+    exit 1
+fi
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo is not on PATH; install Rust (rustup) first" >&2
+    echo "setup: cargo is not on PATH: install Rust with rustup (rustup.rs) or Debian's cargo package, then run this again" >&2
     exit 1
 fi

@@ -124,10 +124,16 @@ netns_stage() {
         timeout 600 scripts/netns-test.sh
 }
 
+stage "setup.sh detects libclang as bindgen does (libclang-cpp is not libclang)" scripts/setup-test.sh
 stage "cargo fmt --check" cargo fmt --all -- --check
-stage "cargo clippy -D warnings" cargo clippy --all-targets -- -D warnings
-stage "cargo clippy --features python -D warnings" cargo clippy --all-targets --features python -- -D warnings
-stage "cargo test (unit, doc, cases, CLI, multi-rank cases at 1 rank)" timeout 900 cargo test
+stage "cargo clippy -D warnings (the library alone, default features)" cargo clippy --all-targets -- -D warnings
+stage "cargo clippy --features cli -D warnings" cargo clippy --all-targets --features cli -- -D warnings
+stage "cargo clippy --features cli,python -D warnings" cargo clippy --all-targets --features cli,python -- -D warnings
+doc_stage() {
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features cli,cuda,python
+}
+stage "cargo doc --no-deps, warnings denied (features cli, cuda, python)" doc_stage
+stage "cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
@@ -137,13 +143,15 @@ for n in 2 3; do
         test_binary_at device_cases "$n"
 done
 stage "cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time)" \
-    cargo clippy --all-targets --features cuda,python -- -D warnings
-stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cuda
-stage "python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI with NumPy" \
-    timeout 600 cargo test --features python --lib --test python_cases --test cli
-stage "python: doc tests of the python module" timeout 600 cargo test --features python --doc python
+    cargo clippy --all-targets --features cli,cuda,python -- -D warnings
+stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cli,cuda
+stage "cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget)" \
+    timeout 300 scripts/gpu-check-test.sh
+stage "cli, python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI (tests/cli.rs) with NumPy" \
+    timeout 600 cargo test --features cli,python --lib --test python_cases --test cli
+stage "python: doc tests of the python module" timeout 600 cargo test --features cli,python --doc python
 for n in 2 3; do
-    stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features python
+    stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features cli,python
 done
 if [[ $DLPACK_MPI_IMPL == openmpi ]]; then
     for n in 1 2; do
@@ -165,7 +173,7 @@ stage "examples at 1-4 ranks" scripts/examples.sh
 # The check matrix (about 13 000 cases per run) in release: minutes faster than debug. Built
 # with Python support, its default producer is NumPy; the Rust producer also covers the
 # dtypes NumPy has not.
-cargo build --release --features python --bin dlpack-mpi
+cargo build --release --features cli,python --bin dlpack-mpi
 for n in 1 2 3 4; do
     stage "dlpack-mpi check at $n ranks (NumPy arrays)" check_at "$n" --producer numpy
 done

@@ -5,6 +5,11 @@
 //! (`kDLCUDAHost`, `kDLROCMHost`: "pinned CUDA CPU memory by cudaMallocHost") are host
 //! memory; device memory (`kDLCUDA`, `kDLROCM`) needs a CUDA-aware MPI or staging; managed
 //! memory (`kDLCUDAManaged`) is host-accessible once the producer's work is synchronized.
+//!
+//! It also holds the DLPack stream table ([`NO_SYNC_STREAM`], [`CUDA_LEGACY_DEFAULT_STREAM`],
+//! [`CUDA_PER_THREAD_DEFAULT_STREAM`], [`ROCM_DEFAULT_STREAM`]): stream values are a property
+//! of the device kind, read by both the GPU runtime ([`crate::runtime`]) and acquisition
+//! ([`crate::dlpack`], which re-exports them).
 
 use std::fmt;
 
@@ -37,6 +42,29 @@ pub mod device_type {
     /// `kDLOneAPI`.
     pub const ONE_API: u32 = 14;
 }
+
+/// Why CUDA memory is refused where host memory is needed: it goes through `DeviceComm`,
+/// whose GPU runtime this build has (feature `cuda`) or lacks.
+const CUDA_NOT_HOST: &str = if cfg!(feature = "cuda") {
+    "CUDA memory is not host memory: send it with transport::DeviceComm, not TensorComm"
+} else {
+    "CUDA memory is not host memory: send it with transport::DeviceComm (with a GPU \
+     runtime: feature `cuda`), not TensorComm"
+};
+
+/// The DLPack stream table: the values of the `stream` argument of `__dlpack__` (array API,
+/// "Data interchange mechanisms"; dlpack.h). Any other CUDA value is a `cudaStream_t`
+/// handle; CUDA `0` is disallowed (ambiguous between the legacy and the per-thread stream)
+/// and never sent.
+///
+/// Stream value `-1`: "the consumer does not want the producer to synchronize" (DLPack).
+pub const NO_SYNC_STREAM: isize = -1;
+/// CUDA stream value `1`: the legacy default stream.
+pub const CUDA_LEGACY_DEFAULT_STREAM: isize = 1;
+/// CUDA stream value `2`: the per-thread default stream.
+pub const CUDA_PER_THREAD_DEFAULT_STREAM: isize = 2;
+/// ROCm stream value `0`: the default stream.
+pub const ROCM_DEFAULT_STREAM: isize = 0;
 
 /// A DLPack device, `DLDevice { device_type, device_id }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,18 +103,20 @@ impl Device {
         }
     }
 
-    /// Routing for this build: host memory is returned as is; everything else is refused
-    /// until the GPU support lands (feature `cuda`).
+    /// Whether the host may read and write this memory directly, as `TensorComm`, the specs
+    /// and [`crate::dlpack::Tensor::as_slice`] need: host and pinned host memory pass;
+    /// everything else is refused. CUDA device and managed memory reach MPI through
+    /// `transport::DeviceComm` instead, which routes it directly or stages it with a GPU
+    /// runtime ([`crate::runtime`]).
     ///
     /// # Errors
-    /// [`Error::UnsupportedDevice`] naming the device type and id.
+    /// [`Error::UnsupportedDevice`] naming the device type and id, and for CUDA memory the
+    /// type that takes it.
     #[inline]
     pub fn check_host_accessible(self) -> Result<()> {
         let reason = match self.memory_kind() {
             MemoryKind::Host | MemoryKind::PinnedHost => return Ok(()),
-            MemoryKind::Cuda | MemoryKind::CudaManaged => {
-                "CUDA memory needs the GPU support (feature `cuda`), which this build lacks"
-            }
+            MemoryKind::Cuda | MemoryKind::CudaManaged => CUDA_NOT_HOST,
             MemoryKind::Rocm => "ROCm device memory has no path to MPI in this build",
             MemoryKind::Other => "this device type has no path to MPI",
         };

@@ -6,6 +6,13 @@
 //! without a debugger. Every error is returned *before* any MPI call is made with the
 //! offending arguments, and a tensor involved in a failed import is still released exactly
 //! once (see [`crate::dlpack::ManagedTensor`]).
+//!
+//! This module sits at the bottom of the dependency order (docs/ARCHITECTURE.md), yet it
+//! names [`DType`] and [`ReduceOp`] from [`crate::dtype`]: a domain reference, not a
+//! dependency on behaviour. Errors such as [`Error::UnsupportedReduction`] carry the
+//! offending dtype and operation as values so that callers can match on them, and `dtype`
+//! in turn returns this module's errors; the two are one layer read together, and nothing
+//! else from above is used here.
 
 use crate::dtype::{DType, ReduceOp};
 
@@ -61,8 +68,10 @@ pub enum Error {
         rhs: i128,
     },
 
-    /// The tensor is not C-contiguous (row-major compact) on `axis`. Strided layouts are sent
-    /// through derived datatypes once that support lands; until then they are refused.
+    /// The tensor is not C-contiguous (row-major compact) on `axis`, where contiguity is
+    /// required: reading it as a slice ([`crate::dlpack::Tensor::as_slice`]). Strided
+    /// layouts themselves are sent and received through derived datatypes
+    /// ([`crate::derived`]); the specs use this error internally to pick that path.
     #[error(
         "tensor is not C-contiguous: axis {axis} has stride {stride_elems} elements, \
          expected {expected_elems}"

@@ -11,24 +11,37 @@
 //!                          layout)                          rsmpi op)       on drop)
 //! ```
 //!
-//! - [`dlpack`]: the owning import guard [`dlpack::ManagedTensor`] (legacy and versioned
-//!   structs), the non-owning [`dlpack::TensorView`], the [`dlpack::Exporter`] protocol and
-//!   built-in exporters.
+//! Modules, lowest first; each uses only modules listed before it (docs/ARCHITECTURE.md,
+//! dependency order):
+//!
+//! - [`error`]: the one [`Error`] type.
 //! - [`dtype`]: the DLPack dtype → MPI datatype table and the reductions each allows.
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
-//! - [`device`]: `DLDevice` → memory kind and routing.
-//! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits.
-//! - [`transport`]: whether the MPI library is CUDA-aware, and why; the GPU runtime trait
-//!   (with a simulated device for machines without a GPU); [`transport::DeviceComm`], which
-//!   routes each tensor directly, through pinned staging buffers, or as host memory.
-//! - `cuda` (feature `cuda`): the CUDA driver runtime (cudarc) and an exporter for cudarc's
-//!   `CudaSlice`/`CudaView`.
-//! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
-//!   every rsmpi communicator.
+//! - [`device`]: `DLDevice` → memory kind and routing, and the DLPack stream table.
+//! - [`runtime`]: the GPU runtime trait [`runtime::DeviceRuntime`] (consumer streams,
+//!   synchronization, pointer checks, pinned buffers, copies), [`runtime::SimulatedDevice`]
+//!   for machines without a GPU, and `runtime::cuda::CudaRuntime` (feature `cuda`, the CUDA
+//!   driver through cudarc).
+//! - [`dlpack`]: the owning import guard [`dlpack::ManagedTensor`] (legacy and versioned
+//!   structs), the non-owning [`dlpack::TensorView`], the [`dlpack::Exporter`] protocol and
+//!   built-in exporters (with `CudaExport` for cudarc's `CudaSlice`/`CudaView`, feature
+//!   `cuda`).
 //! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
 //!   (NumPy, ...), and make and read NumPy arrays from Rust.
+//! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits;
+//!   [`derived`] builds and caches the derived datatypes of strided layouts and of counts
+//!   beyond MPI's `int`.
+//! - [`halfops`]: user-defined MPI reductions for float16 and bfloat16.
+//! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
+//!   every rsmpi communicator.
 //! - [`checked`]: optional self-describing messages (a dtype/shape header, then the
 //!   payload); the receiver validates against the header or allocates from it.
+//! - [`transport`]: whether the MPI library is CUDA-aware, and why;
+//!   [`transport::DeviceComm`], which routes each tensor directly, through pinned staging
+//!   buffers, or as host memory.
+//! - `cuda` (feature `cuda`): one path for users to the CUDA runtime and exporter
+//!   (`dlpack_mpi::cuda::{CudaRuntime, CudaExport}`), re-exported from `runtime` and
+//!   `dlpack`.
 //!
 //! Every error is an [`Error`] naming the field and value, returned before any MPI call.
 #![warn(missing_docs)]
@@ -54,6 +67,7 @@ pub mod layout;
 #[cfg(feature = "python")]
 pub mod python;
 mod raw;
+pub mod runtime;
 pub mod spec;
 pub mod transport;
 

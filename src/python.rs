@@ -9,7 +9,7 @@
 //! 1. `__dlpack_device__()` is called when the object has it. The answer must be a tuple of
 //!    two ints, `(device_type, device_id)`, with a device type dlpack.h defines; anything
 //!    else is [`Error::InvalidDeviceQuery`] naming the value (CASES C57). Without the
-//!    method the device is unknown, which [`DeviceQuery::Required`] turns into
+//!    method the device is unknown, which [`DeviceQuery::Required`](crate::dlpack::DeviceQuery::Required) turns into
 //!    [`Error::MissingDeviceQuery`].
 //! 2. `__dlpack__(max_version=(1, MINOR), copy=False[, stream=s])` is called, with the
 //!    stream [`AcquireOptions::stream_for`] picks: none for host memory and for an unknown
@@ -94,11 +94,11 @@ pub use pyo3;
 
 use crate::device::Device;
 use crate::dlpack::{
-    check_acquired, AcquireOptions, DLManagedTensor, DeviceQuery, ManagedTensor, MAJOR_VERSION,
-    MINOR_VERSION,
+    acquire_from, AcquireOptions, DLManagedTensor, ManagedTensor, MAJOR_VERSION, MINOR_VERSION,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::runtime::default_runtime;
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
@@ -111,21 +111,20 @@ const USED_LEGACY: &CStr = c"used_dltensor";
 /// # Errors
 /// [`Error::NotAProducer`] without `__dlpack__`; [`Error::InvalidDeviceQuery`] for a bad
 /// `__dlpack_device__` answer; [`Error::MissingDeviceQuery`] under
-/// [`DeviceQuery::Required`]; [`Error::Python`] when a call raises;
+/// [`DeviceQuery::Required`](crate::dlpack::DeviceQuery::Required); [`Error::Python`] when a call raises;
 /// [`Error::InvalidCapsule`] / [`Error::CapsuleConsumed`] for what `__dlpack__` returned;
 /// the validation errors of [`ManagedTensor`]; [`Error::DeviceMismatch`] and
 /// [`Error::UnsupportedDevice`] as in [`crate::dlpack::acquire`]. A tensor that was handed
 /// out has been released in every error case.
 pub fn acquire(obj: &Bound<'_, PyAny>, options: &AcquireOptions) -> Result<ManagedTensor<'static>> {
+    // The steps after the device query are `dlpack::acquire`'s own (the stream choice, the
+    // device check, the synchronization); only the two calls into Python are this module's.
+    // A Python object is not an `Exporter`: its tensors are `'static`, not borrows of it,
+    // and its device query can fail.
     let reported = device_query(obj)?;
-    if reported.is_none() && options.device_query == DeviceQuery::Required {
-        return Err(Error::MissingDeviceQuery);
-    }
-    let runtime = crate::transport::default_runtime();
-    let stream = options.stream_with_runtime(reported, runtime)?;
-    let capsule = request(obj, stream)?;
-    let tensor = from_capsule(&capsule)?;
-    check_acquired(tensor, reported, options, stream, runtime)
+    acquire_from(reported, options, default_runtime(), |req| {
+        from_capsule(&request(obj, req.stream)?)
+    })
 }
 
 /// Calls `__dlpack_device__()` if the object has it and validates the answer.

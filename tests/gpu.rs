@@ -1,8 +1,19 @@
 //! GPU cases against the real CUDA driver (feature `cuda`): C61 with a real asynchronous
 //! kernel, C64 staged (and direct when MPI is CUDA-aware), C65, a pipelined 64 MiB send,
 //! C51 through the cudarc exporter, and a host pointer labelled CUDA (DeviceMismatch).
-//! Without a CUDA driver or device every case is skipped with the reason, and the binary
-//! exits 0. scripts/gpu-check.sh runs it at 2 ranks on a GPU machine.
+//! scripts/gpu-check.sh runs it at 2 ranks on a GPU machine.
+//!
+//! **Skipping.** The ranks agree before any case whether every one of them has a CUDA
+//! driver and can use its device; when one cannot, every rank that cannot prints its own
+//! reason (`GPU cases: rank N: cannot run: …`) and all skip together. A skip exits 0, or 3
+//! when `DLPACK_MPI_REQUIRE_GPU=1` (gpu-check.sh sets it: on a GPU machine a skip is a
+//! failure).
+//!
+//! **No rank is left waiting.** Within a case the ranks agree (an all-reduce, [`agreed`])
+//! after every fallible step, so a step that fails on one rank ends the case on every rank
+//! before the next transfer. A failure inside a transfer cannot be announced that way (the
+//! peer is already waiting in MPI): a watchdog thread aborts the job when a case runs longer
+//! than `DLPACK_MPI_CASE_TIMEOUT_S` seconds (default 60; the cases take seconds).
 //!
 //! C62 needs two GPUs and C63 managed memory through the exporter; both are covered on the
 //! simulated device (tests/device_cases.rs) and skipped here.
@@ -11,7 +22,9 @@
 mod harness;
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use dlpack_mpi::cuda::{CudaExport, CudaRuntime};
@@ -20,10 +33,84 @@ use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, StreamPolicy};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, Route, Transport};
 use dlpack_mpi::Error;
+use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 type Outcome = Result<(), String>;
+
+/// `result` where every rank of `w` succeeded; else `Err` on every rank: the rank's own
+/// message where it failed, "rank N failed at this step" where it did not. Collective: every
+/// rank calls it at the same points of a case, so all leave a failed case together.
+fn agreed<T>(w: &SimpleCommunicator, result: Result<T, String>) -> Result<T, String> {
+    let mine = if result.is_err() { w.rank() } else { w.size() };
+    let mut first = 0;
+    w.all_reduce_into(&mine, &mut first, SystemOperation::min());
+    match result {
+        Ok(_) if first < w.size() => Err(format!(
+            "rank {first} failed at this step (its message is printed by that rank)"
+        )),
+        other => other,
+    }
+}
+
+/// A fallible step of a case, agreed on by every rank ([`agreed`]): `?` on every rank when
+/// it failed on any.
+macro_rules! step {
+    ($w:expr, $e:expr) => {
+        agreed(
+            $w,
+            $e.map_err(|e| format!("{} failed: {e:?}", stringify!($e))),
+        )?
+    };
+}
+
+/// `Ok` when `cond`, else the message: for checks that are agreed on with [`agreed`].
+fn check(cond: bool, message: impl FnOnce() -> String) -> Outcome {
+    if cond {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+/// Aborts the job when the armed stage outlives its limit: a peer that failed inside a
+/// transfer leaves this rank waiting in MPI, where no agreement reaches it.
+struct Watchdog {
+    stage: Arc<Mutex<(String, Instant)>>,
+}
+
+impl Watchdog {
+    /// Starts the watch thread with the limit from `DLPACK_MPI_CASE_TIMEOUT_S` (default 60 s).
+    fn start(rank: i32) -> Self {
+        let limit_s: u64 = std::env::var("DLPACK_MPI_CASE_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&s| s > 0)
+            .unwrap_or(60);
+        let stage = Arc::new(Mutex::new(("start-up".to_string(), Instant::now())));
+        let watched = Arc::clone(&stage);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(250));
+            let (name, since) = watched.lock().expect("watchdog lock").clone();
+            if since.elapsed() > Duration::from_secs(limit_s) {
+                let line = format!(
+                    "rank {rank}: {name}: still running after {limit_s} s \
+                     (DLPACK_MPI_CASE_TIMEOUT_S): a peer probably failed inside a transfer; \
+                     aborting the job\n"
+                );
+                let _ = std::io::stderr().write_all(line.as_bytes());
+                std::process::abort();
+            }
+        });
+        Watchdog { stage }
+    }
+
+    /// Restarts the clock for the stage `name`.
+    fn arm(&self, name: &str) {
+        *self.stage.lock().expect("watchdog lock") = (name.to_string(), Instant::now());
+    }
+}
 
 macro_rules! call {
     ($e:expr) => {
@@ -123,29 +210,8 @@ fn dc<'c>(
     Ok(call!(DeviceComm::new(w, Some(rt as &dyn DeviceRuntime), t)))
 }
 
-fn c61_real_kernel(w: &SimpleCommunicator, gpu: &Gpu, rt: &CudaRuntime, t: Transport) -> Outcome {
-    const N: usize = 100_000;
-    let mut slice = call!(gpu.stream.alloc_zeros::<f32>(N));
-    let mut out = call!(gpu.stream.alloc_zeros::<f32>(N));
-    let ptr = {
-        let (p, _rec) = cudarc::driver::DevicePtr::device_ptr(&slice, &gpu.stream);
-        p
-    };
-    // ~50 ms of spinning at 2 GHz: the kernel is certainly running during the export.
-    gpu.launch_fill(ptr, w.rank() as f32, N as u32, 100_000_000)?;
-    let comm = dc(w, rt, t)?;
-    {
-        let e = CudaExport::new(&slice);
-        let s = call!(acquire(&e, &AcquireOptions::default()));
-        let mut o = CudaExport::new_mut(&mut out);
-        let mut r = call!(acquire(&o, &AcquireOptions::default()));
-        call!(comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
-        drop(r);
-        let _ = &mut o;
-    }
-    let host = call!(gpu.stream.clone_dtoh(&out));
-    let size = w.size() as f32;
-    let rank_sum = (0..w.size()).map(|r| r as f32).sum::<f32>();
+/// Every element of `host` is `rank_sum + size * i` (the all-reduced `slow_fill`).
+fn expect_fill_sums(host: &[f32], rank_sum: f32, size: f32) -> Outcome {
     for (i, v) in host.iter().enumerate() {
         let want = rank_sum + size * i as f32;
         ensure!(
@@ -153,22 +219,52 @@ fn c61_real_kernel(w: &SimpleCommunicator, gpu: &Gpu, rt: &CudaRuntime, t: Trans
             "element {i}: got {v}, the kernel's sum is {want}"
         );
     }
+    Ok(())
+}
+
+fn c61_real_kernel(w: &SimpleCommunicator, gpu: &Gpu, rt: &CudaRuntime, t: Transport) -> Outcome {
+    const N: usize = 100_000;
+    let mut slice = step!(w, gpu.stream.alloc_zeros::<f32>(N));
+    let mut out = step!(w, gpu.stream.alloc_zeros::<f32>(N));
+    let ptr = {
+        let (p, _rec) = cudarc::driver::DevicePtr::device_ptr(&slice, &gpu.stream);
+        p
+    };
+    // ~50 ms of spinning at 2 GHz: the kernel is certainly running during the export.
+    agreed(
+        w,
+        gpu.launch_fill(ptr, w.rank() as f32, N as u32, 100_000_000),
+    )?;
+    let comm = agreed(w, dc(w, rt, t))?;
+    {
+        let e = CudaExport::new(&slice);
+        let s = step!(w, acquire(&e, &AcquireOptions::default()));
+        let mut o = CudaExport::new_mut(&mut out);
+        let mut r = step!(w, acquire(&o, &AcquireOptions::default()));
+        step!(w, comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
+        drop(r);
+        let _ = &mut o;
+    }
+    let host = step!(w, gpu.stream.clone_dtoh(&out));
+    let size = w.size() as f32;
+    let rank_sum = (0..w.size()).map(|r| r as f32).sum::<f32>();
+    agreed(w, expect_fill_sums(&host, rank_sum, size))?;
     // Control: the same with the consumer promising readiness (-1) while the kernel runs.
-    call!(gpu.stream.memset_zeros(&mut slice));
-    gpu.launch_fill(ptr, 1000.0, N as u32, 100_000_000)?;
+    step!(w, gpu.stream.memset_zeros(&mut slice));
+    agreed(w, gpu.launch_fill(ptr, 1000.0, N as u32, 100_000_000))?;
     let unsync = AcquireOptions {
         stream: StreamPolicy::Unsynchronized,
         ..AcquireOptions::default()
     };
     let stale = {
         let e = CudaExport::new(&slice);
-        let s = call!(acquire(&e, &unsync));
+        let s = step!(w, acquire(&e, &unsync));
         let mut o = CudaExport::new_mut(&mut out);
-        let mut r = call!(acquire(&o, &unsync));
-        call!(comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
+        let mut r = step!(w, acquire(&o, &unsync));
+        step!(w, comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
         drop(r);
         let _ = &mut o;
-        let host = call!(gpu.stream.clone_dtoh(&out));
+        let host = step!(w, gpu.stream.clone_dtoh(&out));
         host.iter().any(|v| *v < 1000.0 * size)
     };
     if w.rank() == 0 {
@@ -191,79 +287,119 @@ fn c64_ring_and_pipeline(
     t: Transport,
 ) -> Outcome {
     let (rank, size) = (w.rank(), w.size());
-    let comm = dc(w, rt, t)?;
+    let comm = agreed(w, dc(w, rt, t))?;
     let next = (rank + 1) % size;
     let prev = (rank + size - 1) % size;
     let n = 1000;
-    let src = call!(gpu.stream.clone_htod(
-        &(0..n)
-            .map(|i| (rank * 10_000 + i) as f32)
-            .collect::<Vec<_>>()
-    ));
-    let mut dst = call!(gpu.stream.alloc_zeros::<f32>(n as usize));
+    let src = step!(
+        w,
+        gpu.stream.clone_htod(
+            &(0..n)
+                .map(|i| (rank * 10_000 + i) as f32)
+                .collect::<Vec<_>>()
+        )
+    );
+    let mut dst = step!(w, gpu.stream.alloc_zeros::<f32>(n as usize));
     {
         let e = CudaExport::new(&src);
-        let s = call!(acquire(&e, &AcquireOptions::default()));
+        let s = step!(w, acquire(&e, &AcquireOptions::default()));
         let mut o = CudaExport::new_mut(&mut dst);
-        let mut r = call!(acquire(&o, &AcquireOptions::default()));
-        call!(comm.sendrecv_tensor(&s, next, 1, &mut r, prev, 1));
+        let mut r = step!(w, acquire(&o, &AcquireOptions::default()));
+        step!(w, comm.sendrecv_tensor(&s, next, 1, &mut r, prev, 1));
         let route = comm.last_route();
-        ensure!(
-            route
-                == Some(if comm.is_direct() {
-                    Route::Direct
-                } else {
-                    Route::Staged
-                }),
-            "route {route:?}"
+        let want = if comm.is_direct() {
+            Route::Direct
+        } else {
+            Route::Staged
+        };
+        agreed(w, check(route == Some(want), || format!("route {route:?}")))?;
+        drop(r);
+        let _ = &mut o;
+    }
+    let got = step!(w, gpu.stream.clone_dtoh(&dst));
+    let want: Vec<f32> = (0..n).map(|i| (prev * 10_000 + i) as f32).collect();
+    agreed(
+        w,
+        check(got == want, || format!("ring: got {got:?}, want {want:?}")),
+    )?;
+    if size >= 2 {
+        c64_pipelined(w, gpu, &comm)?;
+    }
+    c65_empty(w, gpu, &comm)
+}
+
+/// 64 MiB from rank 0 to rank 1 (pipelined in 4 MiB parts when staged). Every rank takes
+/// every step (the others with one-element buffers), so the agreements line up.
+fn c64_pipelined(
+    w: &SimpleCommunicator,
+    gpu: &Gpu,
+    comm: &DeviceComm<'_, SimpleCommunicator>,
+) -> Outcome {
+    const BIG: usize = 16 << 20;
+    let rank = w.rank();
+    let len = |r| if rank == r { BIG } else { 1 };
+    let pattern: Vec<f32> = (0..len(0)).map(|i| (i % 65_536) as f32).collect();
+    let big_src = step!(w, gpu.stream.clone_htod(&pattern));
+    let mut big_dst = step!(w, gpu.stream.alloc_zeros::<f32>(len(1)));
+    {
+        let e = CudaExport::new(&big_src);
+        let s = step!(w, acquire(&e, &AcquireOptions::default()));
+        let mut o = CudaExport::new_mut(&mut big_dst);
+        let mut r = step!(w, acquire(&o, &AcquireOptions::default()));
+        step!(
+            w,
+            match rank {
+                0 => comm.send_tensor(&s, 1, 2),
+                1 => comm.recv_tensor(&mut r, 0, 2).map(|_| ()),
+                _ => Ok(()),
+            }
         );
         drop(r);
         let _ = &mut o;
     }
-    let got = call!(gpu.stream.clone_dtoh(&dst));
-    let want: Vec<f32> = (0..n).map(|i| (prev * 10_000 + i) as f32).collect();
-    ensure_eq!(got, want);
-    // 64 MiB from rank 0 to rank 1 (pipelined in 4 MiB parts when staged).
-    if size >= 2 && rank < 2 {
-        const BIG: usize = 16 << 20;
-        if rank == 0 {
-            let big = call!(gpu
-                .stream
-                .clone_htod(&(0..BIG).map(|i| (i % 65_536) as f32).collect::<Vec<_>>()));
-            let e = CudaExport::new(&big);
-            let s = call!(acquire(&e, &AcquireOptions::default()));
-            call!(comm.send_tensor(&s, 1, 2));
-        } else {
-            let mut big = call!(gpu.stream.alloc_zeros::<f32>(BIG));
-            {
-                let mut o = CudaExport::new_mut(&mut big);
-                let mut r = call!(acquire(&o, &AcquireOptions::default()));
-                call!(comm.recv_tensor(&mut r, 0, 2));
-                drop(r);
-                let _ = &mut o;
-            }
-            let host = call!(gpu.stream.clone_dtoh(&big));
-            ensure!(
-                host.iter()
+    let host = step!(w, gpu.stream.clone_dtoh(&big_dst));
+    agreed(
+        w,
+        check(
+            rank != 1
+                || host
+                    .iter()
                     .enumerate()
                     .all(|(i, v)| *v == (i % 65_536) as f32),
-                "64 MiB receive differs"
-            );
-        }
-    }
-    // C65: an empty device tensor.
-    let empty = call!(gpu.stream.alloc_zeros::<f32>(0));
-    let mut empty_out = call!(gpu.stream.alloc_zeros::<f32>(0));
+            || "64 MiB receive differs".into(),
+        ),
+    )
+}
+
+/// C65: an empty device tensor. One-element allocations exported with shape `[0]`: a
+/// zero-byte cudarc allocation is a 0-byte `cuMemAllocAsync` whose failing free would
+/// surface later, in an unrelated call. The output's element must stay as it was.
+fn c65_empty(
+    w: &SimpleCommunicator,
+    gpu: &Gpu,
+    comm: &DeviceComm<'_, SimpleCommunicator>,
+) -> Outcome {
+    let one = step!(w, gpu.stream.clone_htod(&[1.0f32]));
+    let mut one_out = step!(w, gpu.stream.clone_htod(&[7.0f32]));
     {
-        let e = CudaExport::new(&empty);
-        let s = call!(acquire(&e, &AcquireOptions::default()));
-        let mut o = CudaExport::new_mut(&mut empty_out);
-        let mut r = call!(acquire(&o, &AcquireOptions::default()));
-        call!(comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
+        let e = step!(w, CudaExport::new(&one).with_layout(&[0], None, 0));
+        let s = step!(w, acquire(&e, &AcquireOptions::default()));
+        let mut o = step!(
+            w,
+            CudaExport::new_mut(&mut one_out).with_layout(&[0], None, 0)
+        );
+        let mut r = step!(w, acquire(&o, &AcquireOptions::default()));
+        step!(w, comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum));
         drop(r);
         let _ = &mut o;
     }
-    Ok(())
+    let after = step!(w, gpu.stream.clone_dtoh(&one_out));
+    agreed(
+        w,
+        check(after == [7.0], || {
+            format!("an empty all-reduce wrote its output's storage: {after:?}")
+        }),
+    )
 }
 
 fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime) -> Outcome {
@@ -272,53 +408,94 @@ fn host_pointer_labelled_cuda(w: &SimpleCommunicator, rt: &CudaRuntime) -> Outco
         stream: StreamPolicy::Unsynchronized,
         ..AcquireOptions::default()
     };
-    let s = call!(acquire(&liar, &unsync));
+    let s = step!(w, acquire(&liar, &unsync));
     let mut out = Owned::new(vec![0.0f32; 8]);
-    let mut r = call!(acquire(&out, &unsync));
-    match dc(w, rt, Transport::Staged)?.all_reduce_tensor(&s, &mut r, ReduceOp::Sum) {
+    let mut r = step!(w, acquire(&out, &unsync));
+    let comm = agreed(w, dc(w, rt, Transport::Staged))?;
+    // Refused before any transfer on every rank (the placement check is local).
+    let refused = match comm.all_reduce_tensor(&s, &mut r, ReduceOp::Sum) {
         Err(Error::DeviceMismatch {
             reported_type: 2,
             actual_type: 1,
             ..
-        }) => {}
-        other => {
-            return Err(format!(
-                "expected DeviceMismatch (2,0) vs (1,0), got {other:?}"
-            ))
-        }
-    }
+        }) => Ok(()),
+        other => Err(format!(
+            "expected DeviceMismatch (2,0) vs (1,0), got {other:?}"
+        )),
+    };
+    agreed(w, refused)?;
     drop(r);
-    ensure_eq!(out.as_slice()[0], 0.0);
-    Ok(())
+    let first = out.as_slice()[0];
+    agreed(
+        w,
+        check(first == 0.0, || format!("output written: {first}")),
+    )
+}
+
+/// Whether every rank has a CUDA runtime and its device: each rank that has not prints its
+/// own reason; rank 0 says how many could not. Collective.
+fn gpu_on_every_rank(
+    w: &SimpleCommunicator,
+    mine: Result<(&'static CudaRuntime, Gpu), String>,
+) -> Option<(&'static CudaRuntime, Gpu)> {
+    if let Err(reason) = &mine {
+        // One write per line: Rust's stderr is unbuffered, and the ranks' lines interleave.
+        let line = format!("GPU cases: rank {}: cannot run: {reason}\n", w.rank());
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+    let mut failing = 0i32;
+    w.all_reduce_into(
+        &i32::from(mine.is_err()),
+        &mut failing,
+        SystemOperation::sum(),
+    );
+    if failing == 0 {
+        return mine.ok();
+    }
+    if w.rank() == 0 {
+        println!(
+            "GPU cases: skipped: {failing} of {} rank(s) cannot use a CUDA device (reasons above)",
+            w.size()
+        );
+    }
+    None
 }
 
 fn main() {
     let filter = harness::filters();
     let universe = mpi::initialize().expect("MPI initializes once");
     let w = universe.world();
-    let rt = match CudaRuntime::global() {
-        Ok(rt) => rt,
-        Err(e) => {
-            if w.rank() == 0 {
-                println!("GPU cases: skipped: {e}");
+    let dog = Watchdog::start(w.rank());
+    let mine = CudaRuntime::global()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            let ordinal = w.rank() as usize % rt.device_count();
+            Gpu::new(ordinal)
+                .map(|g| (rt, g))
+                .map_err(|e| format!("device {ordinal} ({}): {e}", rt.describe()))
+        });
+    let Some((rt, gpu)) = gpu_on_every_rank(&w, mine) else {
+        let required = std::env::var("DLPACK_MPI_REQUIRE_GPU").is_ok_and(|v| v == "1");
+        let rank = w.rank();
+        drop(universe);
+        if required {
+            if rank == 0 {
+                eprintln!("GPU cases: DLPACK_MPI_REQUIRE_GPU=1: a skip is a failure");
             }
-            return;
+            std::process::exit(3);
         }
+        return;
     };
-    let ordinal = w.rank() as usize % rt.device_count();
-    let gpu = match Gpu::new(ordinal) {
-        Ok(g) => g,
-        Err(e) => {
-            println!(
-                "GPU cases: rank {} cannot use device {ordinal}: {e}",
-                w.rank()
-            );
-            std::process::exit(1);
-        }
-    };
-    let aware = dlpack_mpi::transport::cuda_awareness()
+    let aware_here = dlpack_mpi::transport::cuda_awareness()
         .map(|a| a.aware)
         .unwrap_or(false);
+    let mut aware_all = 0i32;
+    w.all_reduce_into(
+        &i32::from(aware_here),
+        &mut aware_all,
+        SystemOperation::min(),
+    );
+    let aware = aware_all == 1;
     if w.rank() == 0 {
         println!(
             "running GPU cases at {} rank(s) on {}; MPI CUDA-aware: {aware}",
@@ -346,7 +523,15 @@ fn main() {
         "host_pointer_labelled_cuda".into(),
         Box::new(|| host_pointer_labelled_cuda(&w, rt)),
     ));
-    let (passed, failed) = harness::run_cases(&w, cases, &filter, |case| case());
+    let named = cases.into_iter().map(|(n, c)| (n.clone(), (n, c)));
+    let (passed, failed) = harness::run_cases(&w, named, &filter, |(name, case)| {
+        dog.arm(name);
+        let outcome = case();
+        dog.arm(&format!(
+            "after {name} (waiting for the other ranks' verdict)"
+        ));
+        outcome
+    });
     harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {

@@ -18,16 +18,17 @@
 
 use crate::error::{Error, Result};
 
-mod runtime;
-mod staged;
+mod device_comm;
+pub mod pipeline;
+mod pool;
+mod route;
+mod stage;
 
-#[cfg(feature = "cuda")]
-pub(crate) use runtime::check_placement;
-pub use runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
-pub use staged::{
-    DeviceComm, Route, Transport, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES,
-    MAX_POOLED_BYTES,
-};
+pub use crate::runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
+pub use device_comm::DeviceComm;
+pub use pipeline::{DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
+pub use pool::MAX_POOLED_BYTES;
+pub use route::{Route, Transport};
 
 /// The environment variable that overrides the library's own answer.
 pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";

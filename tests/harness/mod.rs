@@ -60,7 +60,9 @@ pub fn run_cases<N: AsRef<str>, C>(
         }
         let outcome = run(&case);
         if let Err(msg) = &outcome {
-            eprintln!("rank {}: {name}: {msg}", w.rank());
+            // One write per line (stderr is unbuffered): the ranks' lines interleave.
+            let line = format!("rank {}: {name}: {msg}\n", w.rank());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         let mine = i32::from(outcome.is_err());
         let mut any = 0i32;

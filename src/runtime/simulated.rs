@@ -1,114 +1,14 @@
-//! The GPU runtime the transport needs, as a trait: stream synchronization, pointer checks,
-//! pinned host buffers and device ↔ host copies.
-//!
-//! [`crate::cuda::CudaRuntime`] (feature `cuda`) implements it with the CUDA driver API.
-//! [`SimulatedDevice`] implements it on host memory so that the stream, staging and routing
-//! logic can be tested on a machine without a GPU: a tensor *labelled* `kDLCUDA` whose bytes
-//! are really host memory goes through exactly the code a CUDA tensor goes through, and the
-//! simulated runtime records every call it gets.
+//! [`SimulatedDevice`]: a [`DeviceRuntime`] over host memory, and the [`RuntimeCall`]s it
+//! records.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use crate::device::{device_type, Device};
-use crate::dlpack::NO_SYNC_STREAM;
+use super::{check_placement, DeviceRuntime};
+use crate::device::{Device, NO_SYNC_STREAM};
 use crate::error::{Error, Result};
-
-/// What the transport asks of a GPU runtime. Every method that names a `device` runs with
-/// that device current and restores the caller's current device before it returns
-/// (CASES C62). Copies are complete when the method returns.
-///
-/// Stream values are DLPack's (dlpack.h, `__dlpack__` stream table): for CUDA `1` is the
-/// legacy default stream, `2` the per-thread default stream, `-1` means "do not
-/// synchronize", any other value is a `CUstream` handle; `0` is never used.
-pub trait DeviceRuntime: Send + Sync {
-    /// A one-line description for reports (`dlpack-mpi info`, check headers).
-    fn describe(&self) -> String;
-
-    /// The stream the consumer owns on `device`, handed to producers under
-    /// [`crate::dlpack::StreamPolicy::Synchronize`] `{ stream: None }`.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`] when the stream cannot be created.
-    fn consumer_stream(&self, device: Device) -> Result<isize>;
-
-    /// Blocks until all work submitted to `stream` on `device` is done; `-1` returns at once.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`].
-    fn synchronize(&self, device: Device, stream: isize) -> Result<()>;
-
-    /// Checks that `ptr` (non-NULL, the tensor's first element) is memory of `device`'s kind
-    /// and ordinal: device memory of that ordinal for `kDLCUDA`, managed memory for
-    /// `kDLCUDAManaged` (`cuPointerGetAttribute`: `MEMORY_TYPE`, `IS_MANAGED`,
-    /// `DEVICE_ORDINAL`).
-    ///
-    /// # Errors
-    /// [`Error::DeviceMismatch`] with the label as the reported device and what the pointer
-    /// is as the actual one (`kDLCPU` for memory the driver does not know).
-    fn check_pointer(&self, device: Device, ptr: *const c_void) -> Result<()>;
-
-    /// Allocates `bytes` (> 0) of page-locked host memory, usable from every device.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`] (out of pinned memory).
-    fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>>;
-
-    /// Frees a buffer from [`DeviceRuntime::alloc_pinned`].
-    ///
-    /// # Safety
-    /// `ptr` and `bytes` come from one `alloc_pinned` call of this runtime, freed once.
-    unsafe fn free_pinned(&self, ptr: NonNull<u8>, bytes: usize);
-
-    /// Copies `bytes` from device memory `src` on `device` to host memory `dst`.
-    ///
-    /// # Safety
-    /// `src..src+bytes` is device memory of `device`, `dst..dst+bytes` writable host memory;
-    /// neither is written by anyone else meanwhile.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`].
-    unsafe fn copy_to_host(
-        &self,
-        device: Device,
-        dst: *mut u8,
-        src: *const c_void,
-        bytes: usize,
-    ) -> Result<()>;
-
-    /// Copies `bytes` from host memory `src` to device memory `dst` on `device`.
-    ///
-    /// # Safety
-    /// As [`DeviceRuntime::copy_to_host`], the other way round.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`].
-    unsafe fn copy_to_device(
-        &self,
-        device: Device,
-        dst: *mut c_void,
-        src: *const u8,
-        bytes: usize,
-    ) -> Result<()>;
-}
-
-/// The runtime that `acquire` and the transport use when the caller names none: the CUDA
-/// driver when this build has feature `cuda` and the driver library loads, else `None`
-/// (device tensors are then refused with [`Error::UnsupportedDevice`]).
-pub fn default_runtime() -> Option<&'static dyn DeviceRuntime> {
-    #[cfg(feature = "cuda")]
-    {
-        crate::cuda::CudaRuntime::global()
-            .ok()
-            .map(|r| r as &dyn DeviceRuntime)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        None
-    }
-}
 
 /// One call a [`SimulatedDevice`] received, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -392,34 +292,10 @@ impl DeviceRuntime for SimulatedDevice {
     }
 }
 
-/// The rule both runtimes apply to a pointer whose memory is `actual` and whose tensor is
-/// labelled `label`: `kDLCUDAManaged` needs managed memory; `kDLCUDA` needs device memory of
-/// that ordinal, or managed memory (device-addressable, so accepted).
-///
-/// # Errors
-/// [`Error::DeviceMismatch`] with the label as the reported device and `actual` as the
-/// actual one.
-pub(crate) fn check_placement(label: Device, actual: Device) -> Result<()> {
-    let managed = actual.device_type == device_type::CUDA_MANAGED;
-    let fits = match label.device_type {
-        device_type::CUDA_MANAGED => managed,
-        _ => actual == label || managed,
-    };
-    if fits {
-        Ok(())
-    } else {
-        Err(Error::DeviceMismatch {
-            reported_type: label.device_type,
-            reported_id: label.device_id,
-            actual_type: actual.device_type,
-            actual_id: actual.device_id,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::device_type;
 
     #[test]
     fn enqueued_work_runs_only_on_synchronize() {
