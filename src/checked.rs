@@ -321,7 +321,7 @@ fn check_payload<C: Communicator + ?Sized>(
         Ok(units) => status.count(unit.datatype()) == units,
         Err(_) => {
             let units = u64::try_from(units).unwrap_or(u64::MAX);
-            let whole = crate::derived::large_contiguous(unit, units)?;
+            let whole = crate::spec::datatype::large_contiguous(unit, units)?;
             // SAFETY: a committed type the derived-type cache keeps for the whole process.
             status.count(unsafe { mpi::datatype::DatatypeRef::from_raw(whole) }) == 1
         }

@@ -81,11 +81,20 @@
 //! **elements**. `Collection::count` (what rsmpi passes to MPI) is in MPI datatype units:
 //! elements × lanes (see [`crate::dtype`]).
 //!
-//! **Checks** (all before any MPI call): the device must be host-accessible, the dtype must
-//! have an MPI type of its exact size, the layout must be C-contiguous, the byte span must
-//! not overflow, and the count must fit MPI's `int`. A receive spec also refuses `READ_ONLY`
-//! ([`Error::ReadOnly`], C41) and `IS_COPIED` ([`Error::IsCopied`], C42) tensors and
-//! overlapping layouts ([`Error::Overlap`], C26).
+//! **Checks** (all before any MPI call): the device must be host-accessible (device memory
+//! goes through the transport's `DeviceComm`, which stages or routes it), the dtype must
+//! have an MPI type of its exact size, and the address range must not overflow. Any layout
+//! is accepted: a contiguous tensor is `count` units of its predefined type, a strided one
+//! is one derived datatype that visits its elements in place, and a contiguous count beyond
+//! MPI's `int` is one large-count datatype (both sent with count 1, see
+//! [`crate::derived`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
+//! and `IS_COPIED` ([`Error::IsCopied`], C42) tensors and overlapping layouts
+//! ([`Error::Overlap`], C26).
+//!
+//! Submodules: `datatype` (public as [`crate::derived`]) builds and caches the committed
+//! derived datatypes (its `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct
+//! calls of MPI's C API); `flat` is the contiguous form one side of a collective takes when
+//! MPI needs predefined units (packed copies of strided tensors, chunked reductions).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -98,11 +107,17 @@ use mpi::ffi::MPI_Datatype;
 use mpi::raw::FromRaw;
 use mpi::Count;
 
-use crate::derived;
 use crate::dlpack::Tensor;
 use crate::dtype::{self, DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
+
+pub(crate) mod datatype;
+pub(crate) mod flat;
+
+// The packing policy moved to `comm` (only `comm` consults it); these paths stay for
+// existing users.
+pub use crate::comm::{packing, parse_packing, set_packing, Packing, PACKING_ENV};
 
 /// What both spec kinds share: where the first element is, how many elements, of what type,
 /// and the `(count, datatype)` MPI gets.
@@ -151,8 +166,7 @@ impl Described {
         })?;
         // A count beyond int gets its large-count datatype in `finish` (count 0 until then),
         // so that a range of a huge tensor does not build one for the whole.
-        let units = i128::from(len_elems) * element.units_per_element() as i128;
-        let count = Count::try_from(units).unwrap_or(0);
+        let count = elems_to_units(len_elems, &element).unwrap_or(0);
         Ok(Described {
             ptr,
             len_elems,
@@ -181,7 +195,7 @@ impl Described {
                 rhs: end,
             });
         }
-        let derived = derived::strided(element.row.unit, element.dtype.lanes, &plan.axes)?;
+        let derived = datatype::strided(element.row.unit, element.dtype.lanes, &plan.axes)?;
         Ok(Described {
             ptr,
             len_elems: plan.len_elems,
@@ -215,7 +229,7 @@ impl Described {
     fn finish(mut self) -> Result<Self> {
         if self.contiguous && self.count == 0 && self.len_elems > 0 {
             let units = self.len_elems as u64 * self.element.units_per_element() as u64;
-            self.derived = Some(derived::large_contiguous(self.element.row.unit, units)?);
+            self.derived = Some(datatype::large_contiguous(self.element.row.unit, units)?);
             self.count = 1;
         }
         Ok(self)
@@ -242,13 +256,49 @@ impl Described {
     }
 }
 
-/// `elems` DLPack elements in MPI units (× lanes), as an MPI `int` count.
+/// `elems` DLPack elements as an MPI count: `elems × lanes` units of the element's
+/// predefined MPI type (an element of `lanes` lanes is that many consecutive units, see
+/// [`crate::dtype`]). The crate's one element → MPI-count conversion: spec counts, per-rank
+/// blocks and displacements ([`blocks_in_units`]) all go through it.
+///
+/// # Errors
+/// [`Error::CountTooLarge`] when the units do not fit MPI's `int` ([`Count`]), with the
+/// unit count (0 for a negative one; callers check block bounds first).
 #[inline]
-fn mpi_units(elems: i64, element: &ElementType) -> Result<Count> {
+pub(crate) fn elems_to_units(elems: i64, element: &ElementType) -> Result<Count> {
     let units = i128::from(elems) * element.units_per_element() as i128;
     Count::try_from(units).map_err(|_| Error::CountTooLarge {
         count: units.max(0) as u64,
     })
+}
+
+/// Per-rank blocks `(counts, displacements)` in elements, checked against a tensor of
+/// `len_elems` elements (each block inside it; pairwise disjoint when `disjoint`) and
+/// converted to MPI units with [`elems_to_units`].
+///
+/// # Errors
+/// [`Error::LengthMismatch`], [`Error::OutOfBounds`], [`Error::BlocksOverlap`] from
+/// [`layout::check_blocks`]; [`Error::CountTooLarge`].
+pub(crate) fn blocks_in_units(
+    len_elems: i64,
+    element: &ElementType,
+    counts_elems: &[i64],
+    displacements_elems: &[i64],
+    disjoint: bool,
+) -> Result<(Vec<Count>, Vec<Count>)> {
+    layout::check_blocks(
+        counts_elems,
+        displacements_elems,
+        counts_elems.len(),
+        len_elems,
+        disjoint,
+    )?;
+    let to_units = |list: &[i64]| {
+        list.iter()
+            .map(|&x| elems_to_units(x, element))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok((to_units(counts_elems)?, to_units(displacements_elems)?))
 }
 
 /// The accessors both spec kinds share.
@@ -304,7 +354,8 @@ impl<'t> SendSpec<'t> {
     ///
     /// # Errors
     /// See the module docs: [`Error::UnsupportedDevice`], [`Error::UnsupportedDtype`],
-    /// [`Error::NonContiguous`], [`Error::Overflow`], [`Error::CountTooLarge`].
+    /// [`Error::Overflow`], [`Error::CountTooLarge`]; [`Error::MpiNotInitialized`] when a
+    /// strided or large-count tensor needs a derived datatype before `MPI_Init`.
     #[inline]
     pub fn new<T: Tensor + ?Sized>(tensor: &'t T) -> Result<Self> {
         Self::from_described(Described::of(tensor)?)
@@ -479,8 +530,8 @@ unsafe impl Buffer for RecvSpec<'_> {}
 // SAFETY: see the trait impls above.
 unsafe impl BufferMut for RecvSpec<'_> {}
 
-/// Per-rank `(counts, displacements)` in elements, checked against a tensor of `len_elems`
-/// and converted to MPI units.
+/// Per-rank `(counts, displacements)` in elements of a spec, checked and converted to MPI
+/// units ([`blocks_in_units`]); a strided spec has no per-rank blocks.
 fn blocks(
     d: &Described,
     counts_elems: &[i64],
@@ -492,23 +543,13 @@ fn blocks(
             operation: "per-rank blocks (v-variants)",
         });
     }
-    let (len_elems, element) = (d.len_elems, &d.element);
-    layout::check_blocks(
+    blocks_in_units(
+        d.len_elems,
+        &d.element,
         counts_elems,
         displacements_elems,
-        counts_elems.len(),
-        len_elems,
         disjoint,
-    )?;
-    let counts = counts_elems
-        .iter()
-        .map(|&c| mpi_units(c, element))
-        .collect::<Result<_>>()?;
-    let displs = displacements_elems
-        .iter()
-        .map(|&d| mpi_units(d, element))
-        .collect::<Result<_>>()?;
-    Ok((counts, displs))
+    )
 }
 
 /// A send buffer split into one block per rank (for scatterv and all-to-allv): counts and
@@ -636,97 +677,11 @@ impl Partitioned for VectorRecvSpec<'_> {
 
 impl PartitionedBufferMut for VectorRecvSpec<'_> {}
 
-/// How strided (non-contiguous) tensors reach MPI in [`crate::comm::TensorComm`]'s
-/// point-to-point and broadcast operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Packing {
-    /// Zero-copy: one derived datatype describes the elements in place (the default).
-    #[default]
-    DerivedDatatype,
-    /// Pack into a contiguous scratch buffer before sending and unpack after a receive
-    /// completes: for MPI stacks where derived datatypes are slow (some GPU paths).
-    Copy,
-}
-
-static PACKING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
-
-/// The environment variable that sets the packing policy when [`set_packing`] was not called.
-pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
-
-/// Reads a `DLPACK_MPI_PACKING` value: `copy` → [`Packing::Copy`], `derived` →
-/// [`Packing::DerivedDatatype`], unset or empty → `None`.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default, as
-/// `DLPACK_MPI_CUDA_AWARE` is not).
-pub fn parse_packing(value: Option<&str>) -> Result<Option<Packing>> {
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) if v.eq_ignore_ascii_case("copy") => Ok(Some(Packing::Copy)),
-        Some(v) if v.eq_ignore_ascii_case("derived") => Ok(Some(Packing::DerivedDatatype)),
-        Some(v) => Err(Error::InvalidSetting {
-            name: PACKING_ENV,
-            value: v.to_string(),
-            expected: "copy or derived",
-        }),
-    }
-}
-
-/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=copy|derived`
-/// in the environment, else [`Packing::DerivedDatatype`]. Reductions and per-rank blocks of
-/// strided tensors always go through packed copies (MPI's predefined reductions take
-/// predefined datatypes only); the nonblocking operations always use the spec as given.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACKING` holds another value (also a value
-/// that is not UTF-8); the operations that consult the policy (point-to-point and broadcast
-/// of strided tensors) return it before any MPI call.
-pub fn packing() -> Result<Packing> {
-    use std::sync::atomic::Ordering;
-    match PACKING.load(Ordering::Relaxed) {
-        0 => Ok(Packing::DerivedDatatype),
-        1 => Ok(Packing::Copy),
-        _ => {
-            let value = std::env::var_os(PACKING_ENV).map(|v| v.to_string_lossy().into_owned());
-            let from_env = parse_packing(value.as_deref())?.unwrap_or_default();
-            set_packing(from_env);
-            Ok(from_env)
-        }
-    }
-}
-
-/// Sets the process-wide packing policy (see [`packing`]). Every rank of a job may choose
-/// independently: both forms put the same bytes on the wire.
-pub fn set_packing(policy: Packing) {
-    let v = match policy {
-        Packing::DerivedDatatype => 0,
-        Packing::Copy => 1,
-    };
-    PACKING.store(v, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Contiguous specs need no MPI (no derived datatype), so these run under Miri too.
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::dlpack::{acquire, AcquireOptions, Owned};
-
-    #[test]
-    fn packing_values() {
-        assert_eq!(parse_packing(None).unwrap(), None);
-        assert_eq!(parse_packing(Some(" ")).unwrap(), None);
-        assert_eq!(parse_packing(Some("copy")).unwrap(), Some(Packing::Copy));
-        assert_eq!(
-            parse_packing(Some("Derived")).unwrap(),
-            Some(Packing::DerivedDatatype)
-        );
-        match parse_packing(Some("cpoy")) {
-            Err(Error::InvalidSetting { name, value, .. }) => {
-                assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
-            }
-            other => panic!("expected InvalidSetting, got {other:?}"),
-        }
-    }
 
     #[test]
     fn contiguous_specs_describe_the_tensor() {

@@ -1,0 +1,199 @@
+//! The local argument checks of [`super::TensorComm`], all made before any MPI call: ranks
+//! and tags in range, intra-communicators for collectives, send/receive pairs of one dtype
+//! and disjoint in memory, counts consistent with each other and with the communicator
+//! size, per-rank block lists, and a probed incoming message against its receive buffer.
+//!
+//! `check_rank` and `check_tag` also serve the self-describing messages (`checked`) and the
+//! transport, which sit above this module.
+
+use mpi::datatype::{AsDatatype, Equivalence};
+use mpi::point_to_point::Status;
+use mpi::topology::{Communicator, Rank};
+use mpi::Count;
+use mpi::Tag;
+
+use crate::dtype::ElementType;
+use crate::error::{Error, Result};
+use crate::spec::flat::FlatSpec;
+use crate::spec::{self, RecvSpec, SendSpec};
+
+extern "C" {
+    /// `MPI_TAG_UB` of `MPI_COMM_WORLD`, or -1, from `src/shim.c`.
+    fn dlpack_mpi_tag_ub() -> std::ffi::c_int;
+}
+
+/// The largest valid tag (MPI guarantees at least 32767), read once.
+fn tag_ub() -> Tag {
+    static TAG_UB: std::sync::OnceLock<Tag> = std::sync::OnceLock::new();
+    *TAG_UB.get_or_init(|| {
+        // SAFETY: a plain attribute query; the shim checks MPI is initialized first.
+        let ub = unsafe { dlpack_mpi_tag_ub() };
+        if ub >= 32767 {
+            ub
+        } else {
+            32767
+        }
+    })
+}
+
+/// A rank of a communicator of `size` ranks (`0..size`).
+///
+/// # Errors
+/// [`Error::InvalidRank`].
+pub(crate) fn check_rank(rank: Rank, size: Rank) -> Result<()> {
+    if (0..size).contains(&rank) {
+        Ok(())
+    } else {
+        Err(Error::InvalidRank { rank, size })
+    }
+}
+
+/// A tag in `0..=MPI_TAG_UB` (MPI-4.1 §3.2.3).
+///
+/// # Errors
+/// [`Error::InvalidTag`].
+pub(crate) fn check_tag(tag: Tag) -> Result<()> {
+    let ub = tag_ub();
+    if (0..=ub).contains(&tag) {
+        Ok(())
+    } else {
+        Err(Error::InvalidTag { tag, tag_ub: ub })
+    }
+}
+
+/// Collectives here are defined for intra-communicators only (an inter-communicator's
+/// collectives use `MPI_ROOT`/`MPI_PROC_NULL` roots and remote-group counts).
+pub(super) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
+    if comm.test_inter() {
+        Err(Error::Intercommunicator)
+    } else {
+        Ok(())
+    }
+}
+
+/// MPI forbids a send and a receive buffer of one call to overlap (MPI-4.1 §2.3, "buffers
+/// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges.
+pub(super) fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
+    // Address ranges (conservative for interleaved strided tensors).
+    let (s0, s1) = s.byte_range();
+    let (r0, r1) = r.byte_range();
+    if s0 < s1 && r0 < r1 && s0 < r1 && r0 < s1 {
+        Err(Error::BuffersAlias {
+            send_address: s0,
+            send_bytes: s1 - s0,
+            recv_address: r0,
+            recv_bytes: r1 - r0,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
+pub(super) fn check_pair(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
+    if s.dtype() != r.dtype() {
+        return Err(Error::DtypeMismatch {
+            what,
+            left: s.dtype(),
+            right: r.dtype(),
+        });
+    }
+    check_disjoint(s, r)
+}
+
+pub(super) fn check_count(what: impl FnOnce() -> String, expected: i64, actual: i64) -> Result<()> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Error::CountMismatch {
+            what: what(),
+            expected,
+            actual,
+        })
+    }
+}
+
+/// The error for an argument the root requires and did not get.
+pub(super) fn missing(what: &'static str) -> Error {
+    Error::CountMismatch {
+        what: format!("{what} (no buffer given at the root)"),
+        expected: 1,
+        actual: 0,
+    }
+}
+
+/// One count and one displacement per rank of `comm`.
+fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64]) -> Result<()> {
+    let size = comm.size() as usize;
+    for (what, list) in [("counts", counts), ("displacements", displs)] {
+        if list.len() != size {
+            return Err(Error::LengthMismatch {
+                what,
+                expected: size,
+                actual: list.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Per-rank blocks (elements, one per rank of `comm`) of a tensor of `len_elems` elements:
+/// checked (inside it; pairwise disjoint when `disjoint`) and converted to MPI units of its
+/// predefined type ([`spec::blocks_in_units`]).
+pub(super) fn rank_blocks<C: Communicator + ?Sized>(
+    comm: &C,
+    len_elems: i64,
+    element: &ElementType,
+    counts: &[i64],
+    displs: &[i64],
+    disjoint: bool,
+) -> Result<(Vec<Count>, Vec<Count>)> {
+    check_len(comm, counts, displs)?;
+    spec::blocks_in_units(len_elems, element, counts, displs, disjoint)
+}
+
+/// Compares a probed message with a flat receive buffer: the message must be exactly its
+/// units; the error reports elements.
+pub(super) fn check_incoming_flat(flat: &FlatSpec, status: &Status) -> Result<()> {
+    let (units, elem, unit) = (flat.units, flat.elem_bytes, flat.unit);
+    if status.count(unit.datatype()) as i64 == units as i64 {
+        return Ok(());
+    }
+    let bytes = i64::from(status.count(u8::equivalent_datatype()));
+    let lanes = (elem / unit.size_bytes()).max(1);
+    Err(Error::CountMismatch {
+        what: format!(
+            "incoming message from rank {} tag {} ({bytes} bytes of {elem}-byte elements)",
+            status.source_rank(),
+            status.tag()
+        ),
+        expected: (units / lanes) as i64,
+        actual: if bytes >= 0 { bytes / elem as i64 } else { -1 },
+    })
+}
+
+/// Compares a probed message with a receive spec: the message must be exactly `count`
+/// items of the spec's datatype (so strided and large-count receives compare whole
+/// messages); the error reports elements.
+pub(super) fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()> {
+    if status.count(spec.as_datatype()) == spec.mpi_count() {
+        return Ok(());
+    }
+    let bytes = i64::from(status.count(u8::equivalent_datatype()));
+    let elem = spec.element_type().size_bytes() as i64;
+    Err(Error::CountMismatch {
+        what: format!(
+            "incoming message from rank {} tag {} ({} of {}-byte elements)",
+            status.source_rank(),
+            status.tag(),
+            if bytes >= 0 {
+                format!("{bytes} bytes")
+            } else {
+                "more than 2^31 bytes".to_string()
+            },
+            elem
+        ),
+        expected: spec.len_elems(),
+        actual: if bytes >= 0 { bytes / elem } else { -1 },
+    })
+}

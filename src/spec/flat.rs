@@ -1,0 +1,261 @@
+//! The contiguous form of one side of an operation ([`FlatSpec`]), and the packing that
+//! makes it: a strided tensor is copied into a scratch buffer in logical row-major order,
+//! and a receive scratch is copied back after MPI completes (the `Packing::Copy` path).
+//!
+//! Used where a derived datatype cannot serve: MPI's predefined reductions are defined on
+//! predefined datatypes only (Open MPI refuses them on derived types: "MPI_SUM is not defined
+//! for non-intrinsic datatypes"), per-rank blocks need a buffer that splits into equal units,
+//! and user code may prefer a packed copy on stacks where derived datatypes are slow. The
+//! element order is the one [`crate::layout::Plan::offsets`] gives, so a packed buffer holds
+//! exactly what a derived datatype would send.
+
+use std::ffi::c_void;
+
+use mpi::datatype::{AsDatatype, Buffer, BufferMut, Collection, DatatypeRef, Pointer, PointerMut};
+use mpi::Count;
+
+use super::{RecvSpec, SendSpec};
+use crate::dlpack::Tensor;
+use crate::dtype::MpiUnit;
+use crate::error::Error;
+use crate::error::Result;
+use crate::layout::{self, Plan};
+
+/// Contiguous runs of a plan: `(first element offset, run length)` in elements, in logical
+/// order. The innermost axis is one run when its stride is 1 element.
+fn runs(plan: &Plan) -> impl Iterator<Item = (i64, i64)> + '_ {
+    let inner_run = match plan.axes.last() {
+        Some(a) if a.stride_elems == 1 => a.extent,
+        _ => 1,
+    };
+    let runs_total = if plan.len_elems == 0 {
+        0
+    } else {
+        plan.len_elems / inner_run
+    };
+    let outer = Plan {
+        axes: if inner_run > 1 {
+            plan.axes[..plan.axes.len() - 1].to_vec()
+        } else {
+            plan.axes.clone()
+        },
+        len_elems: runs_total,
+        lowest_elem: plan.lowest_elem,
+        highest_elem: plan.highest_elem,
+    };
+    let offsets: Vec<i64> = outer.offsets().collect();
+    offsets.into_iter().map(move |o| (o, inner_run))
+}
+
+/// Copies the elements of `tensor` into a new buffer, in logical order. The caller has
+/// validated the tensor with a send spec (host memory, address range) and passes its
+/// element size in bytes.
+///
+/// # Errors
+/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Vec<u8>> {
+    let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
+    let mut out = vec![0u8; plan.len_elems as usize * elem];
+    let base = tensor.first_element_ptr().cast::<u8>().cast_const();
+    let mut at = 0usize;
+    for (offset, len) in runs(&plan) {
+        let bytes = len as usize * elem;
+        // SAFETY: the spec checked that every element lies in the address range the
+        // producer vouches for (`byte_range`), and `out` has room for all elements.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                base.wrapping_offset((offset * elem as i64) as isize),
+                out.as_mut_ptr().add(at),
+                bytes,
+            );
+        }
+        at += bytes;
+    }
+    Ok(out)
+}
+
+/// Copies `data` (logical order) into the elements of `tensor`. The caller has validated
+/// the tensor with a receive spec (writable, elements disjoint) and passes its element size.
+///
+/// # Errors
+/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+fn unpack(tensor: &mut dyn Tensor, elem: usize, data: &[u8]) -> Result<()> {
+    let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
+    let base = tensor.first_element_ptr().cast::<u8>();
+    let mut at = 0usize;
+    for (offset, len) in runs(&plan) {
+        let bytes = len as usize * elem;
+        if at + bytes > data.len() {
+            break;
+        }
+        // SAFETY: as in `pack`; the receive spec proved the tensor writable and its
+        // elements disjoint, and `&mut` makes this the only access.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr().add(at),
+                base.wrapping_offset((offset * elem as i64) as isize),
+                bytes,
+            );
+        }
+        at += bytes;
+    }
+    Ok(())
+}
+
+/// One side of an operation as `units` consecutive units of the element's predefined MPI
+/// type: the tensor's own memory when its elements are one run, else a scratch buffer in
+/// logical order. MPI's predefined reductions take predefined datatypes only, and per-rank
+/// blocks need a buffer that splits into equal units, so these paths hand MPI a `FlatSpec`.
+///
+/// A send side is made whole by [`FlatSpec::send`]. A receive side takes two steps, because
+/// the receive spec borrows the tensor exclusively: [`FlatSpec::recv`] reads the validated
+/// spec (which then ends), and [`FlatSpec::ready`] makes the scratch from the tensor. After
+/// MPI completes, [`FlatSpec::finish`] copies a scratch back into the tensor.
+#[derive(Debug)]
+pub(crate) struct FlatSpec {
+    /// First unit: the tensor's validated first element, the scratch buffer, or NULL when
+    /// empty (or, between `recv` and `ready`, for a strided tensor).
+    pub(crate) ptr: *mut c_void,
+    /// Number of units of `unit` (elements × lanes).
+    pub(crate) units: usize,
+    /// The predefined MPI unit type of the elements.
+    pub(crate) unit: MpiUnit,
+    /// Bytes per DLPack element (`lanes × unit` bytes).
+    pub(crate) elem_bytes: usize,
+    /// Whether the tensor's elements are one run (then no scratch is needed).
+    pub(crate) contiguous: bool,
+    /// The packed copy in logical order (strided tensors, after `send`/`ready`).
+    scratch: Option<Vec<u8>>,
+}
+
+impl FlatSpec {
+    /// The send side: the tensor's own run, or a packed copy of its elements.
+    ///
+    /// # Errors
+    /// Layout errors of [`layout::plan`] (none for a tensor `s` was built from).
+    pub(crate) fn send(send: &dyn Tensor, s: &SendSpec<'_>) -> Result<Self> {
+        let e = s.element_type();
+        let mut flat = FlatSpec {
+            ptr: s.pointer() as *mut c_void,
+            units: s.len_elems() as usize * e.units_per_element(),
+            unit: e.row.unit,
+            elem_bytes: e.size_bytes(),
+            contiguous: s.is_contiguous(),
+            scratch: None,
+        };
+        if !flat.contiguous {
+            flat.set_scratch(pack(send, flat.elem_bytes)?);
+        }
+        Ok(flat)
+    }
+
+    /// The facts of a receive side, read from its validated spec. A strided receive has no
+    /// buffer until [`FlatSpec::ready`].
+    pub(crate) fn recv(r: &mut RecvSpec<'_>) -> Self {
+        let e = r.element_type();
+        let contiguous = r.is_contiguous();
+        FlatSpec {
+            ptr: if contiguous {
+                r.pointer_mut()
+            } else {
+                std::ptr::null_mut()
+            },
+            units: r.len_elems() as usize * e.units_per_element(),
+            unit: e.row.unit,
+            elem_bytes: e.size_bytes(),
+            contiguous,
+            scratch: None,
+        }
+    }
+
+    /// The receive buffer, after the spec that [`FlatSpec::recv`] read has ended: the
+    /// tensor's memory when it is one run, else a scratch buffer. `preserve`: the operation
+    /// reads the buffer (in place) or leaves parts of it alone (v-variants), so the scratch
+    /// starts as a packed copy of the current values; else it starts zeroed.
+    ///
+    /// # Errors
+    /// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+    pub(crate) fn ready(mut self, recv: &dyn Tensor, preserve: bool) -> Result<Self> {
+        if self.contiguous {
+            return Ok(self);
+        }
+        let data = if preserve {
+            pack(recv, self.elem_bytes)?
+        } else {
+            vec![0u8; self.units * self.unit.size_bytes()]
+        };
+        self.set_scratch(data);
+        Ok(self)
+    }
+
+    /// A flat used as one rsmpi buffer: its unit count must fit MPI's `int`.
+    ///
+    /// # Errors
+    /// [`Error::CountTooLarge`] with the unit count.
+    pub(crate) fn counted(self) -> Result<Self> {
+        if self.units > i32::MAX as usize {
+            return Err(Error::CountTooLarge {
+                count: self.units as u64,
+            });
+        }
+        Ok(self)
+    }
+
+    /// Copies a receive scratch back into `recv` (nothing to do for a contiguous tensor).
+    ///
+    /// # Errors
+    /// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+    pub(crate) fn finish(self, recv: &mut dyn Tensor) -> Result<()> {
+        match self.scratch {
+            Some(data) => unpack(recv, self.elem_bytes, &data),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps `data` as the buffer. An empty scratch is handed to MPI as NULL: an empty
+    /// Vec's dangling `0x1` is Open MPI's `MPI_IN_PLACE`.
+    fn set_scratch(&mut self, mut data: Vec<u8>) {
+        self.ptr = if data.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            data.as_mut_ptr().cast()
+        };
+        self.scratch = Some(data);
+    }
+}
+
+// SAFETY: `ptr` is the tensor's validated first element (contiguous, from a spec), the
+// scratch buffer this value owns, or NULL when empty; it holds `units` units of `unit`.
+unsafe impl Pointer for FlatSpec {
+    fn pointer(&self) -> *const c_void {
+        self.ptr
+    }
+}
+
+// SAFETY: as above; a receive flat comes from a validated receive spec (writable, disjoint
+// elements) or owns its scratch.
+unsafe impl PointerMut for FlatSpec {
+    fn pointer_mut(&mut self) -> *mut c_void {
+        self.ptr
+    }
+}
+
+// SAFETY: `units` fits an int whenever a FlatSpec is used as an rsmpi buffer (`counted`).
+unsafe impl Collection for FlatSpec {
+    fn count(&self) -> Count {
+        Count::try_from(self.units).unwrap_or(Count::MAX)
+    }
+}
+
+// SAFETY: the predefined unit type of the elements.
+unsafe impl AsDatatype for FlatSpec {
+    type Out = DatatypeRef<'static>;
+    fn as_datatype(&self) -> Self::Out {
+        self.unit.datatype()
+    }
+}
+
+// SAFETY: see the impls above.
+unsafe impl Buffer for FlatSpec {}
+// SAFETY: see the impls above.
+unsafe impl BufferMut for FlatSpec {}
