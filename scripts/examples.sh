@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the examples (with feature `python`, for numpy_allreduce) and runs each one under
-# mpirun at 1, 2, 3 and 4 ranks.
+# mpirun at 1, 2, 3 and 4 ranks. Also builds the benchmarks of benches/ (not run: they are
+# measurements; benches/README.md), so that they keep building.
 #
 # Usage: scripts/examples.sh [--release]
 # The MPI library is DLPACK_MPI_IMPL (openmpi, the default, or mpich; see
@@ -32,7 +33,7 @@ source scripts/mpi-env.sh
 # interpreter setup.sh installed NumPy into.
 # shellcheck source=scripts/python-env.sh
 source scripts/python-env.sh
-cargo build --examples --features python "${cargo_flags[@]}"
+cargo build --examples --benches --features python "${cargo_flags[@]}"
 
 passed=0
 failed=0
