@@ -3,7 +3,7 @@
  * hvector (what dlpack-mpi builds), a vector, n x resized(float, extent 8), contiguous(n,
  * resized), after a hand-written pack loop, and as a contiguous send of the same bytes.
  * Build and run: mpicc -O2 benches/derived_types.c -o /tmp/dt && mpirun -n 2 /tmp/dt
- * (docs/PERFORMANCE.md, strided section). */
+ * (docs/PERFORMANCE.md, strided section; benches/README.md). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>

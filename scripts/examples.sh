@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the examples (with feature `python`, for numpy_allreduce) and runs each one under
-# mpirun at 1, 2, 3 and 4 ranks.
+# mpirun at 1, 2, 3 and 4 ranks. Also builds the benchmarks of benches/ (not run: they are
+# measurements; benches/README.md), so that they keep building.
 #
 # Usage: scripts/examples.sh [--release]
 # The MPI library is DLPACK_MPI_IMPL (openmpi, the default, or mpich; see
@@ -29,10 +30,11 @@ timeout_s=${TIMEOUT:-60}
 source scripts/mpi-env.sh
 
 # numpy_allreduce embeds Python (feature `python`): pyo3 builds against PYO3_PYTHON, the
-# interpreter setup.sh installed NumPy into.
+# interpreter setup.sh installed NumPy into. Built with `cli` too (the examples do not need
+# it), so test.sh's Python stages and this one share one build of the library.
 # shellcheck source=scripts/python-env.sh
 source scripts/python-env.sh
-cargo build --examples --features python "${cargo_flags[@]}"
+cargo build --examples --benches --features cli,python "${cargo_flags[@]}"
 
 passed=0
 failed=0

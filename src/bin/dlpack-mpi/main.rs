@@ -5,7 +5,6 @@
 
 mod bench;
 mod check;
-mod gpu_bench;
 mod info;
 
 use std::process::ExitCode;

@@ -3,10 +3,10 @@
 //! "Python producers"). A benchmark, not a test: it asserts only that the values arrived.
 //!
 //! ```sh
-//! source scripts/python-env.sh
-//! cargo build --release --features python --example python_bench
-//! mpirun -n 2 target/release/examples/python_bench [iterations] [rounds]
-//! mpirun -n 1 target/release/examples/python_bench   # import cost only, no busy-polling peer
+//! source scripts/mpi-env.sh; source scripts/python-env.sh; source scripts/test-binary.sh
+//! bin=$(bench_binary python_bench --features python)   # cargo bench --no-run, its path
+//! "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" [iterations] [rounds]
+//! "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 1 "$bin"   # import cost only, no busy-polling peer
 //! ```
 //!
 //! - **import**, on rank 0, no MPI: one `dlpack_mpi::python::acquire` of a NumPy array and

@@ -4,9 +4,12 @@
 //! 1 MiB float64 tensor, in one run.
 //!
 //! ```text
-//! cargo build --release --example checked_bench
-//! mpirun -n 2 target/release/examples/checked_bench [rounds]   # as root: --allow-run-as-root
+//! source scripts/mpi-env.sh; source scripts/test-binary.sh
+//! "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$(bench_binary checked_bench)" [rounds]
 //! ```
+//!
+//! (`bench_binary` builds it with `cargo bench --no-run` and prints its path; see
+//! benches/README.md.)
 //!
 //! Each (size, mode) is timed in `rounds` rounds (default 7), the modes interleaved round by
 //! round so that machine noise hits them alike; the table gives the median round. Latency is
@@ -104,8 +107,10 @@ fn main() -> Res<()> {
     if w.size() < 2 {
         return Err("checked_bench needs at least 2 ranks".into());
     }
+    // `cargo bench` passes `--bench`: only a bare number is the rounds.
     let rounds: usize = std::env::args()
-        .nth(1)
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
         .map(|a| a.parse())
         .transpose()?
         .unwrap_or(7);

@@ -1,0 +1,227 @@
+//! The options of `bench`: which operation, the sizes (parsed from `8,1K,64KiB` and `A:B`
+//! ranges), rounds and iterations, device, layout and output files. Uses `common`.
+
+use clap::ValueEnum;
+
+use super::common::ELEM;
+
+/// Sizes up to this many bytes run `--iters` iterations per round; larger ones run
+/// `iters × SCALE_REF / size` (at least `MIN_ITERS`), so every round moves about the same
+/// number of bytes.
+pub const SCALE_REF: usize = 16 << 10;
+const MIN_ITERS: u64 = 4;
+/// `--max-size` when not given (host memory).
+pub const DEFAULT_MAX_SIZE: u64 = 64 << 20;
+
+/// Which benchmark to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Op {
+    /// Ping-pong between rank 0 and rank 1 (other ranks wait at barriers): µs per message
+    /// (half a round trip), as osu_latency.
+    #[value(alias = "pingpong")]
+    Latency,
+    /// Rank 0 streams a window of nonblocking sends to rank 1, which acknowledges each
+    /// window: µs per message and MB/s, as osu_bw.
+    Bandwidth,
+    /// All-reduce (sum of f32) over all ranks: µs per call of the slowest rank.
+    Allreduce,
+    /// All-gatherv, every rank contributing one block of the size: µs per call of the
+    /// slowest rank.
+    Allgatherv,
+    /// All-to-all, one block of the size to every rank: µs per call of the slowest rank.
+    Alltoall,
+    /// Strided views (every other element; a transposed matrix) from rank 0 to rank 1:
+    /// derived datatype vs pack-and-send vs contiguous send of the same bytes.
+    Strided,
+    /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
+    /// --max-size is below 64 MiB).
+    All,
+}
+
+impl Op {
+    /// The name as given to `--op`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Latency => "latency",
+            Op::Bandwidth => "bandwidth",
+            Op::Allreduce => "allreduce",
+            Op::Allgatherv => "allgatherv",
+            Op::Alltoall => "alltoall",
+            Op::Strided => "strided",
+            Op::All => "all",
+        }
+    }
+
+    /// Whether the operation is between rank 0 and rank 1 only.
+    pub fn point_to_point(self) -> bool {
+        matches!(self, Op::Latency | Op::Bandwidth | Op::Strided)
+    }
+
+    /// Default sizes, bytes (per rank's block for all-gatherv and all-to-all), for a
+    /// largest size of `max`.
+    pub fn default_sizes(self, max: usize) -> Vec<usize> {
+        match self {
+            Op::Latency => sizes(8, max),
+            Op::Bandwidth => sizes(8, max.min(16 << 20)),
+            Op::Allreduce => sizes(1 << 10, max.min(16 << 20)),
+            _ => sizes(8, max.min(4 << 20)),
+        }
+    }
+}
+
+/// How the dlpack-mpi side lays out its tensors (`--layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchLayout {
+    /// Dense, C order.
+    Contiguous,
+    /// Every other element of a storage twice the size (stride 2): point-to-point goes
+    /// through a derived datatype, collectives through packing. The raw path sends the same
+    /// number of bytes from a contiguous slice: the lower bound.
+    Step,
+}
+
+impl BenchLayout {
+    /// The name as given to `--layout`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchLayout::Contiguous => "contiguous",
+            BenchLayout::Step => "step",
+        }
+    }
+}
+
+/// Message sizes in bytes: a comma-separated list of sizes (`8,1K,64KiB,4M`; K/M/G are
+/// powers of 1024) or ranges `A:B` (every power of two from A to B).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizes(pub Vec<u64>);
+
+fn parse_one_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size `{t}` is not a number of bytes"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "size `{t}` has an unknown unit `{other}` (use K, M or G)"
+            ))
+        }
+    };
+    let bytes = n
+        .checked_mul(scale)
+        .filter(|b| (4..=1 << 30).contains(b))
+        .ok_or_else(|| format!("size `{t}` is outside 4 B ..= 1 GiB"))?;
+    if bytes % ELEM as u64 != 0 {
+        return Err(format!(
+            "size `{t}` is not a whole number of f32 elements (4 bytes)"
+        ));
+    }
+    Ok(bytes)
+}
+
+fn parse_sizes(text: &str) -> Result<Sizes, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+        match part.split_once(':') {
+            Some((lo, hi)) => {
+                let (lo, hi) = (parse_one_size(lo)?, parse_one_size(hi)?);
+                if lo > hi {
+                    return Err(format!("size range `{part}` runs backwards"));
+                }
+                let mut s = lo;
+                while s <= hi {
+                    out.push(s);
+                    s *= 2;
+                }
+            }
+            None => out.push(parse_one_size(part)?),
+        }
+    }
+    if out.is_empty() {
+        return Err("no sizes given".into());
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(Sizes(out))
+}
+
+/// Options of `bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Which benchmark to run.
+    #[arg(long, value_enum, default_value_t = Op::All)]
+    pub op: Op,
+    /// Message sizes in bytes (per rank's block for allgatherv and alltoall), e.g.
+    /// `8,1K,1M` or `8:64M` (powers of two); default: powers of two up to --max-size.
+    #[arg(long, value_parser = parse_sizes)]
+    pub sizes: Option<Sizes>,
+    /// Timed rounds per size and path (median and best are reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Iterations per round for messages up to 16 KiB; larger messages run proportionally
+    /// fewer (iters × 16 KiB / size, at least 4).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: u64,
+    /// Largest message in bytes when --sizes is not given, default 64 MiB (latency from 8 B;
+    /// bandwidth and all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB).
+    /// Strided sizes are fixed (a 64 MiB storage); `all` skips them below 64 MiB. With
+    /// `--device cuda` the default sizes are 4 KiB … 256 MiB.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
+    pub max_size: Option<u64>,
+    /// Where the tensors live; bench accepts `cpu` and `cuda` only (the other values are
+    /// `check`'s). `cuda` (device memory through cudarc: feature `cuda` and a CUDA driver)
+    /// runs ping-pong and allreduce only (`--op all` = both) through DeviceComm
+    /// (staged, and direct when MPI is CUDA-aware) next to a device → pinned → device copy
+    /// of the same bytes and to host-memory MPI, with the staged/copy bandwidth ratio.
+    #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
+    pub device: crate::DeviceArg,
+    /// Testing without a GPU: `--device cuda` on host memory labelled `kDLCUDA`, with a
+    /// simulated runtime.
+    #[arg(long, hide = true)]
+    pub simulate_device: bool,
+    /// Layout of the dlpack-mpi side's tensors.
+    #[arg(long, value_enum, default_value_t = BenchLayout::Contiguous)]
+    pub layout: BenchLayout,
+    /// Write every measurement to FILE as CSV (rank 0): one row per operation, size and path.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<std::path::PathBuf>,
+    /// Draw latency and bandwidth against size, one curve per path, to FILE (SVG).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+impl BenchArgs {
+    /// `--sizes` in bytes when given, else `default`.
+    pub fn sizes_or(&self, default: Vec<usize>) -> Vec<usize> {
+        match &self.sizes {
+            Some(s) => s.0.iter().map(|&b| b as usize).collect(),
+            None => default,
+        }
+    }
+}
+
+/// Iterations per round for messages of `bytes`, from `--iters` = `base` (see [`SCALE_REF`]).
+pub fn iters_for(base: u64, bytes: usize) -> u64 {
+    if bytes <= SCALE_REF {
+        base
+    } else {
+        (base.saturating_mul(SCALE_REF as u64) / bytes as u64).max(MIN_ITERS)
+    }
+}
+
+/// Every power of two times `min` from `min` up to `max`, bytes.
+pub fn sizes(min: usize, max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = min;
+    while s <= max {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}

@@ -1,0 +1,227 @@
+//! `dlpack-mpi bench`: ping-pong and all-reduce through dlpack-mpi next to raw rsmpi, on the
+//! same 4096-byte-aligned buffers, interleaved in one run.
+//!
+//! Four paths are timed for every size, on the very same memory:
+//!
+//! - **raw**: rsmpi on a plain `&[f32]` / `&mut [f32]` slice of the storage.
+//! - **dlpack**: the tensor is acquired once per round (untimed); every message builds its
+//!   [`SendSpec`] / [`RecvSpec`] (the per-message cost a user of the specs pays: device,
+//!   dtype, contiguity, overlap and count checks) and hands it to rsmpi
+//!   (`send`, `receive_into`, `all_reduce_into`).
+//! - **reused**: the specs are built once per round (untimed) and reused for every message:
+//!   what an MPI call through a spec costs by itself.
+//! - **checked**: [`TensorComm`] (`send_tensor` / `recv_tensor`, `all_reduce_tensor`), which
+//!   adds argument checks and, for receives, an `MPI_Probe` before the receive.
+//!
+//! Each size is warmed up, then measured for `--rounds` rounds; within a round the paths run
+//! one after the other, in an order rotated from round to round, with a barrier before
+//! each. Reported: median and best round, in µs per message (ping-pong: half the
+//! round-trip time; all-reduce: the slowest rank's time per call), and the ratios to raw.
+//!
+//! `--op strided` sends strided views of one 64 MiB f32 storage from rank 0 to rank 1
+//! (one-way; rank 1 answers every message with a 1-byte ack, which ends the message's time):
+//! every other element (shape `[N/2]`, stride `[2]`) and a transposed 4096 × 4096 matrix
+//! (shape `[4096, 4096]`, strides `[1, 4096]`). Three paths, scheduled as above:
+//!
+//! - **derived**: [`SendSpec::new`] on the strided tensor per message (a cached, committed
+//!   derived datatype, count 1) handed to rsmpi's `send`: MPI reads the elements in place.
+//! - **pack**: a Rust loop copies the logical elements into a contiguous buffer (allocated
+//!   once, reused; the copy is timed), which is then sent.
+//! - **contiguous**: the same number of bytes sent from a contiguous slice (the lower bound).
+//!
+//! Rank 1 receives every message with `receive_into(&mut [f32])` of the logical size. Before
+//! timing, one message per path is checked element by element on rank 1.
+//!
+//! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
+//! copy of the same bytes and to host-memory MPI.
+//!
+//! # Files, in dependency order
+//!
+//! Each file uses only the files before it, so there is no cycle:
+//!
+//! 1. `common`: the element type, aligned buffers, the values sent, samples, the timing
+//!    driver (warm-up, rotated rounds), ping-pong legs, size formatting;
+//! 2. `args`: the options, sizes and iteration counts;
+//! 3. `report`: the result rows and their text tables, `--csv` and `--plot`;
+//! 4. `host`, `strided`, `gpu`: the measurements (they print through `report`);
+//! 5. this file: [`run`], which refuses what cannot be done and dispatches.
+//!
+//! [`SendSpec`]: dlpack_mpi::spec::SendSpec
+//! [`RecvSpec`]: dlpack_mpi::spec::RecvSpec
+//! [`SendSpec::new`]: dlpack_mpi::spec::SendSpec::new
+//! [`TensorComm`]: dlpack_mpi::comm::TensorComm
+
+mod args;
+mod common;
+mod gpu;
+mod host;
+mod report;
+mod strided;
+
+use std::process::ExitCode;
+
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use args::DEFAULT_MAX_SIZE;
+pub use args::{BenchArgs, BenchLayout, Op};
+use common::{library_line, ELEM};
+use strided::STRIDED_STORAGE;
+
+/// Refuses options this build or this job cannot honour, in one line; `None` = go on.
+fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
+    if !matches!(args.device, crate::DeviceArg::Cpu | crate::DeviceArg::Cuda) {
+        return Some(format!(
+            "bench runs on device `cpu` or `cuda`, not `{}`",
+            args.device.name()
+        ));
+    }
+    if args.device == crate::DeviceArg::Cuda {
+        if let Some(why) = gpu::refuse(args) {
+            return Some(why);
+        }
+    }
+    if args.op.point_to_point() && world.size() < 2 {
+        return Some(if crate::under_launcher() {
+            format!(
+                "--op {} needs at least 2 ranks; this job has 1 (mpirun -n 2 …)",
+                args.op.name()
+            )
+        } else {
+            format!(
+                "--op {} needs at least 2 ranks, and this process was not started by mpirun: \
+                 run `mpirun -n 2 dlpack-mpi bench --op {}`",
+                args.op.name(),
+                args.op.name()
+            )
+        });
+    }
+    if args.op == Op::Strided && (args.layout != BenchLayout::Contiguous || args.sizes.is_some()) {
+        return Some(
+            "--op strided has fixed views (step 2 and a transpose of a 64 MiB storage): \
+             --layout and --sizes do not apply"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Runs the benchmark; prints the tables on rank 0. Exit status 0, 1 when a path delivered
+/// wrong values, 2 when the options were refused or an output file could not be written.
+pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
+    let root = world.rank() == 0;
+    if let Some(why) = refuse(world, args) {
+        if root {
+            eprintln!("dlpack-mpi bench: {why}");
+        }
+        return ExitCode::from(2);
+    }
+    if args.device == crate::DeviceArg::Cuda {
+        return match crate::agreed(world, crate::gpu_runtime(args.simulate_device)) {
+            Ok(gpu) => gpu::run(world, args, gpu),
+            Err(why) => {
+                if root {
+                    eprintln!("dlpack-mpi bench: device `cuda` needs a GPU runtime: {why}");
+                }
+                ExitCode::from(2)
+            }
+        };
+    }
+    if root {
+        report::print_host_intro(world.size(), &library_line(), args);
+    }
+    let (rows, strided_rows, ok) = run_ops(world, args);
+    let mut status = i32::from(!ok);
+    if root {
+        if let Err(why) = write_files(world.size(), args, &rows, &strided_rows) {
+            eprintln!("dlpack-mpi bench: cannot write: {why}");
+            status = 2;
+        }
+    }
+    world.process_at_rank(0).broadcast_into(&mut status);
+    match status {
+        0 => ExitCode::SUCCESS,
+        1 => ExitCode::FAILURE,
+        _ => ExitCode::from(2),
+    }
+}
+
+/// Whether `--op all` skips the strided bench: it needs the default sizes up to at least its
+/// 64 MiB storage and the contiguous layout.
+fn all_skips_strided(args: &BenchArgs) -> bool {
+    args.max_size.unwrap_or(DEFAULT_MAX_SIZE) < (STRIDED_STORAGE * ELEM) as u64
+        || args.sizes.is_some()
+        || args.layout != BenchLayout::Contiguous
+}
+
+/// Runs every operation `--op` names on the host: the rows of the sweeps, those of the
+/// strided bench, and whether every path delivered the expected values. A failure to
+/// measure aborts the job.
+fn run_ops(
+    world: &SimpleCommunicator,
+    args: &BenchArgs,
+) -> (Vec<report::Row>, Vec<report::StridedRow>, bool) {
+    let ops: &[Op] = match args.op {
+        Op::All => &[
+            Op::Latency,
+            Op::Bandwidth,
+            Op::Allreduce,
+            Op::Allgatherv,
+            Op::Alltoall,
+            Op::Strided,
+        ],
+        _ => std::slice::from_ref(&args.op),
+    };
+    let mut rows = Vec::new();
+    let mut strided_rows = Vec::new();
+    let mut ok = true;
+    for &op in ops {
+        let result = if op == Op::Strided {
+            if args.op == Op::All && all_skips_strided(args) {
+                if world.rank() == 0 {
+                    println!("strided: skipped (it needs --max-size ≥ 64 MiB, no --sizes, contiguous --layout)\n");
+                }
+                continue;
+            }
+            strided::strided(world, args).map(|(r, good)| {
+                strided_rows = r;
+                good
+            })
+        } else {
+            host::sweep(world, args, op).map(|(mut r, good)| {
+                rows.append(&mut r);
+                good
+            })
+        };
+        match result {
+            Ok(good) => ok &= good,
+            Err(e) => {
+                eprintln!("dlpack-mpi bench: rank {}: {e}", world.rank());
+                world.abort(1)
+            }
+        }
+    }
+    (rows, strided_rows, ok)
+}
+
+/// Writes `--csv` and `--plot` (rank 0), stopping at the first that fails.
+fn write_files(
+    ranks: i32,
+    args: &BenchArgs,
+    rows: &[report::Row],
+    strided_rows: &[report::StridedRow],
+) -> Result<(), String> {
+    if let Some(path) = &args.csv {
+        report::write_csv(path, args, ranks, rows, strided_rows)?;
+    }
+    if let Some(path) = &args.plot {
+        let library = library_line();
+        let title = format!(
+            "dlpack-mpi bench: {ranks} rank(s), {}, f32, {} layout",
+            library.split(',').next().unwrap_or(""),
+            args.layout.name()
+        );
+        report::write_plot(path, rows, &title)?;
+    }
+    Ok(())
+}
