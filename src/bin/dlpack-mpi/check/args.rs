@@ -113,13 +113,11 @@ pub(super) const TRANSPORTS: [(Transport, &str, &str); 3] = [
 
 /// Parses `--transport` into the library's [`Transport`] (the one conversion from its name).
 fn transport_parser() -> impl TypedValueParser<Value = Transport> {
-    PossibleValuesParser::new(
-        TRANSPORTS.map(|(_, name, help)| PossibleValue::new(name).help(help)),
-    )
-    .map(|given: String| {
-        TRANSPORTS
-            .iter()
-            .find(|(_, name, _)| *name == given)
-            .map_or(Transport::Auto, |(t, _, _)| *t)
-    })
+    PossibleValuesParser::new(TRANSPORTS.map(|(_, name, help)| PossibleValue::new(name).help(help)))
+        .map(|given: String| {
+            TRANSPORTS
+                .iter()
+                .find(|(_, name, _)| *name == given)
+                .map_or(Transport::Auto, |(t, _, _)| *t)
+        })
 }

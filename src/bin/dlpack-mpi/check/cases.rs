@@ -89,16 +89,15 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             Op::Sendrecv => self.sendrecv(),
             Op::IsendIrecv => self.isend_irecv(),
             Op::Bcast => self.bcast(),
-            Op::Reduce
-            | Op::Allreduce
-            | Op::AllreduceInplace
-            | Op::ReduceScatterBlock => match self.kind.reduce {
-                None => Ok(Verdict::Skip(format!(
-                    "{} has no MPI reduction",
-                    self.kind.name
-                ))),
-                Some((rop, _)) => self.reduction(op, rop),
-            },
+            Op::Reduce | Op::Allreduce | Op::AllreduceInplace | Op::ReduceScatterBlock => {
+                match self.kind.reduce {
+                    None => Ok(Verdict::Skip(format!(
+                        "{} has no MPI reduction",
+                        self.kind.name
+                    ))),
+                    Some((rop, _)) => self.reduction(op, rop),
+                }
+            }
             Op::Gather => self.gather(),
             Op::Gatherv => self.gatherv(),
             Op::Scatter => self.scatter(),

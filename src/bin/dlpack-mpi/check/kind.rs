@@ -81,7 +81,14 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         let esize = self.dtype.size_bytes().unwrap_or(0) as u64;
         #[cfg(feature = "cuda")]
         if dev == Dev::Cuda && cx.run.real_cuda {
-            return Store::cuda(cx.run, self.dtype, store, &shape, &strides, first as u64 * esize);
+            return Store::cuda(
+                cx.run,
+                self.dtype,
+                store,
+                &shape,
+                &strides,
+                first as u64 * esize,
+            );
         }
         Owned::new(store)
             .with_dtype(self.dtype)
@@ -107,12 +114,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             .collect())
     }
 
-    pub(super) fn fold(
-        &self,
-        cx: &CaseContext<'_>,
-        n: i64,
-        p: i32,
-    ) -> Option<(ReduceOp, Vec<S>)> {
+    pub(super) fn fold(&self, cx: &CaseContext<'_>, n: i64, p: i32) -> Option<(ReduceOp, Vec<S>)> {
         let (op, f) = self.reduce?;
         Some((op, self.fold_with(cx, f, n, p)))
     }

@@ -67,8 +67,7 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         Err(why) => return refuse(&why),
     };
     let dc = &setup.dc;
-    let Some((made_by, indices)) = select::agree_on_cases(w, &kinds, args, &setup.devices)
-    else {
+    let Some((made_by, indices)) = select::agree_on_cases(w, &kinds, args, &setup.devices) else {
         return ExitCode::from(2);
     };
     let run = RunContext::new(setup.gpu, made_by);

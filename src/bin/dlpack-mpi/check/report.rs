@@ -187,8 +187,7 @@ impl Tally {
         library: String,
         seconds: f64,
     ) -> Result<(), String> {
-        let (passed, failed, skipped, known) =
-            (self.passed, self.failed, self.skipped, self.known);
+        let (passed, failed, skipped, known) = (self.passed, self.failed, self.skipped, self.known);
         if known > 0 {
             println!(
                 "{known} case{} hit known MPI-library bugs (KNOWN-BUG lines above; counted as neither \

@@ -61,8 +61,7 @@ pub(super) fn run_cases(
     let mut tally = Tally::default();
     for case in cases {
         let t0 = std::time::Instant::now();
-        let corrupt =
-            w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));
+        let corrupt = w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));
         let cx = CaseContext::new(run, case.dev, case.layout, corrupt);
         let verdict = case.kind.run(&cx, dc, case.op, case.len);
         let agreed = agree(w, verdict);

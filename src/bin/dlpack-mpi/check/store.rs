@@ -164,7 +164,10 @@ impl<S: AnyBits> Store<S> {
     ) -> Res<Store<S>> {
         use pyo3::types::PyAnyMethods;
         let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
-            return Err(format!("{}NumPy has no dtype {dtype}", super::context::SKIP_MARK));
+            return Err(format!(
+                "{}NumPy has no dtype {dtype}",
+                super::context::SKIP_MARK
+            ));
         };
         let esize = dtype.size_bytes().unwrap_or(0) as i64;
         pyo3::Python::attach(|py| -> Result<Store<S>, String> {
