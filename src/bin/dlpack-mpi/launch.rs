@@ -1,5 +1,6 @@
 //! What `check` and `bench` share about the launch: the `--device` argument and the devices
 //! it names, the GPU runtime, the launcher's rank, and errors agreed by every rank.
+#![forbid(unsafe_code)]
 
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::transport::{default_runtime, DeviceRuntime, SimulatedDevice};

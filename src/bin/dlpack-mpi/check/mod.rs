@@ -28,6 +28,9 @@
 //! 11. `run`: running the cases, verdicts combined across ranks.
 //! 12. this file: [`run`], the entry point.
 
+// `check` needs no `unsafe` (main.rs denies it crate-wide; only bench's GPU baseline allows it).
+#![forbid(unsafe_code)]
+
 mod args;
 mod cases;
 mod context;
