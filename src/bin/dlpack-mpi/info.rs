@@ -59,7 +59,7 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         world.size(),
         hosts.len(),
         hosts.join(", "),
-        if crate::under_launcher() {
+        if crate::launch::under_launcher() {
             ""
         } else {
             " (not started by mpirun: a singleton)"
@@ -77,7 +77,7 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
     let runtime = dlpack_mpi::transport::default_runtime();
     match runtime {
         Some(r) => println!("GPU runtime: {}", r.describe()),
-        None => println!("GPU runtime: none: {}", crate::no_runtime_reason()),
+        None => println!("GPU runtime: none: {}", crate::launch::no_runtime_reason()),
     }
     println!(
         "devices: cpu (host memory), cuda-host (pinned host memory){}",

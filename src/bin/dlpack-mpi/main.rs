@@ -6,14 +6,14 @@
 mod bench;
 mod check;
 mod info;
+mod launch;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dlpack_mpi::transport::{default_runtime, DeviceRuntime, SimulatedDevice};
-use mpi::collective::SystemOperation;
-use mpi::topology::SimpleCommunicator;
-use mpi::traits::*;
+// The shared launch helpers live in `launch`; `bench` and `gpu_bench` name them as
+// `crate::DeviceArg`, `crate::agreed`, … through these re-exports.
+pub use launch::{agreed, gpu_runtime, no_runtime_reason, under_launcher, DeviceArg, Gpu};
 
 /// Command line of `dlpack-mpi`.
 #[derive(Debug, Parser)]
@@ -42,130 +42,6 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// Where tensors live (`--device` of `check` and `bench`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeviceArg {
-    /// Host memory (`kDLCPU`).
-    Cpu,
-    /// CUDA device memory (`kDLCUDA`).
-    Cuda,
-    /// CUDA pinned host memory (`kDLCUDAHost`).
-    CudaHost,
-    /// CUDA managed memory (`kDLCUDAManaged`).
-    CudaManaged,
-    /// Every device this build and machine support.
-    All,
-}
-
-impl DeviceArg {
-    /// The name as given on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceArg::Cpu => "cpu",
-            DeviceArg::Cuda => "cuda",
-            DeviceArg::CudaHost => "cuda-host",
-            DeviceArg::CudaManaged => "cuda-managed",
-            DeviceArg::All => "all",
-        }
-    }
-}
-
-/// The GPU runtime of `check` and `bench`.
-#[derive(Clone, Copy)]
-pub struct Gpu {
-    /// The runtime: the CUDA driver, or a simulated device.
-    pub runtime: &'static dyn DeviceRuntime,
-    /// `--simulate-device`: CUDA tensors are labelled host memory.
-    pub simulated: bool,
-}
-
-/// The GPU runtime: a [`SimulatedDevice`] with `--simulate-device`, else the CUDA driver
-/// ([`default_runtime`]), else why there is none, in words.
-pub fn gpu_runtime(simulate: bool) -> Result<Gpu, String> {
-    if simulate {
-        let sim: &'static SimulatedDevice = Box::leak(Box::new(SimulatedDevice::new()));
-        return Ok(Gpu {
-            runtime: sim,
-            simulated: true,
-        });
-    }
-    default_runtime()
-        .map(|runtime| Gpu {
-            runtime,
-            simulated: false,
-        })
-        .ok_or_else(no_runtime_reason)
-}
-
-/// Why [`default_runtime`] is `None`: the build lacks feature `cuda`, or no driver loads.
-pub fn no_runtime_reason() -> String {
-    #[cfg(feature = "cuda")]
-    {
-        match dlpack_mpi::cuda::CudaRuntime::global() {
-            Err(err) => format!("no CUDA driver found ({err})"),
-            Ok(_) => "the CUDA runtime is not available".into(),
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        "this build lacks feature `cuda` (build with `--features cuda`)".into()
-    }
-}
-
-/// `result` on every rank when it is `Ok` on every rank; else the lowest failing rank's
-/// error on every rank (prefixed `rank N: ` when that is not rank 0). Collective.
-pub fn agreed<T>(world: &SimpleCommunicator, result: Result<T, String>) -> Result<T, String> {
-    let mine = if result.is_err() {
-        world.rank()
-    } else {
-        world.size()
-    };
-    let mut first = 0;
-    world.all_reduce_into(&mine, &mut first, SystemOperation::min());
-    if first == world.size() {
-        return result;
-    }
-    let mut text = match &result {
-        Err(m) if world.rank() == first => m.clone().into_bytes(),
-        _ => Vec::new(),
-    };
-    let from = world.process_at_rank(first);
-    let mut len = text.len() as u64;
-    from.broadcast_into(&mut len);
-    text.resize(len as usize, 0);
-    if len > 0 {
-        from.broadcast_into(&mut text[..]);
-    }
-    let text = String::from_utf8_lossy(&text).into_owned();
-    Err(if first == 0 {
-        text
-    } else {
-        format!("rank {first}: {text}")
-    })
-}
-
-/// This process's rank in `MPI_COMM_WORLD` as the launcher announces it, before `MPI_Init`;
-/// `None` when no launcher we know started it (Open MPI, MPICH/Hydra, PMIx, Slurm).
-fn launcher_rank() -> Option<u32> {
-    [
-        "OMPI_COMM_WORLD_RANK",
-        "PMIX_RANK",
-        "PMI_RANK",
-        "SLURM_PROCID",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
-}
-
-/// Whether a launcher started this process, read once before `MPI_Init` (a singleton
-/// Open MPI process sets the launcher's variables itself during `MPI_Init`).
-static UNDER_LAUNCHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-
-/// Whether an MPI launcher (`mpirun`, `mpiexec`, `srun`) started this process.
-pub fn under_launcher() -> bool {
-    *UNDER_LAUNCHER.get_or_init(|| launcher_rank().is_some())
-}
-
 /// A command-line error as one line: clap's first line without its `error: ` prefix, and a
 /// pointer to `--help`.
 fn one_line(err: &clap::Error) -> String {
@@ -187,7 +63,7 @@ fn main() -> ExitCode {
                 | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
                 _ => {
                     // Every rank parses the same line: only rank 0 (or a lone process) says so.
-                    if launcher_rank().unwrap_or(0) == 0 {
+                    if launch::launcher_rank().unwrap_or(0) == 0 {
                         eprintln!("{}", one_line(&err));
                     }
                     return ExitCode::from(2);
@@ -240,7 +116,7 @@ mod tests {
         assert_eq!(a.len, vec![0, 1, 7, 1000, 65_536]);
         assert_eq!(a.device, DeviceArg::Cpu);
         assert_eq!(a.producer, check::Producer::Auto);
-        assert_eq!(a.transport, check::Transport::Auto);
+        assert_eq!(a.transport, dlpack_mpi::transport::Transport::Auto);
         assert!(!a.failfast && !a.quiet && !a.verbose && !a.list);
         assert!(a.junit.is_none() && a.json.is_none());
     }
@@ -285,7 +161,7 @@ mod tests {
         assert!(a.failfast && a.verbose && a.list && !a.quiet);
         assert_eq!(a.device, DeviceArg::CudaManaged);
         assert_eq!(a.producer, check::Producer::Numpy);
-        assert_eq!(a.transport, check::Transport::Staged);
+        assert_eq!(a.transport, dlpack_mpi::transport::Transport::Staged);
         assert_eq!(a.dtype, ["int8", "float32", "bool"]);
         assert_eq!(a.op, ["bcast"]);
         assert_eq!(a.layout, ["step", "negative"]);

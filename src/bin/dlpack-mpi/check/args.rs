@@ -1,0 +1,123 @@
+//! `check`'s command line: [`CheckArgs`] and [`Producer`] (clap), and the library's
+//! [`Transport`] as a `--transport` value.
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use dlpack_mpi::transport::Transport;
+
+use crate::launch::DeviceArg;
+
+/// Options of `check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// Only cases whose name matches PATTERN (repeatable; a case runs if it matches any).
+    /// Names read `op/dtype/layout/device/transport/len`; a PATTERN with `*`, `?` or `[`
+    /// is a glob over the whole name, any other is a substring (`-k allreduce/float`).
+    #[arg(short = 'k', long = "include", value_name = "PATTERN")]
+    pub include: Vec<String>,
+    /// Leave out cases whose name matches PATTERN (repeatable; same rules as `-k`).
+    #[arg(short = 'e', long = "exclude", value_name = "PATTERN")]
+    pub exclude: Vec<String>,
+    /// Only these operations (repeatable or comma separated); see `--list`.
+    #[arg(long, value_delimiter = ',')]
+    pub op: Vec<String>,
+    /// Only these dtypes (repeatable or comma separated), e.g. `float32,int8`.
+    #[arg(long, value_delimiter = ',')]
+    pub dtype: Vec<String>,
+    /// Only these layouts (repeatable or comma separated): contiguous, fortran, transposed,
+    /// step, negative, broadcast (send side), scalar (0-d, length 1).
+    #[arg(long, value_delimiter = ',')]
+    pub layout: Vec<String>,
+    /// Tensor lengths in elements.
+    #[arg(long, value_delimiter = ',', default_values_t = [0i64, 1, 7, 1000, 65_536])]
+    pub len: Vec<i64>,
+    /// Where the tensors live: `cpu`; `cuda-host` (pinned host memory, `kDLCUDAHost`: host
+    /// memory, no device path); `cuda` (device memory through cudarc: feature `cuda` and a
+    /// CUDA driver); `cuda-managed` (needs --simulate-device for now); `all` = every device
+    /// available here. Device names appear in case names (`-k /cuda/`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
+    /// Testing without a GPU: CUDA tensors are host memory labelled `kDLCUDA` /
+    /// `kDLCUDAManaged` and the GPU runtime is simulated, so staging, routing and stream
+    /// synchronization run as on a GPU.
+    #[arg(long, hide = true)]
+    pub simulate_device: bool,
+    /// Who makes the tensors: `numpy` = NumPy arrays through `__dlpack__` (feature
+    /// `python`); `rust` = dlpack-mpi's own `Owned` exporter; `auto` = NumPy when this build
+    /// has Python support and NumPy imports, else Rust. Applies to `cpu` cases; other
+    /// devices' tensors are always made by Rust (`Owned`, or cudarc for `cuda`).
+    #[arg(long, value_enum, default_value_t = Producer::Auto)]
+    pub producer: Producer,
+    /// How CUDA device memory reaches MPI: `auto` = direct when the MPI library is
+    /// CUDA-aware, else staged; `direct` = device pointers to a CUDA-aware MPI (refused when
+    /// it is not); `staged` = through pinned host memory. Host tensors (`cpu`, `cuda-host`)
+    /// always go directly (transport `host` in case names), managed memory as `managed`;
+    /// `direct`/`staged` are refused when no CUDA device is selected. Strided or
+    /// float16/bfloat16-reduced tensors are staged even under `direct` (the line's `[…]`
+    /// says the route taken).
+    #[arg(long, value_parser = transport_parser(), default_value = "auto")]
+    pub transport: Transport,
+    /// Stop at the first failure.
+    #[arg(short = 'x', long)]
+    pub failfast: bool,
+    /// Print only failures and the summary.
+    #[arg(short, long, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Also print the full MPI library version and each case's time.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// List the case names and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Write a JUnit XML report to FILE (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<std::path::PathBuf>,
+    /// Write a JSON report to FILE (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+    /// Testing the runner itself: corrupt what the last rank received in cases matching
+    /// PATTERN (operations that receive into a fresh tensor), so that they fail.
+    #[arg(long, value_name = "PATTERN", hide = true)]
+    pub inject_fault: Option<String>,
+}
+
+/// Who makes the tensors of a check run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Producer {
+    /// NumPy when the build has Python support and NumPy imports, else Rust.
+    Auto,
+    /// dlpack-mpi's own `Owned` exporter (a Rust `Vec` with a DLPack view).
+    Rust,
+    /// NumPy arrays through `__dlpack__` (needs the `python` feature).
+    Numpy,
+}
+
+/// The `--transport` values: the library's [`Transport`] with its command-line name and
+/// help, in the order rank 0 broadcasts them by index.
+pub(super) const TRANSPORTS: [(Transport, &str, &str); 3] = [
+    (
+        Transport::Auto,
+        "auto",
+        "Direct when the MPI library is CUDA-aware, else staged",
+    ),
+    (
+        Transport::Direct,
+        "direct",
+        "Device pointers passed to a CUDA-aware MPI",
+    ),
+    (
+        Transport::Staged,
+        "staged",
+        "Copies through pinned host buffers around each MPI call",
+    ),
+];
+
+/// Parses `--transport` into the library's [`Transport`] (the one conversion from its name).
+fn transport_parser() -> impl TypedValueParser<Value = Transport> {
+    PossibleValuesParser::new(TRANSPORTS.map(|(_, name, help)| PossibleValue::new(name).help(help)))
+        .map(|given: String| {
+            TRANSPORTS
+                .iter()
+                .find(|(_, name, _)| *name == given)
+                .map_or(Transport::Auto, |(t, _, _)| *t)
+        })
+}

@@ -1,0 +1,404 @@
+//! The case bodies, one per [`Op`]: each makes its tensors, runs the operation through
+//! `DeviceComm` (or rsmpi's nonblocking calls for `isend-irecv`), and compares what arrived
+//! with the values [`Kind`] computes independently of MPI.
+
+use std::fmt::Debug;
+
+use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::dlpack::Tensor;
+use dlpack_mpi::dtype::{AnyBits, ReduceOp};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+use dlpack_mpi::Error;
+use mpi::traits::*;
+
+use super::context::{e, CaseContext, Res, Verdict, SKIP_MARK};
+use super::kind::{Kind, Runner};
+use super::matrix::{Comm, Op};
+
+impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn run(&self, cx: &CaseContext<'_>, dc: &Comm<'_>, op: Op, len: i64) -> Verdict {
+        let w = dc.comm();
+        let at = At {
+            kind: self,
+            cx,
+            dc,
+            r: w.rank(),
+            p: w.size(),
+            n: len,
+            nk: len as usize * self.per_elem,
+        };
+        match at.case(op) {
+            Ok(v) => v,
+            Err(msg) => match msg.strip_prefix(SKIP_MARK) {
+                Some(why) => Verdict::Skip(why.to_string()),
+                None => Verdict::Fail(msg),
+            },
+        }
+    }
+}
+
+/// One case in progress: the dtype, the context, the communicator, this rank `r` of `p`,
+/// and the length: `n` DLPack elements, `nk` storage elements.
+struct At<'a, S> {
+    kind: &'a Kind<S>,
+    cx: &'a CaseContext<'a>,
+    dc: &'a Comm<'a>,
+    r: i32,
+    p: i32,
+    n: i64,
+    nk: usize,
+}
+
+/// The per-rank blocks of the v-variants: rank `i` has `(i + n) mod (n + 1)` elements, so
+/// that the counts differ and one is zero.
+struct VBlocks {
+    counts: Vec<i64>,
+    displs: Vec<i64>,
+    total: i64,
+}
+
+impl VBlocks {
+    fn new(p: i32, n: i64) -> VBlocks {
+        let counts: Vec<i64> = (0..i64::from(p)).map(|i| (i + n) % (n + 1)).collect();
+        let displs: Vec<i64> = counts
+            .iter()
+            .scan(0, |acc, &c| {
+                let d = *acc;
+                *acc += c;
+                Some(d)
+            })
+            .collect();
+        let total = counts.iter().sum();
+        VBlocks {
+            counts,
+            displs,
+            total,
+        }
+    }
+}
+
+impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
+    /// Runs the case of `op`.
+    fn case(&self, op: Op) -> Res<Verdict> {
+        match op {
+            Op::SendRecv => self.send_recv(),
+            Op::Sendrecv => self.sendrecv(),
+            Op::IsendIrecv => self.isend_irecv(),
+            Op::Bcast => self.bcast(),
+            Op::Reduce | Op::Allreduce | Op::AllreduceInplace | Op::ReduceScatterBlock => {
+                match self.kind.reduce {
+                    None => Ok(Verdict::Skip(format!(
+                        "{} has no MPI reduction",
+                        self.kind.name
+                    ))),
+                    Some((rop, _)) => self.reduction(op, rop),
+                }
+            }
+            Op::Gather => self.gather(),
+            Op::Gatherv => self.gatherv(),
+            Op::Scatter => self.scatter(),
+            Op::Scatterv => self.scatterv(),
+            Op::Allgather => self.allgather(),
+            Op::Allgatherv => self.allgatherv(),
+            Op::Alltoall => self.alltoall(),
+            Op::Alltoallv => self.alltoallv(),
+        }
+    }
+
+    /// Rank `r`'s values: `n` DLPack elements from element index `from`.
+    fn values(&self, r: i32, n: i64, from: i64) -> Vec<S> {
+        self.kind.values(self.cx, r, n, from)
+    }
+
+    /// Every rank's `n` values from `from(i)`, concatenated in rank order.
+    fn all_ranks(&self, n: impl Fn(i32) -> i64, from: impl Fn(i32) -> i64) -> Vec<S> {
+        (0..self.p)
+            .flat_map(|i| self.values(i, n(i), from(i)))
+            .collect()
+    }
+
+    fn compare(&self, what: &str, expected: &[S], got: &[S]) -> Res<Verdict> {
+        self.kind.compare(self.r, what, expected, got)?;
+        Ok(Verdict::Pass)
+    }
+
+    /// [`Kind::with_pair`] in this case's context.
+    fn pair(
+        &self,
+        send: Vec<S>,
+        recv_len: usize,
+        f: impl FnOnce(&dyn Tensor, &mut dyn Tensor) -> Result<(), Error>,
+    ) -> Res<Vec<S>> {
+        self.kind.with_pair(self.cx, self.dc, send, recv_len, f)
+    }
+
+    /// Runs `f` on one tensor holding `init`, sent and received in place; what it holds after.
+    fn in_place(
+        &self,
+        init: Vec<S>,
+        f: impl FnOnce(&mut dyn Tensor) -> Result<(), Error>,
+    ) -> Res<Vec<S>> {
+        let buf = self.kind.owned(self.cx, init)?;
+        buf.with_tensor(self.cx.run, |t| {
+            let done = f(t).map_err(e);
+            self.cx.note_route(self.dc);
+            done
+        })?;
+        self.kind.read(self.cx, buf, self.nk)
+    }
+
+    /// This rank's values, received from the previous rank: what the point-to-point cases
+    /// compare.
+    fn got_from_previous(&self, got: &[S]) -> Res<Verdict> {
+        let prev = (self.r + self.p - 1) % self.p;
+        self.compare("from previous rank", &self.values(prev, self.n, 0), got)
+    }
+
+    fn send_recv(&self) -> Res<Verdict> {
+        let (r, p, dc) = (self.r, self.p, self.dc);
+        if p < 2 {
+            return Ok(Verdict::Skip("needs 2 ranks".into()));
+        }
+        let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+        let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {
+            if r % 2 == 0 {
+                dc.send_tensor(s, next, 11)?;
+                dc.recv_tensor(d, prev, 11).map(drop)
+            } else {
+                dc.recv_tensor(d, prev, 11)?;
+                dc.send_tensor(s, next, 11)
+            }
+        })?;
+        self.got_from_previous(&got)
+    }
+
+    fn sendrecv(&self) -> Res<Verdict> {
+        let (r, p, dc) = (self.r, self.p, self.dc);
+        let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+        let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {
+            dc.sendrecv_tensor(s, next, 12, d, prev, 12).map(drop)
+        })?;
+        self.got_from_previous(&got)
+    }
+
+    fn isend_irecv(&self) -> Res<Verdict> {
+        if self.cx.dev.needs_runtime() {
+            return Ok(Verdict::Skip(
+                "DeviceComm has no nonblocking operations (GPU tensors go through the \
+                 blocking ones)"
+                    .into(),
+            ));
+        }
+        let (r, p, w) = (self.r, self.p, self.dc.comm());
+        let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+        let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {
+            let send = SendSpec::new(s)?;
+            let mut recv = RecvSpec::new(d)?;
+            mpi::request::scope(|scope| -> Result<(), Error> {
+                let rr = w.immediate_recv_tensor(scope, &mut recv, prev, 13)?;
+                let sr = w.immediate_send_tensor(scope, &send, next, 13)?;
+                sr.wait();
+                rr.wait();
+                Ok(())
+            })
+        })?;
+        self.got_from_previous(&got)
+    }
+
+    fn bcast(&self) -> Res<Verdict> {
+        let (r, n, root) = (self.r, self.n, self.p - 1);
+        let init = if r == root {
+            self.values(root, n, 0)
+        } else {
+            vec![(self.kind.value)(-1, -1); self.nk]
+        };
+        let got = self.in_place(init, |t| self.dc.broadcast_tensor(t, root))?;
+        self.compare("broadcast", &self.values(root, n, 0), &got)
+    }
+
+    fn gather(&self) -> Res<Verdict> {
+        let (r, n, p) = (self.r, self.n, self.p);
+        let got = self.pair(self.values(r, n, 0), p as usize * self.nk, |s, d| {
+            let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
+            self.dc.gather_tensor(s, recv, 0)
+        })?;
+        if r != 0 {
+            return Ok(Verdict::Pass);
+        }
+        self.compare("gathered", &self.all_ranks(|_| n, |_| 0), &got)
+    }
+
+    fn gatherv(&self) -> Res<Verdict> {
+        let r = self.r;
+        let v = VBlocks::new(self.p, self.n);
+        let mine = v.counts[r as usize];
+        let k = self.kind.per_elem;
+        let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
+            let recv = if r == 0 {
+                Some((d, &v.counts[..], &v.displs[..]))
+            } else {
+                None
+            };
+            self.dc.gatherv_tensor(s, recv, 0)
+        })?;
+        if r != 0 {
+            return Ok(Verdict::Pass);
+        }
+        let expect = self.all_ranks(|i| v.counts[i as usize], |_| 0);
+        self.compare("gathered", &expect, &got)
+    }
+
+    fn scatter(&self) -> Res<Verdict> {
+        let (r, n, pn) = (self.r, self.n, i64::from(self.p) * self.n);
+        let got = self.pair(self.values(0, pn, 0), self.nk, |s, d| {
+            let send: Option<&dyn Tensor> = if r == 0 { Some(s) } else { None };
+            self.dc.scatter_tensor(send, d, 0)
+        })?;
+        self.compare("scattered", &self.values(0, n, i64::from(r) * n), &got)
+    }
+
+    fn scatterv(&self) -> Res<Verdict> {
+        let r = self.r;
+        let v = VBlocks::new(self.p, self.n);
+        let mine = v.counts[r as usize];
+        let k = self.kind.per_elem;
+        let got = self.pair(self.values(0, v.total, 0), mine as usize * k, |s, d| {
+            let send = if r == 0 {
+                Some((s, &v.counts[..], &v.displs[..]))
+            } else {
+                None
+            };
+            self.dc.scatterv_tensor(send, d, 0)
+        })?;
+        let expect = self.values(0, mine, v.displs[r as usize]);
+        self.compare("scattered", &expect, &got)
+    }
+
+    fn allgather(&self) -> Res<Verdict> {
+        let (r, n, p) = (self.r, self.n, self.p);
+        let got = self.pair(self.values(r, n, 0), p as usize * self.nk, |s, d| {
+            self.dc.all_gather_tensor(s, d)
+        })?;
+        self.compare("gathered", &self.all_ranks(|_| n, |_| 0), &got)
+    }
+
+    fn allgatherv(&self) -> Res<Verdict> {
+        let r = self.r;
+        let v = VBlocks::new(self.p, self.n);
+        let mine = v.counts[r as usize];
+        let k = self.kind.per_elem;
+        let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
+            self.dc.all_gatherv_tensor(s, d, &v.counts, &v.displs)
+        })?;
+        let expect = self.all_ranks(|i| v.counts[i as usize], |_| 0);
+        self.compare("gathered", &expect, &got)
+    }
+
+    fn alltoall(&self) -> Res<Verdict> {
+        // Rank r's block j holds values(r, n, j n).
+        let (r, n, p) = (self.r, self.n, self.p);
+        let pn = i64::from(p) * n;
+        let got = self.pair(self.values(r, pn, 0), p as usize * self.nk, |s, d| {
+            self.dc.all_to_all_tensor(s, d)
+        })?;
+        let expect = self.all_ranks(|_| n, |_| i64::from(r) * n);
+        self.compare("exchanged", &expect, &got)
+    }
+
+    fn alltoallv(&self) -> Res<Verdict> {
+        // Rank i sends counts[j] elements to rank j, taken from values(i, ·, displs[j]).
+        let (r, p) = (self.r, self.p);
+        let v = VBlocks::new(p, self.n);
+        let mine = v.counts[r as usize];
+        let recv_counts = vec![mine; p as usize];
+        let recv_displs: Vec<i64> = (0..i64::from(p)).map(|i| i * mine).collect();
+        let recv_len = (mine * i64::from(p)) as usize * self.kind.per_elem;
+        let got = self.pair(self.values(r, v.total, 0), recv_len, |s, d| {
+            self.dc
+                .all_to_allv_tensor(s, &v.counts, &v.displs, d, &recv_counts, &recv_displs)
+        })?;
+        let expect = self.all_ranks(|_| mine, |_| v.displs[r as usize]);
+        self.compare("exchanged", &expect, &got)
+    }
+
+    /// The reductions (`reduce`, `allreduce`, `allreduce-inplace`, `reduce-scatter-block`)
+    /// with the dtype's MPI reduction `rop`.
+    fn reduction(&self, op: Op, rop: ReduceOp) -> Res<Verdict> {
+        let (r, n, p, nk, dc) = (self.r, self.n, self.p, self.nk, self.dc);
+        let folded = |len| self.kind.fold(self.cx, len, p).map_or(vec![], |(_, v)| v);
+        match op {
+            Op::Reduce => {
+                let expect = folded(n);
+                let got = self.pair(self.values(r, n, 0), nk, |s, d| {
+                    let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
+                    dc.reduce_tensor(s, recv, rop, 0)
+                })?;
+                if r != 0 {
+                    return Ok(Verdict::Pass);
+                }
+                self.compare_reduced(&expect, &got, n, 0..nk)
+            }
+            Op::Allreduce => {
+                let expect = folded(n);
+                let got = self.pair(self.values(r, n, 0), nk, |s, d| {
+                    dc.all_reduce_tensor(s, d, rop)
+                })?;
+                self.compare_reduced(&expect, &got, n, 0..nk)
+            }
+            Op::AllreduceInplace => {
+                let expect = folded(n);
+                let got = self.in_place(self.values(r, n, 0), |t| {
+                    dc.all_reduce_tensor_in_place(t, rop)
+                })?;
+                self.compare_reduced(&expect, &got, n, 0..nk)
+            }
+            _ => {
+                let pn = i64::from(p) * n;
+                let full = folded(pn);
+                let got = self.pair(self.values(r, pn, 0), nk, |s, d| {
+                    dc.reduce_scatter_block_tensor(s, d, rop)
+                })?;
+                let part = r as usize * nk..(r as usize + 1) * nk;
+                self.compare_reduced(&full[part.clone()], &got, pn, part)
+            }
+        }
+    }
+
+    /// Compares a reduction result; a mismatch that equals the saturating fold is the known
+    /// Open MPI bug, reported as such. `part` selects this rank's slice of the full result
+    /// (of `full_len` elements).
+    fn compare_reduced(
+        &self,
+        expect: &[S],
+        got: &[S],
+        full_len: i64,
+        part: std::ops::Range<usize>,
+    ) -> Res<Verdict> {
+        let what = self.kind.reduce.map_or("reduced", |(op, _)| op.name());
+        let Err(msg) = self.kind.compare(self.r, what, expect, got) else {
+            return Ok(Verdict::Pass);
+        };
+        if let Some((sat, at_bound)) = self.kind.saturating {
+            // A vectorized kernel saturates the SIMD-sized part and wraps the scalar tail,
+            // and a collective adds partial sums in its own order, so a wrong element is
+            // explained only by its sum having overflowed somewhere.
+            let saturated = self.kind.fold_with(self.cx, sat, full_len, self.p);
+            let explained = saturated.get(part).is_some_and(|sat| {
+                sat.len() == got.len()
+                    && got
+                        .iter()
+                        .zip(expect)
+                        .zip(sat)
+                        .all(|((g, e), s)| g == e || at_bound(s))
+            });
+            if explained {
+                return Ok(Verdict::KnownBug(msg));
+            }
+        }
+        Err(msg)
+    }
+}

@@ -1,0 +1,200 @@
+//! The case matrix: operations, layouts, and the name of a case
+//! (`op/dtype/layout/device/transport/len`).
+
+use dlpack_mpi::transport::DeviceComm;
+use mpi::topology::SimpleCommunicator;
+
+use crate::launch::Dev;
+
+/// The communicator every case goes through.
+pub(super) type Comm<'c> = DeviceComm<'c, SimpleCommunicator>;
+
+/// An operation the check runs (case names' `op` part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    SendRecv,
+    Sendrecv,
+    IsendIrecv,
+    Bcast,
+    Reduce,
+    Allreduce,
+    AllreduceInplace,
+    Gather,
+    Gatherv,
+    Scatter,
+    Scatterv,
+    Allgather,
+    Allgatherv,
+    Alltoall,
+    Alltoallv,
+    ReduceScatterBlock,
+}
+
+impl Op {
+    /// Every operation, in the order the matrix runs them.
+    pub(super) const ALL: [Op; 16] = [
+        Op::SendRecv,
+        Op::Sendrecv,
+        Op::IsendIrecv,
+        Op::Bcast,
+        Op::Reduce,
+        Op::Allreduce,
+        Op::AllreduceInplace,
+        Op::Gather,
+        Op::Gatherv,
+        Op::Scatter,
+        Op::Scatterv,
+        Op::Allgather,
+        Op::Allgatherv,
+        Op::Alltoall,
+        Op::Alltoallv,
+        Op::ReduceScatterBlock,
+    ];
+
+    /// The name of `--op` and of case names.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Op::SendRecv => "send-recv",
+            Op::Sendrecv => "sendrecv",
+            Op::IsendIrecv => "isend-irecv",
+            Op::Bcast => "bcast",
+            Op::Reduce => "reduce",
+            Op::Allreduce => "allreduce",
+            Op::AllreduceInplace => "allreduce-inplace",
+            Op::Gather => "gather",
+            Op::Gatherv => "gatherv",
+            Op::Scatter => "scatter",
+            Op::Scatterv => "scatterv",
+            Op::Allgather => "allgather",
+            Op::Allgatherv => "allgatherv",
+            Op::Alltoall => "alltoall",
+            Op::Alltoallv => "alltoallv",
+            Op::ReduceScatterBlock => "reduce-scatter-block",
+        }
+    }
+}
+
+/// The transport part of case names: `host` for host memory, `managed` for managed memory,
+/// the communicator's mode (`direct` or `staged`) for device memory.
+pub(super) fn transport_part(dev: Dev, dc: &Comm<'_>) -> &'static str {
+    match dev {
+        Dev::Cpu | Dev::CudaHost => "host",
+        Dev::CudaManaged => "managed",
+        Dev::Cuda if dc.is_direct() => "direct",
+        Dev::Cuda => "staged",
+    }
+}
+
+/// A case's name: `op/dtype/layout/device/transport/len`.
+pub(super) fn case_name(
+    op: Op,
+    dtype: &str,
+    layout: Layout,
+    device: Dev,
+    transport: &str,
+    len: i64,
+) -> String {
+    format!(
+        "{}/{dtype}/{}/{}/{transport}/{len}",
+        op.name(),
+        layout.name(),
+        device.name()
+    )
+}
+
+/// How a case stores its logical vector of `n` elements (case names' `layout` part).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// 1-d, C-contiguous.
+    Contiguous,
+    /// 3-d `[a, b, c]` (`a·b·c = n`) in Fortran order: strides `[1, a, a·b]`.
+    Fortran,
+    /// 2-d `[a, b]` transposed: strides `[1, a]`.
+    Transposed,
+    /// Every other element of `2n`: stride 2.
+    Step,
+    /// Reversed: stride −1 from the last element.
+    Negative,
+    /// Stride 0 over one element (send side only; receives are contiguous).
+    Broadcast,
+    /// 0-d (`ndim = 0`, one element; only for length 1).
+    Scalar,
+}
+
+pub(super) const LAYOUTS: [Layout; 7] = [
+    Layout::Contiguous,
+    Layout::Fortran,
+    Layout::Transposed,
+    Layout::Step,
+    Layout::Negative,
+    Layout::Broadcast,
+    Layout::Scalar,
+];
+
+impl Layout {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Layout::Contiguous => "contiguous",
+            Layout::Fortran => "fortran",
+            Layout::Transposed => "transposed",
+            Layout::Step => "step",
+            Layout::Negative => "negative",
+            Layout::Broadcast => "broadcast",
+            Layout::Scalar => "scalar",
+        }
+    }
+
+    /// Shape, strides (elements), storage elements, and the storage position of each
+    /// logical element, for `n` logical elements; `recv` = the receive side (broadcast
+    /// receives are contiguous).
+    pub(super) fn place(self, n: i64, recv: bool) -> (Vec<i64>, Vec<i64>, usize, Vec<usize>) {
+        let nu = n as usize;
+        // Buffers of another length in a scalar case (a gather's P elements, a v-variant's
+        // empty block) are contiguous: a 0-d tensor holds exactly one element.
+        let this = if self == Layout::Scalar && n != 1 {
+            Layout::Contiguous
+        } else {
+            self
+        };
+        let largest_divisor_at_most = |m: i64, limit: f64| -> i64 {
+            (1..=m.max(1))
+                .rev()
+                .find(|d| m % d == 0 && (*d as f64) <= limit)
+                .unwrap_or(1)
+        };
+        match this {
+            Layout::Contiguous => (vec![n], vec![1], nu, (0..nu).collect()),
+            Layout::Broadcast if recv => (vec![n], vec![1], nu, (0..nu).collect()),
+            Layout::Broadcast => (vec![n], vec![0], nu.min(1), vec![0; nu]),
+            Layout::Scalar => (vec![], vec![], nu, (0..nu).collect()),
+            Layout::Step => (vec![n], vec![2], 2 * nu, (0..nu).map(|l| 2 * l).collect()),
+            Layout::Negative => (vec![n], vec![-1], nu, (0..nu).map(|l| nu - 1 - l).collect()),
+            Layout::Transposed => {
+                let a = largest_divisor_at_most(n, (n as f64).sqrt());
+                let b = if n == 0 { 0 } else { n / a };
+                let pos = (0..nu)
+                    .map(|l| {
+                        let (i, j) = (l as i64 / b.max(1), l as i64 % b.max(1));
+                        (i + a * j) as usize
+                    })
+                    .collect();
+                (vec![a, b], vec![1, a], nu, pos)
+            }
+            Layout::Fortran => {
+                let a = largest_divisor_at_most(n, (n as f64).cbrt());
+                let rest = if n == 0 { 0 } else { n / a };
+                let b = largest_divisor_at_most(rest, (rest as f64).sqrt());
+                let c = if rest == 0 { 0 } else { rest / b };
+                let pos = (0..nu)
+                    .map(|l| {
+                        let l = l as i64;
+                        let (i, j, k) =
+                            (l / (b * c).max(1), (l / c.max(1)) % b.max(1), l % c.max(1));
+                        (i + a * j + a * b * k) as usize
+                    })
+                    .collect();
+                (vec![a, b, c], vec![1, a, a * b], nu, pos)
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! `dlpack-mpi check`: every operation × every transferable dtype × several lengths.
+//!
+//! Each case makes its tensors through the public producer path (`Owned` exporter →
+//! `acquire`, NumPy's `__dlpack__`, or cudarc device memory through `CudaExport`), runs one
+//! operation through `DeviceComm` (which routes each tensor: host memory straight to
+//! `TensorComm`, CUDA memory direct or staged through pinned buffers), and compares what arrived with the
+//! values computed here independently of MPI (closed forms over rank and index, reductions
+//! folded in the element type's own arithmetic). Verdicts are combined across ranks; rank 0
+//! prints one line per case, `PASS`/`FAIL`/`SKIP` with the reason, and closes with
+//! `N passed, N failed, N skipped`. A failure names the first differing index, the expected
+//! and arrived values, and the rank that saw it.
+//!
+//! # Files
+//!
+//! Each file uses only the files listed before it (and `crate::launch`), so there is no
+//! cycle:
+//!
+//! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport` values).
+//! 2. `matrix`: operations ([`matrix::Op`]), layouts, case names.
+//! 3. `context`: the run's and the case's context, passed explicitly; verdicts.
+//! 4. `store`: tensor storage by producer (`Owned`, NumPy, cudarc).
+//! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
+//! 6. `cases`: the case body of each operation.
+//! 7. `dtypes`: the table of dtypes.
+//! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
+//! 9. `setup`: devices, GPU runtime and communicator, agreed by every rank.
+//! 10. `report`: header, lines, closing counts, JSON and JUnit reports.
+//! 11. `run`: running the cases, verdicts combined across ranks.
+//! 12. this file: [`run`], the entry point.
+
+// `check` needs no `unsafe` (main.rs denies it crate-wide; only bench's GPU baseline allows it).
+#![forbid(unsafe_code)]
+
+mod args;
+mod cases;
+mod context;
+mod dtypes;
+mod kind;
+mod matrix;
+mod report;
+mod run;
+mod select;
+mod setup;
+mod store;
+
+use std::process::ExitCode;
+
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+pub use args::CheckArgs;
+// The type of `CheckArgs::producer`, named by main.rs's tests.
+#[cfg(test)]
+pub use args::Producer;
+use context::RunContext;
+use select::Pattern;
+
+/// Runs the check matrix. Exit status: 0 when no case failed, 1 when one did, 2 when the
+/// options were refused (one line on standard error) or a report could not be written.
+pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
+    let refuse = |why: &str| {
+        if w.rank() == 0 {
+            eprintln!("dlpack-mpi check: {why}");
+        }
+        ExitCode::from(2)
+    };
+    let kinds = dtypes::kinds();
+    let setup = match setup::setup(w, args) {
+        Ok(s) => s,
+        Err(why) => return refuse(&why),
+    };
+    let dc = &setup.dc;
+    let Some((made_by, indices)) = select::agree_on_cases(w, &kinds, args, &setup.devices) else {
+        return ExitCode::from(2);
+    };
+    let run = RunContext::new(setup.gpu, made_by);
+    let producer_line = report::producer_line(w, made_by);
+    let cases = run::cases(&kinds, &indices, dc);
+    let root = w.rank() == 0;
+    if args.list {
+        if root {
+            report::list(&cases);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let library = report::library_name();
+    if root && !args.quiet {
+        let gpu = (dc, setup.gpu);
+        report::header(w, args, &cases, gpu, &producer_line, &library);
+    }
+    let inject = match args.inject_fault.as_deref().map(Pattern::new).transpose() {
+        Ok(p) => p,
+        Err(why) => return refuse(&format!("--inject-fault: {why}")),
+    };
+    let started = std::time::Instant::now();
+    let tally = run::run_cases(w, args, (&run, dc), &cases, inject.as_ref());
+    let mut status = i32::from(tally.any_failed());
+    if root {
+        let seconds = started.elapsed().as_secs_f64();
+        if let Err(why) = tally.finish(w, args, library, seconds) {
+            eprintln!("dlpack-mpi check: cannot write the report: {why}");
+            status = 2;
+        }
+    }
+    w.process_at_rank(0).broadcast_into(&mut status);
+    match status {
+        0 => ExitCode::SUCCESS,
+        1 => ExitCode::FAILURE,
+        _ => ExitCode::from(2),
+    }
+}

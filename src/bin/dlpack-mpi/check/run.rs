@@ -1,0 +1,169 @@
+//! Running the cases: each in its own [`CaseContext`], its verdict combined across ranks at
+//! rank 0, which prints its line and decides whether `-x` stops the run for everyone.
+
+use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::args::CheckArgs;
+use super::context::{CaseContext, RunContext, Verdict};
+use super::kind::Runner;
+use super::matrix::{transport_part, Comm, Op, LAYOUTS};
+use super::report::Tally;
+use super::select::{Case, CaseIndex, Pattern};
+use crate::launch::DEVS;
+
+/// The cases of `indices` (as [`super::select::agree_on_cases`] gives them).
+pub(super) fn cases<'k>(
+    kinds: &'k [Box<dyn Runner>],
+    indices: &[CaseIndex],
+    dc: &Comm<'_>,
+) -> Vec<Case<'k>> {
+    indices
+        .iter()
+        .map(|&[o, k, l, len, d]| {
+            let dev = DEVS[d as usize];
+            Case {
+                op: Op::ALL[o as usize],
+                kind: kinds[k as usize].as_ref(),
+                layout: LAYOUTS[l as usize],
+                len,
+                dev,
+                transport: transport_part(dev, dc),
+            }
+        })
+        .collect()
+}
+
+/// Runs `cases` in order (every rank), rank 0 printing a line per case; stops after the
+/// first failure with `-x`. The faults of `--inject-fault` go to the last rank.
+pub(super) fn run_cases(
+    w: &SimpleCommunicator,
+    args: &CheckArgs,
+    (run, dc): (&RunContext, &Comm<'_>),
+    cases: &[Case<'_>],
+    inject: Option<&Pattern>,
+) -> Tally {
+    // On a terminal, a progress bar on standard error; elsewhere (pipes, files, mpirun's
+    // forwarding) indicatif hides it and only the lines are printed.
+    let bar = if w.rank() == 0 {
+        let bar = indicatif::ProgressBar::new(cases.len() as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} {elapsed_precise} {wide_msg}",
+        ) {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut tally = Tally::default();
+    for case in cases {
+        let t0 = std::time::Instant::now();
+        let corrupt = w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));
+        let cx = CaseContext::new(run, case.dev, case.layout, corrupt);
+        let verdict = case.kind.run(&cx, dc, case.op, case.len);
+        let agreed = agree(w, verdict);
+        let seconds = t0.elapsed().as_secs_f64();
+        let mut stop = false;
+        if let Some(v) = agreed {
+            let (line, failfast) = tally.add(args, case, cx.route(), v, seconds);
+            stop = failfast;
+            if let Some(line) = line {
+                bar.suspend(|| println!("{line}"));
+            }
+            bar.inc(1);
+        }
+        // Rank 0 decides whether to stop; everyone follows.
+        let mut stop_flag = i32::from(stop);
+        w.process_at_rank(0).broadcast_into(&mut stop_flag);
+        if stop_flag != 0 {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    tally
+}
+
+/// Combines the verdicts of all ranks at rank 0: fail if any rank failed (with every failing
+/// rank's message), else skip if any skipped, else pass.
+fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
+    let (level, msg) = match v {
+        Verdict::Pass => (0i32, String::new()),
+        Verdict::Skip(m) => (1, m),
+        Verdict::KnownBug(m) => (2, m),
+        Verdict::Fail(m) => (3, m),
+    };
+    let mut worst = 0i32;
+    w.all_reduce_into(&level, &mut worst, SystemOperation::max());
+    // Every contribution is at least one byte (a trailing newline): an empty Rust slice has
+    // the dangling address 0x1, which Open MPI reads as MPI_IN_PLACE.
+    let mut mine: Vec<u8> = if level == worst {
+        msg.into_bytes()
+    } else {
+        Vec::new()
+    };
+    mine.push(b'\n');
+    let root = w.process_at_rank(0);
+    let len = mine.len() as i32;
+    if w.rank() != 0 {
+        root.gather_into(&len);
+        root.gather_varcount_into(&mine[..]);
+        return None;
+    }
+    let mut lens = vec![0i32; w.size() as usize];
+    root.gather_into_root(&len, &mut lens[..]);
+    let displs: Vec<i32> = lens
+        .iter()
+        .scan(0, |acc, &l| {
+            let d = *acc;
+            *acc += l;
+            Some(d)
+        })
+        .collect();
+    let mut all = vec![0u8; lens.iter().sum::<i32>() as usize];
+    {
+        let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
+        root.gather_varcount_into_root(&mine[..], &mut part);
+    }
+    let messages = lens.iter().zip(&displs).map(|(l, d)| {
+        String::from_utf8_lossy(&all[*d as usize..(*d + *l - 1) as usize]).into_owned()
+    });
+    let text = grouped(messages);
+    Some(match worst {
+        0 => Verdict::Pass,
+        1 => Verdict::Skip(text),
+        2 => Verdict::KnownBug(text),
+        _ => Verdict::Fail(text),
+    })
+}
+
+/// The ranks' messages as one: identical diagnoses grouped ("rank 2: x" and "rank 3: x"
+/// become "ranks 2, 3: x"), empty ones left out, joined with `; `.
+fn grouped(messages: impl Iterator<Item = String>) -> String {
+    let mut groups: Vec<(Vec<String>, String)> = Vec::new();
+    for s in messages {
+        if s.is_empty() {
+            continue;
+        }
+        // A message without a "rank N: " prefix is the same on every rank: keep it once.
+        let (who, what) = match s.strip_prefix("rank ").and_then(|t| t.split_once(": ")) {
+            Some((r, rest)) => (Some(r.to_string()), rest.to_string()),
+            None => (None, s),
+        };
+        match groups.iter_mut().find(|(_, m)| *m == what) {
+            Some((ranks, _)) => ranks.extend(who),
+            None => groups.push((who.into_iter().collect(), what)),
+        }
+    }
+    let groups: Vec<String> = groups
+        .into_iter()
+        .map(|(ranks, what)| match ranks.as_slice() {
+            [] => what,
+            [r] => format!("rank {r}: {what}"),
+            _ => format!("ranks {}: {what}", ranks.join(", ")),
+        })
+        .collect();
+    groups.join("; ")
+}

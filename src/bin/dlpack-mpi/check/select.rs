@@ -1,0 +1,252 @@
+//! Which cases run: the matrix filtered by `--op`/`--dtype`/`--layout`/`--len` and the
+//! `-k`/`-e` patterns (rank 0's choice, broadcast so that every rank runs the same list).
+
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::args::{CheckArgs, Producer};
+use super::kind::Runner;
+use super::matrix::{case_name, Layout, Op, LAYOUTS};
+use super::store::resolve_producer;
+use crate::launch::{Dev, DEVS};
+
+/// How a pattern of `-k`/`-e` matches a case name.
+pub(super) enum Pattern {
+    /// A plain string: matches names that contain it.
+    Substring(String),
+    /// A pattern with `*`, `?` or `[`: matches whole names as a glob.
+    Glob(glob::Pattern),
+}
+
+impl Pattern {
+    pub(super) fn new(text: &str) -> Result<Pattern, String> {
+        if text.contains(['*', '?', '[']) {
+            glob::Pattern::new(text)
+                .map(Pattern::Glob)
+                .map_err(|err| format!("pattern `{text}` is not a valid glob: {err}"))
+        } else {
+            Ok(Pattern::Substring(text.to_string()))
+        }
+    }
+
+    pub(super) fn matches(&self, name: &str) -> bool {
+        match self {
+            Pattern::Substring(s) => name.contains(s.as_str()),
+            Pattern::Glob(g) => g.matches(name),
+        }
+    }
+}
+
+/// One case of the matrix.
+pub(super) struct Case<'k> {
+    pub op: Op,
+    pub kind: &'k dyn Runner,
+    pub layout: Layout,
+    pub len: i64,
+    pub dev: Dev,
+    /// The transport part of the name (`host`, `managed`, `direct`, `staged`).
+    pub transport: &'static str,
+}
+
+impl Case<'_> {
+    pub(super) fn name(&self) -> String {
+        case_name(
+            self.op,
+            self.kind.name(),
+            self.layout,
+            self.dev,
+            self.transport,
+            self.len,
+        )
+    }
+}
+
+/// A case as indices into [`Op::ALL`], the dtype list, [`LAYOUTS`], its length, and an
+/// index into [`DEVS`]: what rank 0 broadcasts so that every rank runs the same list.
+pub(super) type CaseIndex = [i64; 5];
+
+/// The patterns of one flag (`-k` or `-e`), with whether each matched a case.
+struct Patterns {
+    flag: &'static str,
+    patterns: Vec<(String, Pattern)>,
+    used: Vec<bool>,
+}
+
+impl Patterns {
+    fn new(flag: &'static str, texts: &[String]) -> Result<Patterns, String> {
+        let patterns = texts
+            .iter()
+            .map(|t| {
+                if t.is_empty() {
+                    // A substring of every name: it would select (or exclude) every case.
+                    return Err(format!("{flag} `` is empty (give a part of a case name)"));
+                }
+                Pattern::new(t).map(|p| (t.clone(), p))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Patterns {
+            flag,
+            used: vec![false; patterns.len()],
+            patterns,
+        })
+    }
+
+    /// Whether any pattern matches `name` (every one that does is marked used).
+    fn any_matches(&mut self, name: &str) -> bool {
+        let mut hit = false;
+        for ((_, p), used) in self.patterns.iter().zip(&mut self.used) {
+            if p.matches(name) {
+                *used = true;
+                hit = true;
+            }
+        }
+        hit
+    }
+
+    /// The refusal of the first pattern that matched no case.
+    fn unused(&self) -> Result<(), String> {
+        match self.patterns.iter().zip(&self.used).find(|(_, u)| !**u) {
+            Some(((text, _), _)) => Err(format!(
+                "{} `{text}` matches no case (names read op/dtype/layout/device/transport/len; \
+                 see --list)",
+                self.flag
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Refuses an unknown `--op`, `--dtype` or `--layout` name, or a length out of range.
+fn check_names(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<(), String> {
+    let op_names: Vec<&str> = Op::ALL.iter().map(|o| o.name()).collect();
+    let kind_names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let layout_names: Vec<&str> = LAYOUTS.iter().map(|l| l.name()).collect();
+    for (what, given, known) in [
+        ("operation", &args.op, &op_names[..]),
+        ("dtype", &args.dtype, &kind_names[..]),
+        ("layout", &args.layout, &layout_names[..]),
+    ] {
+        if let Some(bad) = given.iter().find(|g| !known.contains(&g.as_str())) {
+            return Err(format!(
+                "unknown {what} `{bad}` (known: {})",
+                known.join(", ")
+            ));
+        }
+    }
+    if let Some(bad) = args.len.iter().find(|&&l| !(0..=1 << 24).contains(&l)) {
+        return Err(format!("length {bad} is outside 0..=16777216 elements"));
+    }
+    Ok(())
+}
+
+/// Every case of the matrix that `--op`, `--dtype`, `--layout` and `--len` name, in order,
+/// with its name.
+fn matrix(
+    kinds: &[Box<dyn Runner>],
+    args: &CheckArgs,
+    devices: &[(Dev, &'static str)],
+) -> Vec<(CaseIndex, String)> {
+    let wanted = |given: &[String], name: &str| given.is_empty() || given.iter().any(|g| g == name);
+    let mut cases = Vec::new();
+    for &(dev, transport) in devices {
+        let d = DEVS.iter().position(|x| *x == dev).unwrap_or(0) as i64;
+        for (o, op) in Op::ALL.iter().enumerate() {
+            for (k, kind) in kinds.iter().enumerate() {
+                for (l, layout) in LAYOUTS.iter().enumerate() {
+                    for &len in &args.len {
+                        // A 0-d tensor has exactly one element.
+                        if *layout == Layout::Scalar && len != 1 {
+                            continue;
+                        }
+                        if !wanted(&args.op, op.name())
+                            || !wanted(&args.dtype, kind.name())
+                            || !wanted(&args.layout, layout.name())
+                        {
+                            continue;
+                        }
+                        let name = case_name(*op, kind.name(), *layout, dev, transport, len);
+                        cases.push(([o as i64, k as i64, l as i64, len, d], name));
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// Rank 0's choice of cases from the options and the devices every rank can use (with the
+/// transport part of their names), or the one-line reason it refuses them.
+fn select(
+    kinds: &[Box<dyn Runner>],
+    args: &CheckArgs,
+    devices: &[(Dev, &'static str)],
+) -> Result<Vec<CaseIndex>, String> {
+    check_names(kinds, args)?;
+    let mut include = Patterns::new("-k", &args.include)?;
+    let mut exclude = Patterns::new("-e", &args.exclude)?;
+    let mut cases = Vec::new();
+    for (index, name) in matrix(kinds, args, devices) {
+        if !include.patterns.is_empty() && !include.any_matches(&name) {
+            continue;
+        }
+        if !exclude.any_matches(&name) {
+            cases.push(index);
+        }
+    }
+    include.unused()?;
+    exclude.unused()?;
+    if cases.is_empty() {
+        return Err(
+            "no case left to run: the options select no case, or -e excludes every \
+                    case they select (see --list)"
+                .into(),
+        );
+    }
+    Ok(cases)
+}
+
+/// Rank 0's [`select`] on every rank: rank 0 decides and broadcasts the case list (or that
+/// it refused the options, after printing why), so all ranks run the same cases even when
+/// their command lines differ.
+pub(super) fn agree_on_cases(
+    w: &SimpleCommunicator,
+    kinds: &[Box<dyn Runner>],
+    args: &CheckArgs,
+    devices: &[(Dev, &'static str)],
+) -> Option<(Producer, Vec<CaseIndex>)> {
+    let root = w.process_at_rank(0);
+    let mut chosen = Vec::new();
+    let mut count: i64 = -1;
+    let mut made_by = 0i32;
+    if w.rank() == 0 {
+        match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args, devices)?))) {
+            Ok((p, cases)) => {
+                made_by = i32::from(p == Producer::Numpy);
+                count = cases.len() as i64;
+                chosen = cases.into_iter().flatten().collect();
+            }
+            Err(why) => eprintln!("dlpack-mpi check: {why}"),
+        }
+    }
+    root.broadcast_into(&mut count);
+    root.broadcast_into(&mut made_by);
+    if count < 0 {
+        return None;
+    }
+    chosen.resize(count as usize * 5, 0);
+    if count > 0 {
+        root.broadcast_into(&mut chosen[..]);
+    }
+    let producer = if made_by == 1 {
+        Producer::Numpy
+    } else {
+        Producer::Rust
+    };
+    Some((
+        producer,
+        chosen
+            .chunks_exact(5)
+            .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+            .collect(),
+    ))
+}

@@ -1,0 +1,244 @@
+//! A case's tensor storage, made by the run's producer (`Owned`, NumPy, or cudarc device
+//! memory), and the producer's resolution.
+
+use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
+#[cfg(feature = "cuda")]
+use dlpack_mpi::dtype::code;
+use dlpack_mpi::dtype::{AnyBits, DType};
+
+use super::args::Producer;
+use super::context::{e, Res, RunContext};
+
+/// A case's tensor storage, made by the run's producer.
+pub(super) enum Store<S: AnyBits> {
+    /// dlpack-mpi's `Owned` exporter over a `Vec`.
+    Rust(Owned<S>),
+    /// A NumPy array: `base` holds the storage (1-d, C order), `view` is the strided view
+    /// of it (`numpy.lib.stride_tricks.as_strided`) that is exported through `__dlpack__`.
+    #[cfg(feature = "python")]
+    Numpy {
+        base: pyo3::Py<pyo3::PyAny>,
+        view: pyo3::Py<pyo3::PyAny>,
+        _elem: std::marker::PhantomData<S>,
+    },
+    /// CUDA device memory (cudarc) holding the storage's bytes, exported through
+    /// `CudaExport` as the case's dtype and layout.
+    #[cfg(feature = "cuda")]
+    Cuda {
+        slice: std::cell::RefCell<cudarc::driver::CudaSlice<u8>>,
+        /// The storage as made on the host (its length and element type, for reading back).
+        template: Vec<S>,
+        dtype: DType,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+        byte_offset: u64,
+    },
+}
+
+/// The bytes of `storage` (through a `uint8` view of an `Owned`, so no `unsafe` here).
+#[cfg(feature = "cuda")]
+fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
+    let o = Owned::new(storage)
+        .with_dtype(DType::new(code::UINT, 8))
+        .map_err(e)?;
+    let t = acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
+    t.as_slice::<u8>().map(<[u8]>::to_vec).map_err(e)
+}
+
+impl<S: AnyBits> Store<S> {
+    /// Runs `f` on the tensor, acquired through the producer's own path (`acquire` of the
+    /// exporter with the run's GPU runtime, `__dlpack__` of the NumPy view, or a
+    /// `CudaExport` of the device memory).
+    pub(super) fn with_tensor<R>(
+        &self,
+        run: &RunContext,
+        f: impl FnOnce(&mut dyn Tensor) -> Res<R>,
+    ) -> Res<R> {
+        let options = AcquireOptions::default();
+        match self {
+            Store::Rust(o) => {
+                let mut t = acquire_with_runtime(o, &options, run.runtime).map_err(e)?;
+                f(&mut t)
+            }
+            #[cfg(feature = "python")]
+            Store::Numpy { view, .. } => {
+                let mut t =
+                    pyo3::Python::attach(|py| dlpack_mpi::python::acquire(view.bind(py), &options))
+                        .map_err(e)?;
+                f(&mut t)
+            }
+            #[cfg(feature = "cuda")]
+            Store::Cuda {
+                slice,
+                dtype,
+                shape,
+                strides,
+                byte_offset,
+                ..
+            } => {
+                let mut slice = slice.borrow_mut();
+                let export = dlpack_mpi::cuda::CudaExport::new_mut(&mut *slice)
+                    .with_dtype(*dtype)
+                    .and_then(|x| x.with_layout(shape, Some(strides), *byte_offset))
+                    .map_err(e)?;
+                let mut t = acquire_with_runtime(&export, &options, run.runtime).map_err(e)?;
+                f(&mut t)
+            }
+        }
+    }
+
+    /// Copies `storage` to new device memory, to be exported with `shape`, `strides`
+    /// (elements) from `byte_offset`.
+    #[cfg(feature = "cuda")]
+    pub(super) fn cuda(
+        run: &RunContext,
+        dtype: DType,
+        storage: Vec<S>,
+        shape: &[i64],
+        strides: &[i64],
+        byte_offset: u64,
+    ) -> Res<Store<S>> {
+        let mut bytes = storage_bytes(storage.clone())?;
+        // cudarc allocates at least one byte (an empty tensor still has a pointer).
+        if bytes.is_empty() {
+            bytes.push(0);
+        }
+        let slice = run
+            .cuda_stream()?
+            .clone_htod(&bytes)
+            .map_err(|err| format!("CUDA: {err}"))?;
+        Ok(Store::Cuda {
+            slice: std::cell::RefCell::new(slice),
+            template: storage,
+            dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            byte_offset,
+        })
+    }
+
+    /// The storage, in storage order.
+    pub(super) fn into_vec(self, run: &RunContext) -> Res<Vec<S>> {
+        #[cfg(not(feature = "cuda"))]
+        let _ = run;
+        match self {
+            Store::Rust(o) => Ok(o.into_vec()),
+            #[cfg(feature = "cuda")]
+            Store::Cuda {
+                slice, template, ..
+            } => {
+                let bytes = run
+                    .cuda_stream()?
+                    .clone_dtoh(&slice.into_inner())
+                    .map_err(|err| format!("CUDA: {err}"))?;
+                let o = Owned::new(template)
+                    .with_dtype(DType::new(code::UINT, 8))
+                    .map_err(e)?;
+                {
+                    let mut t =
+                        acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
+                    let dst = t.as_mut_slice::<u8>().map_err(e)?;
+                    let n = dst.len();
+                    dst.copy_from_slice(&bytes[..n]);
+                }
+                Ok(o.into_vec())
+            }
+            #[cfg(feature = "python")]
+            Store::Numpy { base, .. } => pyo3::Python::attach(|py| {
+                let t = dlpack_mpi::python::acquire(base.bind(py), &AcquireOptions::default())?;
+                t.as_slice::<S>().map(<[S]>::to_vec)
+            })
+            .map_err(e),
+        }
+    }
+
+    /// A NumPy array of `storage` (which it copies) viewed with `shape`, `strides`
+    /// (elements) from storage element `first`.
+    #[cfg(feature = "python")]
+    pub(super) fn numpy(
+        dtype: DType,
+        storage: Vec<S>,
+        shape: &[i64],
+        strides: &[i64],
+        first: usize,
+    ) -> Res<Store<S>> {
+        use pyo3::types::PyAnyMethods;
+        let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
+            return Err(format!(
+                "{}NumPy has no dtype {dtype}",
+                super::context::SKIP_MARK
+            ));
+        };
+        let esize = dtype.size_bytes().unwrap_or(0) as i64;
+        pyo3::Python::attach(|py| -> Result<Store<S>, String> {
+            let py_err = |what: &str, err: pyo3::PyErr| format!("NumPy: {what}: {err}");
+            let np = dlpack_mpi::python::numpy(py).map_err(e)?;
+            let base = np
+                .call_method1("zeros", (storage.len(), name))
+                .map_err(|err| py_err("zeros", err))?;
+            {
+                let mut t =
+                    dlpack_mpi::python::acquire(&base, &AcquireOptions::default()).map_err(e)?;
+                t.as_mut_slice::<S>().map_err(e)?.copy_from_slice(&storage);
+            }
+            let from = base
+                .get_item(pyo3::types::PySlice::new(py, first as isize, isize::MAX, 1))
+                .map_err(|err| py_err("slice", err))?;
+            let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize).collect();
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs
+                .set_item("shape", shape.to_vec())
+                .and_then(|()| kwargs.set_item("strides", byte_strides))
+                .map_err(|err| py_err("kwargs", err))?;
+            let view = np
+                .getattr("lib")
+                .and_then(|l| l.getattr("stride_tricks"))
+                .and_then(|st| st.call_method("as_strided", (from,), Some(&kwargs)))
+                .map_err(|err| py_err("as_strided", err))?;
+            Ok(Store::Numpy {
+                base: base.unbind(),
+                view: view.unbind(),
+                _elem: std::marker::PhantomData,
+            })
+        })
+    }
+
+    #[cfg(not(feature = "python"))]
+    pub(super) fn numpy(_: DType, _: Vec<S>, _: &[i64], _: &[i64], _: usize) -> Res<Store<S>> {
+        Err("this build has no Python support (feature `python`)".into())
+    }
+}
+
+/// `Auto` made concrete, and `Numpy` checked: Python support built and NumPy importable.
+pub(super) fn resolve_producer(requested: Producer) -> Result<Producer, String> {
+    match requested {
+        Producer::Rust => Ok(Producer::Rust),
+        Producer::Numpy | Producer::Auto => match numpy_version() {
+            Ok(_) => Ok(Producer::Numpy),
+            Err(_) if requested == Producer::Auto => Ok(Producer::Rust),
+            Err(why) => Err(why),
+        },
+    }
+}
+
+/// NumPy's version in the embedded interpreter (started here if needed).
+#[cfg(feature = "python")]
+pub(super) fn numpy_version() -> Result<String, String> {
+    use pyo3::types::PyAnyMethods;
+    pyo3::Python::initialize();
+    pyo3::Python::attach(|py| {
+        let np = dlpack_mpi::python::numpy(py).map_err(|err| format!("producer `numpy`: {err}"))?;
+        np.getattr("__version__")
+            .map(|v| v.to_string())
+            .map_err(|err| format!("producer `numpy`: {err}"))
+    })
+}
+
+#[cfg(not(feature = "python"))]
+pub(super) fn numpy_version() -> Result<String, String> {
+    Err(
+        "producer `numpy` needs Python support, which this build does not have \
+         (feature `python`)"
+            .into(),
+    )
+}
