@@ -755,7 +755,10 @@ fn bench_simulated_cuda_device() {
             assert!(c.parse::<f64>().is_ok_and(|v| v > 0.0), "{r}");
         }
         for c in [&cols[6], &cols[7], &cols[8]] {
-            assert!(c.parse::<f64>().is_ok_and(|v| v.is_finite() && v >= 0.0), "{r}");
+            assert!(
+                c.parse::<f64>().is_ok_and(|v| v.is_finite() && v >= 0.0),
+                "{r}"
+            );
         }
         assert_eq!(cols[5], "—", "{r}");
         assert_eq!(cols[9], "yes", "{r}");

@@ -115,10 +115,6 @@ use crate::layout;
 pub(crate) mod datatype;
 pub(crate) mod flat;
 
-// The packing policy moved to `comm` (only `comm` consults it); these paths stay for
-// existing users.
-pub use crate::comm::{packing, parse_packing, set_packing, Packing, PACKING_ENV};
-
 /// What both spec kinds share: where the first element is, how many elements, of what type,
 /// and the `(count, datatype)` MPI gets.
 // repr(C) (here and on ElementType): with Rust's reordering, the small dtype fields were

@@ -97,7 +97,7 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
     } else {
         "cuda not built"
     };
-    let packing = match dlpack_mpi::spec::packing() {
+    let packing = match dlpack_mpi::comm::packing() {
         Ok(p) => format!("{p:?}"),
         Err(e) => format!("refused: {e}"),
     };

@@ -11,9 +11,7 @@ mod launch;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-// The shared launch helpers live in `launch`; `bench` and `gpu_bench` name them as
-// `crate::DeviceArg`, `crate::agreed`, … through these re-exports.
-pub use launch::{agreed, gpu_runtime, no_runtime_reason, under_launcher, DeviceArg, Gpu};
+use launch::under_launcher;
 
 /// Command line of `dlpack-mpi`.
 #[derive(Debug, Parser)]
@@ -86,6 +84,7 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launch::DeviceArg;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("dlpack-mpi").chain(args.iter().copied()))

@@ -179,8 +179,8 @@ pub struct BenchArgs {
     /// runs ping-pong and allreduce only (`--op all` = both) through DeviceComm
     /// (staged, and direct when MPI is CUDA-aware) next to a device → pinned → device copy
     /// of the same bytes and to host-memory MPI, with the staged/copy bandwidth ratio.
-    #[arg(long, value_enum, default_value_t = crate::DeviceArg::Cpu)]
-    pub device: crate::DeviceArg,
+    #[arg(long, value_enum, default_value_t = crate::launch::DeviceArg::Cpu)]
+    pub device: crate::launch::DeviceArg,
     /// Testing without a GPU: `--device cuda` on host memory labelled `kDLCUDA`, with a
     /// simulated runtime.
     #[arg(long, hide = true)]

@@ -39,7 +39,7 @@ use super::report::{
     print_gpu_header, print_gpu_intro, print_gpu_row, print_gpu_target, print_gpu_values, GpuPath,
     GpuRow, GPU_PATHS, GPU_TARGET_BYTES,
 };
-use crate::Gpu;
+use crate::launch::Gpu;
 
 type Res<T> = Result<T, String>;
 
@@ -78,7 +78,7 @@ impl DevBuf {
             Ok(DevBuf::Cuda(slice, stream))
         }
         #[cfg(not(feature = "cuda"))]
-        Err(crate::no_runtime_reason())
+        Err(crate::launch::no_runtime_reason())
     }
 
     /// Runs `f` with the buffer acquired as a writable tensor.
@@ -497,7 +497,7 @@ fn allreduce(cx: &Ctx<'_>, bytes: usize) -> Res<GpuRow> {
 
 /// Every rank's verification problem (the lowest rank's message) on every rank.
 fn agree_verdict(w: &SimpleCommunicator, bad: Option<String>) -> Result<(), String> {
-    crate::agreed(w, bad.map_or(Ok(()), Err))
+    crate::launch::agreed(w, bad.map_or(Ok(()), Err))
 }
 
 /// Refuses what the GPU bench does not do, in one line.
@@ -556,7 +556,7 @@ fn run_op(cx: &Ctx<'_>, op: &str, sizes: &[usize]) -> bool {
 /// Runs the GPU bench (options already checked, the runtime agreed by all ranks).
 pub fn run(world: &SimpleCommunicator, args: &BenchArgs, gpu: Gpu) -> ExitCode {
     let root = world.rank() == 0;
-    let direct = crate::agreed(
+    let direct = crate::launch::agreed(
         world,
         DeviceComm::new(world, Some(gpu.runtime), Transport::Direct).map_err(ers),
     );

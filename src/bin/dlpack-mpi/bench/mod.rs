@@ -70,19 +70,22 @@ use strided::STRIDED_STORAGE;
 
 /// Refuses options this build or this job cannot honour, in one line; `None` = go on.
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
-    if !matches!(args.device, crate::DeviceArg::Cpu | crate::DeviceArg::Cuda) {
+    if !matches!(
+        args.device,
+        crate::launch::DeviceArg::Cpu | crate::launch::DeviceArg::Cuda
+    ) {
         return Some(format!(
             "bench runs on device `cpu` or `cuda`, not `{}`",
             args.device.name()
         ));
     }
-    if args.device == crate::DeviceArg::Cuda {
+    if args.device == crate::launch::DeviceArg::Cuda {
         if let Some(why) = gpu::refuse(args) {
             return Some(why);
         }
     }
     if args.op.point_to_point() && world.size() < 2 {
-        return Some(if crate::under_launcher() {
+        return Some(if crate::launch::under_launcher() {
             format!(
                 "--op {} needs at least 2 ranks; this job has 1 (mpirun -n 2 …)",
                 args.op.name()
@@ -116,8 +119,9 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    if args.device == crate::DeviceArg::Cuda {
-        return match crate::agreed(world, crate::gpu_runtime(args.simulate_device)) {
+    if args.device == crate::launch::DeviceArg::Cuda {
+        return match crate::launch::agreed(world, crate::launch::gpu_runtime(args.simulate_device))
+        {
             Ok(gpu) => gpu::run(world, args, gpu),
             Err(why) => {
                 if root {
