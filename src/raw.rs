@@ -4,17 +4,23 @@
 //!
 //! This module is the one place where the crate calls MPI's C API directly, apart from
 //! `spec/datatype.rs` (the `MPI_Type_*` calls that build and free derived datatypes) and
-//! `comm/reduce/halfops.rs` (`MPI_Op_create` for the half-precision operations). Each
+//! `comm/reduce/halfops.rs` (`MPI_Op_create` for the half-precision operations). The
+//! parted point-to-point messages of `transport::pipeline` post their parts here
+//! too ([`isend`], [`irecv`], [`wait`], [`wait_count`]): rsmpi's safe requests borrow their
+//! buffers for a scope, which the two alternating pinned buffers outgrow. Each
 //! wrapper is an `unsafe fn` whose `# Safety` section is MPI's contract on its buffers;
 //! callers check every argument (ranks, counts, dtypes, disjointness) before calling. The
 //! return codes are not read: the communicator's error handler is `MPI_ERRORS_ARE_FATAL`
 //! unless the user changed it, as for every rsmpi call.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 
-use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Op};
+use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, MPI_Status};
 use mpi::topology::Rank;
 use mpi::Count;
+
+use crate::error::{Error, Result};
 
 extern "C" {
     /// `MPI_IN_PLACE`, from `src/shim.c`.
@@ -96,4 +102,103 @@ pub(crate) unsafe fn reduce_scatter_block(
 ) {
     // SAFETY: the caller's contract above is MPI_Reduce_scatter_block's.
     unsafe { mpi::ffi::MPI_Reduce_scatter_block(send, recv, count, datatype, op, comm) };
+}
+
+// Point-to-point on raw buffers: the parted messages of `transport::pipeline`, whose
+// parts are posted as nonblocking requests on pinned staging buffers.
+
+/// A posted nonblocking send or receive, not yet completed (only [`isend`] and [`irecv`]
+/// make one).
+pub(crate) struct Request(MPI_Request);
+
+fn count(units: usize) -> Result<c_int> {
+    c_int::try_from(units).map_err(|_| Error::CountTooLarge {
+        count: u64::try_from(units).unwrap_or(u64::MAX),
+    })
+}
+
+/// `MPI_Isend` of `units` units of `datatype` from `buf` (MPI-4.1 §3.7.2).
+///
+/// # Safety
+/// `buf` holds `units` units of `datatype` and is not written until the request is
+/// waited for; `datatype` and `comm` are valid handles.
+pub(crate) unsafe fn isend(
+    buf: *const u8,
+    units: usize,
+    datatype: MPI_Datatype,
+    dest: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> Result<Request> {
+    let units = count(units)?;
+    let mut req = MaybeUninit::<MPI_Request>::uninit();
+    // SAFETY: the caller's contract on the buffer and handles; MPI writes the request
+    // before returning (errors abort: MPI_ERRORS_ARE_FATAL).
+    unsafe {
+        mpi::ffi::MPI_Isend(
+            buf.cast(),
+            units,
+            datatype,
+            dest,
+            tag,
+            comm,
+            req.as_mut_ptr(),
+        );
+        Ok(Request(req.assume_init()))
+    }
+}
+
+/// `MPI_Irecv` of up to `units` units of `datatype` into `buf` (MPI-4.1 §3.7.2).
+///
+/// # Safety
+/// `buf` has room for `units` units of `datatype` and is not accessed until the request
+/// is waited for; `datatype` and `comm` are valid handles.
+pub(crate) unsafe fn irecv(
+    buf: *mut u8,
+    units: usize,
+    datatype: MPI_Datatype,
+    source: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> Result<Request> {
+    let units = count(units)?;
+    let mut req = MaybeUninit::<MPI_Request>::uninit();
+    // SAFETY: the caller's contract on the buffer and handles; MPI writes the request
+    // before returning (errors abort: MPI_ERRORS_ARE_FATAL).
+    unsafe {
+        mpi::ffi::MPI_Irecv(
+            buf.cast(),
+            units,
+            datatype,
+            source,
+            tag,
+            comm,
+            req.as_mut_ptr(),
+        );
+        Ok(Request(req.assume_init()))
+    }
+}
+
+/// Waits for a posted request, if any (`MPI_Wait`, status ignored).
+pub(crate) fn wait(req: &mut Option<Request>) {
+    if let Some(Request(mut r)) = req.take() {
+        // SAFETY: a request posted by isend/irecv and not yet completed (taken out of
+        // the Option, so it is waited for once).
+        unsafe { mpi::ffi::MPI_Wait(&mut r, mpi::ffi::RSMPI_STATUS_IGNORE) };
+    }
+}
+
+/// Waits for a posted receive and returns how many `datatype` units arrived
+/// (`MPI_Wait`, then `MPI_Get_count`); `None` when nothing was posted.
+pub(crate) fn wait_count(req: &mut Option<Request>, datatype: MPI_Datatype) -> Option<i64> {
+    let Request(mut r) = req.take()?;
+    let mut status = MaybeUninit::<MPI_Status>::uninit();
+    let mut count: c_int = -1;
+    // SAFETY: a request posted by irecv and not yet completed; the status is written by
+    // MPI_Wait before MPI_Get_count reads it.
+    unsafe {
+        mpi::ffi::MPI_Wait(&mut r, status.as_mut_ptr());
+        mpi::ffi::MPI_Get_count(status.as_ptr(), datatype, &mut count);
+    }
+    Some(i64::from(count))
 }
