@@ -5,7 +5,7 @@
 //! [`DeviceComm`], which routes each tensor of an operation directly, through pinned staging
 //! buffers, or as host memory.
 //!
-//! The answer comes from, in this order (ARCHITECTURE.md, "Transport"):
+//! The answer comes from, in this order (docs/ARCHITECTURE.md, "Routing"):
 //!
 //! 1. the override `DLPACK_MPI_CUDA_AWARE=0|1` (also `false|true`, `no|yes`, `off|on`);
 //! 2. the MPI library's own run-time query, looked up by symbol name so that one binary works
