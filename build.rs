@@ -1,7 +1,8 @@
 //! Compiles the two small C files against the same MPI library that rsmpi's `mpi-sys` finds:
-//! `src/shim.c` exposes MPI constants rsmpi does not bind (`MPI_IN_PLACE`, `MPI_TAG_UB`) and
-//! the `MPI_COMM_SELF` attribute hook that frees the derived-datatype cache at `MPI_Finalize`, and `src/query.c` asks the
-//! MPI library at run time whether it is CUDA-aware (symbols looked up by name).
+//! `src/shim.c` exposes what rsmpi does not bind (`MPI_IN_PLACE`, `MPI_TAG_UB`, and the
+//! `MPI_COMM_SELF` attribute hook that frees the derived-datatype cache at `MPI_Finalize`),
+//! and `src/query.c` asks the MPI library at run time whether it is CUDA-aware (symbols
+//! looked up by name).
 //!
 //! With feature `python`, it also records the directory of the interpreter's shared
 //! libpython as the run path of this package's binaries (tests, examples): pyo3 links
