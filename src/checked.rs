@@ -164,10 +164,12 @@ impl Header {
                 "code, bits and lanes take 32 bits (code | bits << 8 | lanes << 16)",
             ));
         }
+        // `d < 2^32` (checked above): its four low bytes are code, bits and lanes.
+        let [code, bits, lanes_lo, lanes_hi, ..] = d.to_le_bytes();
         let dtype = DType {
-            code: (d & 0xff) as u8,
-            bits: (d >> 8 & 0xff) as u8,
-            lanes: (d >> 16) as u16,
+            code,
+            bits,
+            lanes: u16::from_le_bytes([lanes_lo, lanes_hi]),
         };
         let ndim = words[3];
         if ndim != (words.len() - FIXED_WORDS) as u64 {
@@ -215,17 +217,20 @@ pub fn send<C: Communicator + ?Sized>(
 fn recv_header<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Result<Header> {
     let process = comm.process_at_rank(source);
     let status = process.probe_with_tag(tag);
-    let words = status.count(u64::equivalent_datatype());
-    if !(FIXED_WORDS as i32..=(FIXED_WORDS + MAX_NDIM) as i32).contains(&words) {
+    let words = usize::try_from(status.count(u64::equivalent_datatype()))
+        .ok()
+        .filter(|w| (FIXED_WORDS..=FIXED_WORDS + MAX_NDIM).contains(w));
+    let Some(words) = words else {
         let bytes = status.count(u8::equivalent_datatype());
         return Err(Error::BadHeader {
             field: "length",
-            value: bytes.max(0) as u64,
+            // MPI_UNDEFINED (negative) reads as 0, as before.
+            value: u64::try_from(bytes).unwrap_or(0),
             reason: "the next message (length in bytes) is not a checked-protocol header \
                      (32 + 8·ndim bytes, ndim ≤ 1024); it was left unreceived",
         });
-    }
-    let mut buf = vec![0u64; words as usize];
+    };
+    let mut buf = vec![0u64; words];
     process.receive_into_with_tag(&mut buf[..], tag);
     Header::decode(&buf)
 }
@@ -337,7 +342,7 @@ fn check_payload<C: Communicator + ?Sized>(
         ),
         expected: elems,
         actual: if bytes >= 0 {
-            i64::from(bytes) / element.size_bytes() as i64
+            i64::from(bytes) / element.size_bytes_i64()
         } else {
             -1
         },
@@ -411,6 +416,9 @@ pub struct Received {
     shape: Vec<i64>,
     len_elems: i64,
     elem_bytes: usize,
+    /// `len_elems × elem_bytes`, the payload in bytes (checked to fit `usize` by
+    /// [`layout::byte_span`] when the storage was allocated).
+    payload_bytes: usize,
 }
 
 impl std::fmt::Debug for Received {
@@ -458,6 +466,7 @@ impl Received {
             shape: header.shape.clone(),
             len_elems,
             elem_bytes,
+            payload_bytes: payload,
         })
     }
 
@@ -483,7 +492,7 @@ impl Received {
     /// The payload bytes in row-major order: `len_elems × element bytes` bytes. Takes
     /// `&mut self` so that no exported tensor is alive.
     pub fn bytes(&mut self) -> &[u8] {
-        let n = self.len_elems as usize * self.elem_bytes;
+        let n = self.payload_bytes;
         let words = self.storage.as_slice();
         // SAFETY: u64 storage viewed as bytes (u8 has alignment 1 and accepts any bits);
         // `n` ≤ the storage's byte length (allocate rounds it up to whole elements).
@@ -503,7 +512,9 @@ impl Received {
                 right: T::DTYPE,
             });
         }
-        let n = self.len_elems as usize * usize::from(lanes);
+        // len_elems × lanes, from the payload size checked at allocation (the division is
+        // exact: payload = len_elems × elem_bytes, and an element is never 0 bytes).
+        let n = self.payload_bytes / self.elem_bytes * usize::from(lanes);
         let bytes = self.bytes();
         let mut out = Vec::<T>::with_capacity(n);
         // SAFETY: `bytes` holds n × size_of::<T>() bytes (T's size is bits/8 of the received

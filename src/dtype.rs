@@ -368,6 +368,13 @@ impl MpiUnit {
     /// Size in bytes the C type has (what `MPI_Type_size` must report).
     #[inline]
     pub const fn size_bytes(self) -> usize {
+        // u8 → usize: lossless.
+        self.size_bytes_u8() as usize
+    }
+
+    /// [`Self::size_bytes`] as a `u8` (at most 16), for lossless conversion to any integer.
+    #[inline]
+    pub(crate) const fn size_bytes_u8(self) -> u8 {
         match self {
             MpiUnit::Int8 | MpiUnit::Uint8 | MpiUnit::CBool => 1,
             MpiUnit::Int16 | MpiUnit::Uint16 => 2,
@@ -505,6 +512,19 @@ impl ElementType {
     #[inline]
     pub fn units_per_element(&self) -> usize {
         usize::from(self.dtype.lanes)
+    }
+
+    /// [`Self::size_bytes`] as an `i64`, for arithmetic with DLPack's `i64` counts (lossless:
+    /// at most 16 bytes × 65 535 lanes).
+    #[inline]
+    pub(crate) fn size_bytes_i64(&self) -> i64 {
+        i64::from(self.row.unit.size_bytes_u8()) * i64::from(self.dtype.lanes)
+    }
+
+    /// [`Self::units_per_element`] as an `i64` (lossless: lanes is a `u16`).
+    #[inline]
+    pub(crate) fn units_per_element_i64(&self) -> i64 {
+        i64::from(self.dtype.lanes)
     }
 
     /// Checks that `op` is correct for this dtype.

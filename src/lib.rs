@@ -47,6 +47,17 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// The library converts counts between i64 (DLPack shapes, strides and element counts), usize
+// (Rust lengths and addresses), u64 (byte spans) and MPI's c_int / MPI_Count / MPI_Aint; an
+// `as` cast between them can silently truncate, wrap or drop a sign. These lints (the ones
+// rsmpi enables) make every such cast either a checked conversion returning a typed `Error`,
+// a lossless `From`, or an `#[allow]` on the smallest item with the proof that it cannot
+// truncate. They cover the library only, not the CLI (its own crate root under src/bin).
+#![warn(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 
 pub mod checked;
 pub mod comm;

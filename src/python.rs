@@ -150,6 +150,11 @@ fn known_device_type(t: i64) -> bool {
     matches!(t, 1..=4 | 7..=20)
 }
 
+/// `t` as a `DLDevice::device_type` when dlpack.h defines it.
+fn device_type_of(t: i64) -> Option<u32> {
+    u32::try_from(t).ok().filter(|_| known_device_type(t))
+}
+
 fn parse_device(answer: &Bound<'_, PyAny>) -> Result<Device> {
     if let Some(device) = parse_device_fast(answer) {
         return Ok(device);
@@ -175,14 +180,13 @@ fn parse_device(answer: &Bound<'_, PyAny>) -> Result<Device> {
     };
     let dev_type = int(0, "device_type is not an int")?;
     let dev_id = int(1, "device_id is not an int")?;
-    if !known_device_type(dev_type) {
-        return Err(bad("unknown device_type (not a DLDeviceType of dlpack.h)"));
-    }
+    let dev_type = device_type_of(dev_type)
+        .ok_or_else(|| bad("unknown device_type (not a DLDeviceType of dlpack.h)"))?;
     let id = i32::try_from(dev_id)
         .ok()
         .filter(|&id| id >= 0)
         .ok_or_else(|| bad("device_id is outside 0..=i32::MAX"))?;
-    Ok(Device::new(dev_type as u32, id))
+    Ok(Device::new(dev_type, id))
 }
 
 /// The common answer, an exact tuple of two exact ints that form a valid device, read
@@ -207,7 +211,7 @@ fn parse_device_fast(answer: &Bound<'_, PyAny>) -> Option<Device> {
             return None;
         }
         let id = i32::try_from(i).ok().filter(|&id| id >= 0)?;
-        known_device_type(t).then(|| Device::new(t as u32, id))
+        device_type_of(t).map(|t| Device::new(t, id))
     }
 }
 
@@ -482,12 +486,16 @@ pub fn numpy_array<'py>(
     })?;
     let elems = crate::layout::num_elements(shape)?;
     let size = dtype.size_bytes().unwrap_or(0) as u64;
-    let expected = (elems as u64).checked_mul(size).ok_or(Error::Overflow {
-        quantity: "array bytes",
-        lhs: elems.into(),
-        operator: "*",
-        rhs: size.into(),
-    })?;
+    // num_elements refuses negative extents, so elems ≥ 0 and the conversion succeeds.
+    let expected = u64::try_from(elems)
+        .ok()
+        .and_then(|elems| elems.checked_mul(size))
+        .ok_or(Error::Overflow {
+            quantity: "array bytes",
+            lhs: elems.into(),
+            operator: "*",
+            rhs: size.into(),
+        })?;
     if expected != bytes.len() as u64 {
         return Err(Error::ShapeMismatch {
             what: "numpy_array",

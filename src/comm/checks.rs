@@ -122,9 +122,20 @@ pub(super) fn missing(what: &'static str) -> Error {
     }
 }
 
+/// A rank or a communicator size as an index into per-rank lists. Only for values that
+/// cannot be negative: a size or rank MPI reports (`MPI_Comm_size` ≥ 1, `MPI_Comm_rank` in
+/// `0..size`, MPI-4.1 §7.4.1), or a root that passed [`check_rank`].
+// A non-negative i32 fits usize on every target with MPI (usize is at least 32 bits), so
+// the cast loses no sign and truncates nothing.
+#[allow(clippy::cast_sign_loss)]
+#[inline]
+pub(super) fn rank_index(rank: Rank) -> usize {
+    rank as usize
+}
+
 /// One count and one displacement per rank of `comm`.
 fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64]) -> Result<()> {
-    let size = comm.size() as usize;
+    let size = rank_index(comm.size());
     for (what, list) in [("counts", counts), ("displacements", displs)] {
         if list.len() != size {
             return Err(Error::LengthMismatch {
@@ -155,20 +166,20 @@ pub(super) fn rank_blocks<C: Communicator + ?Sized>(
 /// Compares a probed message with a flat receive buffer: the message must be exactly its
 /// units; the error reports elements.
 pub(super) fn check_incoming_flat(flat: &FlatSpec, status: &Status) -> Result<()> {
-    let (units, elem, unit) = (flat.units, flat.elem_bytes, flat.unit);
-    if status.count(unit.datatype()) as i64 == units as i64 {
+    // A negative count (MPI_UNDEFINED) never matches.
+    if usize::try_from(status.count(flat.unit.datatype())).is_ok_and(|n| n == flat.units) {
         return Ok(());
     }
     let bytes = i64::from(status.count(u8::equivalent_datatype()));
-    let lanes = (elem / unit.size_bytes()).max(1);
+    let elem = flat.element.size_bytes_i64();
     Err(Error::CountMismatch {
         what: format!(
             "incoming message from rank {} tag {} ({bytes} bytes of {elem}-byte elements)",
             status.source_rank(),
             status.tag()
         ),
-        expected: (units / lanes) as i64,
-        actual: if bytes >= 0 { bytes / elem as i64 } else { -1 },
+        expected: flat.len_elems,
+        actual: if bytes >= 0 { bytes / elem } else { -1 },
     })
 }
 
@@ -180,7 +191,7 @@ pub(super) fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()>
         return Ok(());
     }
     let bytes = i64::from(status.count(u8::equivalent_datatype()));
-    let elem = spec.element_type().size_bytes() as i64;
+    let elem = spec.element_type().size_bytes_i64();
     Err(Error::CountMismatch {
         what: format!(
             "incoming message from rank {} tag {} ({} of {}-byte elements)",

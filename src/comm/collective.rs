@@ -10,7 +10,9 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
-use super::checks::{check_count, check_intra, check_pair, check_rank, missing, rank_blocks};
+use super::checks::{
+    check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
+};
 use super::packing::copy_packing;
 use crate::dlpack::Tensor;
 use crate::error::Result;
@@ -48,7 +50,7 @@ pub(super) fn broadcast<C: Communicator + ?Sized>(
     } else {
         let mut spec = RecvSpec::new(&mut *tensor)?;
         if copy_packing(spec.is_contiguous())? {
-            let recv_flat = FlatSpec::recv(&mut spec);
+            let recv_flat = FlatSpec::recv(&mut spec)?;
             let mut flat = recv_flat.ready(&*tensor, false)?.counted()?;
             process.broadcast_into(&mut flat);
             flat.finish(tensor)?;
@@ -80,7 +82,7 @@ pub(super) fn gather<C: Communicator + ?Sized>(
             s.len_elems() * i64::from(size),
             r.len_elems(),
         )?;
-        let recv_flat = FlatSpec::recv(&mut r);
+        let recv_flat = FlatSpec::recv(&mut r)?;
         let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
         process.gather_into_root(&s, &mut rf);
         rf.finish(recv)
@@ -108,10 +110,10 @@ pub(super) fn gatherv<C: Communicator + ?Sized>(
         let (cu, du) = rank_blocks(comm, r.len_elems(), &r.element_type(), counts, displs, true)?;
         check_count(
             || format!("gatherv counts[{root}] (the root's own send)"),
-            counts[root as usize],
+            counts[rank_index(root)],
             s.len_elems(),
         )?;
-        let recv_flat = FlatSpec::recv(&mut r);
+        let recv_flat = FlatSpec::recv(&mut r)?;
         let mut rf = recv_flat.ready(&*recv, true)?.counted()?;
         {
             let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
@@ -178,7 +180,7 @@ pub(super) fn scatterv<C: Communicator + ?Sized>(
         )?;
         check_count(
             || format!("scatterv counts[{root}] (the root's own receive)"),
-            counts[root as usize],
+            counts[rank_index(root)],
             r.len_elems(),
         )?;
         let sf = FlatSpec::send(send, &s)?.counted()?;
@@ -206,7 +208,7 @@ pub(super) fn all_gather<C: Communicator + ?Sized>(
         s.len_elems() * i64::from(size),
         r.len_elems(),
     )?;
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
     comm.all_gather_into(&s, &mut rf);
     rf.finish(recv)
@@ -235,10 +237,10 @@ pub(super) fn all_gatherv<C: Communicator + ?Sized>(
     let rank = comm.rank();
     check_count(
         || format!("all-gatherv counts[{rank}] (this rank's send)"),
-        counts[rank as usize],
+        counts[rank_index(rank)],
         s.len_elems(),
     )?;
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     let mut rf = recv_flat.ready(&*recv, true)?.counted()?;
     // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks when
     // one rank sends a derived datatype of 64 Ki elements (found by `dlpack-mpi check
@@ -269,7 +271,7 @@ pub(super) fn all_to_all<C: Communicator + ?Sized>(
         n - n % size,
         n,
     )?;
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     let sf = FlatSpec::send(send, &s)?.counted()?;
     let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
     comm.all_to_all_into(&sf, &mut rf);
@@ -307,13 +309,13 @@ pub(super) fn all_to_allv<C: Communicator + ?Sized>(
         recv_displacements,
         true,
     )?;
-    let rank = comm.rank() as usize;
+    let rank = rank_index(comm.rank());
     check_count(
         || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),
         send_counts[rank],
         recv_counts[rank],
     )?;
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     let sf = FlatSpec::send(send, &s)?.counted()?;
     let mut rf = recv_flat.ready(&*recv, true)?.counted()?;
     {

@@ -47,7 +47,7 @@ pub(super) fn recv<C: Communicator + ?Sized>(
     let status = process.probe_with_tag(tag);
     check_incoming(&spec, &status)?;
     if copy_packing(spec.is_contiguous())? {
-        let recv_flat = FlatSpec::recv(&mut spec);
+        let recv_flat = FlatSpec::recv(&mut spec)?;
         let mut flat = recv_flat.ready(&*tensor, false)?.counted()?;
         let status = process.receive_into_with_tag(&mut flat, tag);
         flat.finish(tensor)?;
@@ -77,7 +77,7 @@ pub(super) fn sendrecv<C: Communicator + ?Sized>(
     let src = comm.process_at_rank(source);
     let dst = comm.process_at_rank(dest);
     if copy_packing(s.is_contiguous() && r.is_contiguous())? {
-        let recv_flat = FlatSpec::recv(&mut r);
+        let recv_flat = FlatSpec::recv(&mut r)?;
         let sf = FlatSpec::send(send, &s)?.counted()?;
         let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
         let result = mpi::request::scope(|scope| {

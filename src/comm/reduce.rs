@@ -32,8 +32,11 @@ const REDUCE_CHUNK_UNITS: usize = 1 << 30;
 /// the same way for the same element count, so the sequence of MPI calls matches across
 /// ranks.
 fn needs_flat(s: &SendSpec<'_>, recv_derived: bool) -> bool {
-    let units = s.len_elems() as usize * s.element_type().units_per_element();
-    s.is_derived() || recv_derived || units > REDUCE_CHUNK_UNITS || halfops::is_half(s.dtype())
+    let units = i128::from(s.len_elems()) * i128::from(s.element_type().units_per_element_i64());
+    s.is_derived()
+        || recv_derived
+        || units > REDUCE_CHUNK_UNITS as i128
+        || halfops::is_half(s.dtype())
 }
 
 /// The MPI operation for `op` on `dtype`: predefined, or user-defined for half precision.
@@ -55,7 +58,10 @@ fn in_chunks(units: usize, unit_bytes: usize, mut f: impl FnMut(usize, i32)) {
     let mut done = 0;
     while done < units {
         let n = (units - done).min(REDUCE_CHUNK_UNITS);
-        f(done * unit_bytes, n as i32);
+        // n ≤ REDUCE_CHUNK_UNITS = 2^30 < i32::MAX: the cast neither truncates nor wraps.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+        let count = n as i32;
+        f(done * unit_bytes, count);
         done += n;
     }
 }
@@ -126,7 +132,7 @@ fn reduce_at_root<C: Communicator + ?Sized>(
             .reduce_into_root(s, &mut r, op.system_operation());
         return Ok(());
     }
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     // `r` ends here (non-lexical lifetime): the tensor is used directly below.
     let sf = FlatSpec::send(send, s)?;
     let rf = recv_flat.ready(&*recv, false)?;
@@ -169,7 +175,7 @@ pub(super) fn all_reduce<C: Communicator + ?Sized>(
     }
     // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
     // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     // `r` ends here (non-lexical lifetime): the tensor is used directly below.
     let sf = FlatSpec::send(send, &s)?;
     let rf = recv_flat.ready(&*recv, false)?;
@@ -202,7 +208,7 @@ pub(super) fn all_reduce_in_place<C: Communicator + ?Sized>(
     r.element_type().check_reduction(op)?;
     let mop = op_handle(op, r.dtype())?;
     let (derived, count) = (r.is_derived(), r.mpi_count());
-    let flat = FlatSpec::recv(&mut r);
+    let flat = FlatSpec::recv(&mut r)?;
     // `r` ends here (non-lexical lifetime): the tensor is used directly below.
     let datatype = flat.unit.datatype().as_raw();
     if !derived && flat.units <= REDUCE_CHUNK_UNITS {
@@ -257,7 +263,7 @@ pub(super) fn reduce_scatter_block<C: Communicator + ?Sized>(
         r.len_elems() * i64::from(size),
         s.len_elems(),
     )?;
-    let recv_flat = FlatSpec::recv(&mut r);
+    let recv_flat = FlatSpec::recv(&mut r)?;
     let sf = FlatSpec::send(send, &s)?.counted()?;
     let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
     // SAFETY: `rf` holds `count` units of `unit`, `sf` holds `size × count`; both are

@@ -152,6 +152,10 @@ impl<'a, T: Element + DeviceRepr> CudaExport<'a, T> {
         event: Option<NonNull<CudaEvent>>,
         flags: u64,
     ) -> Self {
+        // cudarc opened this device as `cuDeviceGet(ordinal as i32)` (CudaContext::new), so
+        // the same conversion names the device the context is on; a context exists only for
+        // an ordinal that conversion accepted.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
         let ordinal = stream.context().ordinal() as i32;
         CudaExport {
             ptr,
@@ -237,6 +241,15 @@ impl<T: Element + DeviceRepr> Exporter for CudaExport<'_, T> {
     }
 
     fn dlpack(&self, request: &ExportRequest) -> Result<ManagedTensor<'_>> {
+        // CUdeviceptr is 64 bits; DLTensor::data is a host pointer.
+        let address = usize::try_from(self.ptr).map_err(|_| {
+            let device = self.layout.device();
+            Error::UnsupportedDevice {
+                device_type: device.device_type,
+                device_id: device.device_id,
+                reason: "the CUDA device pointer does not fit this host's pointers",
+            }
+        })?;
         let consumer = self.order_before(request.stream)?;
         let release = ReleaseHook {
             run: record_on_release,
@@ -248,7 +261,7 @@ impl<T: Element + DeviceRepr> Exporter for CudaExport<'_, T> {
         // and the tracking the hook reads live in `self`, which the tensor borrows.
         unsafe {
             export_foreign(
-                self.ptr as usize as *mut c_void,
+                address as *mut c_void,
                 self.storage_bytes,
                 &self.layout,
                 Some(&self.lease),

@@ -15,14 +15,13 @@ use crate::layout;
 /// `t.shape` must be NULL or point to `t.ndim` readable `i64` (when `t.ndim > 0`), and
 /// `t.strides` likewise.
 unsafe fn validate(t: &DLTensor) -> Result<()> {
-    if t.ndim < 0 {
+    let Ok(ndim) = usize::try_from(t.ndim) else {
         return Err(Error::InvalidTensor {
             field: "ndim".into(),
             value: t.ndim.into(),
             reason: "ndim must be >= 0",
         });
-    }
-    let ndim = t.ndim as usize;
+    };
     let shape: &[i64] = if ndim == 0 {
         &[]
     } else if t.shape.is_null() {
@@ -45,12 +44,12 @@ unsafe fn validate(t: &DLTensor) -> Result<()> {
             });
         }
     } else {
-        let base = t.data as usize as u128;
-        let end = base + u128::from(t.byte_offset);
+        let address = t.data as usize;
+        let end = address as u128 + u128::from(t.byte_offset);
         if end > usize::MAX as u128 {
             return Err(Error::Overflow {
                 quantity: "data + byte_offset",
-                lhs: base as i128,
+                lhs: address as i128,
                 operator: "+",
                 rhs: t.byte_offset.into(),
             });
@@ -445,7 +444,9 @@ mod tests {
                 device_type: 1,
                 device_id: 0,
             },
-            ndim: shape.map_or(0, |s| s.len() as i32),
+            ndim: shape.map_or(0, |s| {
+                i32::try_from(s.len()).expect("test shapes are short")
+            }),
             dtype: DLDataType {
                 code: 0,
                 bits: 32,

@@ -146,12 +146,12 @@ pub trait Tensor: sealed::Sealed {
         if t.data.is_null() {
             return std::ptr::null_mut();
         }
-        // The constructor checked that data + byte_offset does not overflow, so the cast is
-        // lossless; wrapping_add keeps the pointer's provenance.
-        t.data
-            .cast::<u8>()
-            .wrapping_add(t.byte_offset as usize)
-            .cast()
+        // Both implementors (sealed) validate the tensor when they are made (`validate` in
+        // guard.rs): data + byte_offset ≤ usize::MAX for a non-NULL data, so byte_offset fits
+        // usize and the cast is lossless. wrapping_add keeps the pointer's provenance.
+        #[allow(clippy::cast_possible_truncation)]
+        let offset_bytes = t.byte_offset as usize;
+        t.data.cast::<u8>().wrapping_add(offset_bytes).cast()
     }
 
     /// Number of elements (product of the extents; 1 for 0-d, 0 for empty).
@@ -254,5 +254,9 @@ fn checked_host_elements<T: AnyBits, S: Tensor>(t: &S) -> Result<(*mut c_void, u
             rhs: span as i128,
         });
     }
-    Ok((ptr, n as usize))
+    // `byte_span(n, ..)` above succeeded, and it converts n to usize first (refusing a
+    // negative or too large n): the cast neither loses a sign nor truncates.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let len = n as usize;
+    Ok((ptr, len))
 }

@@ -221,13 +221,23 @@ pub(super) unsafe fn export_foreign<'a>(
     unsafe { export_raw(data, layout, lease, release) }
 }
 
+/// A length of storage that exists (elements, or its bytes / element size) as a DLPack
+/// extent.
+// Lossless: a Rust allocation holds at most isize::MAX bytes (std::alloc::Layout) and a CUDA
+// allocation at most the device's memory, so a count of elements of at least one byte is
+// below 2^63 and fits i64 on every target.
+#[allow(clippy::cast_possible_wrap)]
+fn storage_extent(len: usize) -> i64 {
+    len as i64
+}
+
 impl ExportLayout {
     /// A 1-d tensor of `len` elements of `dtype` on `device`.
     #[cfg(feature = "cuda")]
     pub(super) fn new(dtype: DType, len: usize, flags: u64, device: Device) -> Self {
         ExportLayout {
             dtype,
-            shape: vec![len as i64],
+            shape: vec![storage_extent(len)],
             strides: None,
             byte_offset: 0,
             flags,
@@ -269,7 +279,7 @@ impl ExportLayout {
     fn dense<T: Element>(len: usize) -> Self {
         ExportLayout {
             dtype: T::DTYPE,
-            shape: vec![len as i64],
+            shape: vec![storage_extent(len)],
             strides: None,
             byte_offset: 0,
             flags: 0,
@@ -425,7 +435,7 @@ impl<T: AnyBits> Owned<T> {
             });
         }
         self.layout.dtype = dtype;
-        self.layout.shape = vec![(bytes / elem) as i64];
+        self.layout.shape = vec![storage_extent(bytes / elem)];
         self.layout.strides = None;
         self.layout.byte_offset = 0;
         Ok(self)

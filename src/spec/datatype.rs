@@ -36,6 +36,9 @@ use crate::layout::Axis;
 
 /// Units per block in the large-count form: 2^30.
 pub const LARGE_BLOCK_UNITS: u64 = 1 << 30;
+/// [`LARGE_BLOCK_UNITS`] as the C `int` count `MPI_Type_contiguous` takes.
+const LARGE_BLOCK_INT: c_int = 1 << 30;
+const _: () = assert!(LARGE_BLOCK_INT as u64 == LARGE_BLOCK_UNITS);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Key {
@@ -138,7 +141,8 @@ pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype>
     // Validate before taking the lock or calling MPI.
     let mut sizes = Vec::with_capacity(axes.len());
     for a in axes {
-        let extent = int(a.extent, a.extent as u64)?;
+        // Plan extents are ≥ 0 (layout::num_elements); the u64 is only the error's report.
+        let extent = int(a.extent, u64::try_from(a.extent).unwrap_or(0))?;
         let stride = i128::from(a.stride_elems) * elem_bytes;
         let stride = MPI_Aint::try_from(stride).map_err(|_| Error::Overflow {
             quantity: "stride in bytes",
@@ -240,12 +244,12 @@ fn reversed_bytes(n: c_int, byte: MPI_Datatype) -> Result<MPI_Datatype> {
 pub fn large_contiguous(unit: MpiUnit, units: u64) -> Result<MPI_Datatype> {
     let blocks = units / LARGE_BLOCK_UNITS;
     let rest = units % LARGE_BLOCK_UNITS;
-    let blocks_int = int(blocks as i64, units)?;
+    let blocks_int = c_int::try_from(blocks).map_err(|_| Error::CountTooLarge { count: units })?;
     cached(Key::Large { unit, units }, || {
         let unit_type = unit.datatype().as_raw();
         let mut block: MPI_Datatype = unit_type;
         // SAFETY: valid predefined old type.
-        unsafe { mpi::ffi::MPI_Type_contiguous(LARGE_BLOCK_UNITS as c_int, unit_type, &mut block) };
+        unsafe { mpi::ffi::MPI_Type_contiguous(LARGE_BLOCK_INT, unit_type, &mut block) };
         let block = Temp(block, true);
         let mut all: MPI_Datatype = unit_type;
         // SAFETY: valid old type.

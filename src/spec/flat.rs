@@ -16,7 +16,7 @@ use mpi::Count;
 
 use super::{RecvSpec, SendSpec};
 use crate::dlpack::Tensor;
-use crate::dtype::MpiUnit;
+use crate::dtype::{ElementType, MpiUnit};
 use crate::error::Error;
 use crate::error::Result;
 use crate::layout::{self, Plan};
@@ -116,8 +116,12 @@ pub(crate) struct FlatSpec {
     /// First unit: the tensor's validated first element, the scratch buffer, or NULL when
     /// empty (or, between `recv` and `ready`, for a strided tensor).
     pub(crate) ptr: *mut c_void,
+    /// Number of DLPack elements.
+    pub(crate) len_elems: i64,
     /// Number of units of `unit` (elements × lanes).
     pub(crate) units: usize,
+    /// The elements' dtype and MPI unit.
+    pub(crate) element: ElementType,
     /// The predefined MPI unit type of the elements.
     pub(crate) unit: MpiUnit,
     /// Bytes per DLPack element (`lanes × unit` bytes).
@@ -137,7 +141,9 @@ impl FlatSpec {
         let e = s.element_type();
         let mut flat = FlatSpec {
             ptr: s.pointer() as *mut c_void,
-            units: s.len_elems() as usize * e.units_per_element(),
+            len_elems: s.len_elems(),
+            units: units_of(s.len_elems(), &e)?,
+            element: e,
             unit: e.row.unit,
             elem_bytes: e.size_bytes(),
             contiguous: s.is_contiguous(),
@@ -151,21 +157,27 @@ impl FlatSpec {
 
     /// The facts of a receive side, read from its validated spec. A strided receive has no
     /// buffer until [`FlatSpec::ready`].
-    pub(crate) fn recv(r: &mut RecvSpec<'_>) -> Self {
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] when the units do not fit `usize` (not for a receive spec, whose
+    /// disjoint elements lie in an address range that fits `usize`).
+    pub(crate) fn recv(r: &mut RecvSpec<'_>) -> Result<Self> {
         let e = r.element_type();
         let contiguous = r.is_contiguous();
-        FlatSpec {
+        Ok(FlatSpec {
             ptr: if contiguous {
                 r.pointer_mut()
             } else {
                 std::ptr::null_mut()
             },
-            units: r.len_elems() as usize * e.units_per_element(),
+            len_elems: r.len_elems(),
+            units: units_of(r.len_elems(), &e)?,
+            element: e,
             unit: e.row.unit,
             elem_bytes: e.size_bytes(),
             contiguous,
             scratch: None,
-        }
+        })
     }
 
     /// The receive buffer, after the spec that [`FlatSpec::recv`] read has ended: the
@@ -222,6 +234,23 @@ impl FlatSpec {
         };
         self.scratch = Some(data);
     }
+}
+
+/// `len_elems` elements of `e` as a number of MPI units (elements × lanes).
+///
+/// # Errors
+/// [`Error::Overflow`] when that does not fit `usize` (a send spec may describe more
+/// elements than its address range holds: stride 0 repeats one element).
+fn units_of(len_elems: i64, e: &ElementType) -> Result<usize> {
+    usize::try_from(len_elems)
+        .ok()
+        .and_then(|n| n.checked_mul(e.units_per_element()))
+        .ok_or(Error::Overflow {
+            quantity: "MPI units of a flat buffer (elements × lanes)",
+            lhs: i128::from(len_elems),
+            operator: "*",
+            rhs: i128::from(e.dtype.lanes),
+        })
 }
 
 // SAFETY: `ptr` is the tensor's validated first element (contiguous, from a spec), the

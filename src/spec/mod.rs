@@ -183,14 +183,14 @@ impl Described {
         let base = ptr as usize as i128;
         let start = base + i128::from(plan.lowest_elem) * size;
         let end = base + (i128::from(plan.highest_elem) + 1) * size;
-        if start < 0 || end > usize::MAX as i128 {
+        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
             return Err(Error::Overflow {
                 quantity: "address range of the strided elements",
                 lhs: start,
                 operator: "..",
                 rhs: end,
             });
-        }
+        };
         let derived = datatype::strided(element.row.unit, element.dtype.lanes, &plan.axes)?;
         Ok(Described {
             ptr,
@@ -199,8 +199,8 @@ impl Described {
             derived: Some(derived),
             count: 1,
             contiguous: false,
-            start: start as usize,
-            end: end as usize,
+            start,
+            end,
         })
     }
 
@@ -212,7 +212,7 @@ impl Described {
             });
         }
         layout::check_range(|| what.to_string(), displacement, count, self.len_elems)?;
-        let offset_bytes = displacement as usize * self.element.size_bytes();
+        let offset_bytes = layout::byte_span(displacement, self.element.size_bytes())?;
         Self::contiguous(
             self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast(),
             count,
@@ -224,7 +224,15 @@ impl Described {
     #[inline]
     fn finish(mut self) -> Result<Self> {
         if self.contiguous && self.count == 0 && self.len_elems > 0 {
-            let units = self.len_elems as u64 * self.element.units_per_element() as u64;
+            let units = u64::try_from(self.len_elems)
+                .ok()
+                .and_then(|n| n.checked_mul(u64::from(self.element.dtype.lanes)))
+                .ok_or(Error::Overflow {
+                    quantity: "MPI units (elements × lanes)",
+                    lhs: i128::from(self.len_elems),
+                    operator: "*",
+                    rhs: i128::from(self.element.dtype.lanes),
+                })?;
             self.derived = Some(datatype::large_contiguous(self.element.row.unit, units)?);
             self.count = 1;
         }
@@ -264,7 +272,7 @@ impl Described {
 pub(crate) fn elems_to_units(elems: i64, element: &ElementType) -> Result<Count> {
     let units = i128::from(elems) * element.units_per_element() as i128;
     Count::try_from(units).map_err(|_| Error::CountTooLarge {
-        count: units.max(0) as u64,
+        count: u64::try_from(units.max(0)).unwrap_or(u64::MAX),
     })
 }
 

@@ -107,9 +107,10 @@ impl DeviceSelection {
             (Some(o), _) => (o, DeviceSource::Flag),
             (None, Some(o)) => (o, DeviceSource::Environment),
             (None, None) => {
-                let count = i64::try_from(device_count).unwrap_or(i64::MAX);
-                let o = i64::from(local.rank.max(0)) % count;
-                (o as i32, DeviceSource::NodeLocalRank)
+                let rank = local.rank.max(0);
+                // A count beyond i32::MAX exceeds every rank: rank % count = rank.
+                let o = i32::try_from(device_count).map_or(rank, |count| rank % count);
+                (o, DeviceSource::NodeLocalRank)
             }
         };
         crate::runtime::check_ordinal(ordinal, device_count)?;

@@ -301,7 +301,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
             // per-message common case) skips this and gets them from TensorComm.
             None if self.chunk_bytes > 0
                 && tensor.dtype().size_bytes().is_some_and(|b| {
-                    b as u128 * tensor.num_elements() as u128 > self.chunk_bytes as u128
+                    b as i128 * i128::from(tensor.num_elements()) > self.chunk_bytes as i128
                 }) =>
             {
                 if tensor.is_read_only() {

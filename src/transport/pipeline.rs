@@ -114,7 +114,10 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         }
         let status = self.comm.process_at_rank(source).probe_with_tag(tag);
         let part_units = self.part_elems(element.size_bytes()) * element.units_per_element();
-        (status.count(element.row.unit.datatype()) as i64 == part_units as i64).then_some(status)
+        // A negative count (MPI_UNDEFINED) is no part 0.
+        usize::try_from(status.count(element.row.unit.datatype()))
+            .is_ok_and(|units| units == part_units)
+            .then_some(status)
     }
 
     /// Sends the staged tensor placed at `p` in parts: part k + 1 is copied to the host
@@ -127,7 +130,9 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         let bufs = self.part_buffers(x.element)?;
         let datatype = x.element.row.unit.datatype().as_raw();
         let upe = x.element.units_per_element();
-        let total = x.len_elems as usize;
+        // The elements of a contiguous extent (`parts_send`): its span is len_elems × elem
+        // bytes, checked to fit usize when the extent was made.
+        let total = x.span_bytes / elem;
         let mut reqs: [Option<raw::Request>; 2] = [None, None];
         let mut result = Ok(());
         let mut k = 0;
@@ -190,6 +195,7 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         let elem = element.size_bytes();
         let part = self.part_elems(elem);
         let upe = element.units_per_element();
+        let upe_i64 = element.units_per_element_i64();
         let datatype = element.row.unit.datatype().as_raw();
         let parts = total.div_ceil(part);
         let len = |k: usize| part.min(total - k * part);
@@ -221,12 +227,14 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
             }
             let i = k % 2;
             let arrived = raw::wait_count(&mut reqs[i], datatype);
-            if arrived != Some((len(k) * upe) as i64) {
+            // A negative count (MPI_UNDEFINED) matches no part.
+            if arrived.and_then(|u| usize::try_from(u).ok()) != Some(len(k) * upe) {
                 // A part of another size: the sender's tensor differs from this one.
                 result = Err(Error::CountMismatch {
                     what: format!("pipelined receive, part {k} of {parts}"),
-                    expected: len(k) as i64,
-                    actual: arrived.map_or(-1, |u| u / upe as i64),
+                    // len(k) ≤ total, the receive tensor's i64 element count: never saturates.
+                    expected: i64::try_from(len(k)).unwrap_or(i64::MAX),
+                    actual: arrived.map_or(-1, |u| u / upe_i64),
                 });
                 break;
             }

@@ -80,18 +80,22 @@ impl Extent {
                 let (base, size) = (first as i128, size as i128);
                 let start = base + i128::from(plan.lowest_elem) * size;
                 let end = base + (i128::from(plan.highest_elem) + 1) * size;
-                if start < 0 || end > usize::MAX as i128 {
+                let (Ok(start_u), Ok(_), Ok(span_bytes)) = (
+                    usize::try_from(start),
+                    usize::try_from(end),
+                    usize::try_from(end - start),
+                ) else {
                     return Err(Error::Overflow {
                         quantity: "address range of the strided elements",
                         lhs: start,
                         operator: "..",
                         rhs: end,
                     });
-                }
+                };
                 Ok(Extent {
                     first,
-                    start: start as usize,
-                    span_bytes: (end - start) as usize,
+                    start: start_u,
+                    span_bytes,
                     contiguous: false,
                     len_elems: plan.len_elems,
                     element,
@@ -103,7 +107,7 @@ impl Extent {
 
     /// Whether the span holds nothing but the elements (a receive need not read it first).
     fn is_dense(&self) -> bool {
-        self.span_bytes as u128 == self.len_elems as u128 * self.element.size_bytes() as u128
+        self.span_bytes as i128 == i128::from(self.len_elems) * self.element.size_bytes() as i128
     }
 }
 

@@ -128,7 +128,7 @@ mod tests {
         a: &[u16],
         b: &mut [u16],
     ) {
-        let mut n = a.len() as c_int;
+        let mut n = c_int::try_from(a.len()).expect("test slices are short");
         // SAFETY: two buffers of n u16 each; the datatype is not read.
         unsafe {
             f(
