@@ -53,6 +53,13 @@ fn runs(plan: &Plan) -> impl Iterator<Item = (i64, i64)> + '_ {
 ///
 /// # Errors
 /// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+// The packing kernels replace this naive copy; until then its casts are those of a tensor a
+// spec was already built from (element counts and offsets inside the checked byte span).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Vec<u8>> {
     let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
     let mut out = vec![0u8; plan.len_elems as usize * elem];
@@ -79,6 +86,13 @@ fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Vec<u8>> {
 ///
 /// # Errors
 /// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
+// The packing kernels replace this naive copy; until then its casts are those of a tensor a
+// spec was already built from (element counts and offsets inside the checked byte span).
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap
+)]
 fn unpack(tensor: &mut dyn Tensor, elem: usize, data: &[u8]) -> Result<()> {
     let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
     let base = tensor.first_element_ptr().cast::<u8>();
