@@ -28,9 +28,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the MPI library, its version, the thread level, CUDA awareness and why, the
-    /// devices seen and the features built.
-    Info,
+    /// Print the MPI library, its version, the thread level, CUDA awareness and why, the GPU
+    /// runtime and each rank's GPU device, the devices seen and the features built.
+    Info(info::InfoArgs),
     /// Run every operation × dtype × layout × length through dlpack-mpi and compare with
     /// values computed independently. Prints a line per case and `N passed, N failed, N
     /// skipped`.
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     };
     let world = universe.world();
     match cli.command {
-        Command::Info => info::run(&world),
+        Command::Info(args) => info::run(&world, &args),
         Command::Check(args) => check::run(&world, &args),
         Command::Bench(args) => bench::run(&world, &args),
     }
