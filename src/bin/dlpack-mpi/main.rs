@@ -190,6 +190,30 @@ mod tests {
         }
         let err = parse(&["check", "--device", "tpu"]).unwrap_err();
         assert!(one_line(&err).contains("tpu"), "{}", one_line(&err));
+        // A negative ordinal is a refused value, not an unknown flag.
+        let err = parse(&["check", "--gpu", "-1"]).unwrap_err();
+        assert!(
+            one_line(&err).contains("'-1' for '--gpu <N>'"),
+            "{}",
+            one_line(&err)
+        );
+    }
+
+    #[test]
+    fn gpu_flag_on_check_bench_and_info() {
+        assert_eq!(check(&[]).gpu.ordinal, None);
+        assert_eq!(check(&["--gpu", "1"]).gpu.ordinal, Some(1));
+        assert_eq!(check(&[]).gpu.simulated_devices, 1);
+        assert_eq!(bench(&["--gpu", "3"]).gpu.ordinal, Some(3));
+        match parse(&["info", "--gpu", "2", "--simulate-device"])
+            .expect("parses")
+            .command
+        {
+            Command::Info(a) => assert!(a.gpu.ordinal == Some(2) && a.simulate_device),
+            other => panic!("not info: {other:?}"),
+        }
+        assert!(parse(&["check", "--gpu", "x"]).is_err());
+        assert!(parse(&["check", "--simulate-device", "--simulated-devices", "0"]).is_err());
     }
 
     #[test]
