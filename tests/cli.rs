@@ -953,7 +953,9 @@ fn check_and_bench_gpu_selection() {
     five.extend(["--gpu", "5"]);
     let mut bench5 = bench.to_vec();
     bench5.extend(["--gpu", "5"]);
-    let refusals: [(&[&str], Option<(&str, &str)>, &str); 5] = [
+    // The arguments, an environment variable, and the start of the refusal.
+    type Refusal<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>, &'a str);
+    let refusals: [Refusal<'_>; 5] = [
         (
             &five,
             None,
