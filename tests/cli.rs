@@ -795,3 +795,209 @@ fn info_reports_the_gpu_runtime() {
     let at = lines.iter().position(|l| *l == line).unwrap();
     assert!(lines[at - 1].starts_with("CUDA-aware MPI: "), "{stdout}");
 }
+
+/// `info` says which device each rank would use (or why none); with the simulated runtime it
+/// chooses as `check` does: the node-local rank modulo the device count, or `--gpu`.
+#[test]
+fn info_reports_the_device_selection() {
+    let device_lines = |out: &Output| -> Vec<String> {
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}");
+        let lines: Vec<&str> = stdout.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("GPU device: "))
+            .unwrap_or_else(|| panic!("no GPU device line: {stdout}"));
+        // Right after the GPU runtime line.
+        assert!(lines[at - 1].starts_with("GPU runtime: "), "{stdout}");
+        lines[at..]
+            .iter()
+            .take_while(|l| !l.starts_with("devices: "))
+            .map(|l| l.to_string())
+            .collect()
+    };
+    let plain = device_lines(&mpirun(1, &["info"], &[]));
+    if !cfg!(feature = "cuda") {
+        assert_eq!(plain, ["GPU device: none (no GPU runtime)"]);
+    } else {
+        assert_eq!(plain.len(), 1, "{plain:?}");
+        assert!(
+            plain[0].starts_with("GPU device: CUDA device ")
+                || plain[0].starts_with("GPU device: none"),
+            "{plain:?}"
+        );
+    }
+    let sim = device_lines(&mpirun(1, &["info", "--simulate-device"], &[]));
+    assert_eq!(
+        sim,
+        ["GPU device: CUDA device 0 of 1 (node-local rank 0 of 1, modulo 1)"]
+    );
+    // Two ranks on this node, two simulated devices: one each, one line per rank.
+    let two = device_lines(&mpirun(
+        2,
+        &["info", "--simulate-device", "--simulated-devices", "2"],
+        &[],
+    ));
+    assert_eq!(
+        two,
+        [
+            "GPU device: rank 0: CUDA device 0 of 2 (node-local rank 0 of 2, modulo 2)",
+            "            rank 1: CUDA device 1 of 2 (node-local rank 1 of 2, modulo 2)",
+        ]
+    );
+    let flag = device_lines(&mpirun(
+        1,
+        &["info", "--simulate-device", "--gpu", "0"],
+        &[],
+    ));
+    assert_eq!(
+        flag,
+        ["GPU device: CUDA device 0 of 1 (set by --gpu; node-local rank 0 of 1)"]
+    );
+    // An unreadable override: info still exits 0 and says why there is no device.
+    let bad = device_lines(&mpirun(
+        1,
+        &["info", "--simulate-device"],
+        &[("DLPACK_MPI_DEVICE", "x")],
+    ));
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].starts_with("GPU device: none: ") && bad[0].contains("DLPACK_MPI_DEVICE=\"x\""),
+        "{bad:?}"
+    );
+}
+
+/// `--gpu N` and `DLPACK_MPI_DEVICE`: a device the (simulated, one-device) runtime has runs
+/// and the header says which; one it lacks, an unreadable variable, or `--gpu` without a
+/// CUDA device is refused in one line with exit 2.
+#[test]
+fn check_and_bench_gpu_selection() {
+    let aware = ("DLPACK_MPI_CUDA_AWARE", "0");
+    let run = [
+        "check",
+        "--device",
+        "cuda",
+        "--simulate-device",
+        "--op",
+        "bcast",
+        "--dtype",
+        "int8",
+        "--len",
+        "7",
+    ];
+    let mut with_flag = run.to_vec();
+    with_flag.extend(["--gpu", "0"]);
+    for (n, args, says) in [
+        (
+            1,
+            &run[..],
+            "rank 0 on CUDA device 0 of 1 (node-local rank 0 of 1, modulo 1); CUDA tensors",
+        ),
+        (
+            2,
+            &with_flag[..],
+            "rank 0 on CUDA device 0 of 1 (set by --gpu; node-local rank 0 of 2); CUDA tensors",
+        ),
+    ] {
+        let out = mpirun(n, args, &[aware]);
+        let stdout = text(&out.stdout);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{stdout}\n{}",
+            text(&out.stderr)
+        );
+        let header = stdout.lines().next().unwrap_or("");
+        assert!(header.starts_with("dlpack-mpi check: "), "{stdout}");
+        assert!(header.contains(says), "{header}");
+        assert!(stdout.contains("6 passed, 0 failed, 0 skipped"), "{stdout}");
+    }
+    // Two simulated devices at 2 ranks: rank 1 uses device 1, every case passes.
+    let mut two = run.to_vec();
+    two.extend(["--simulated-devices", "2", "--op", "allreduce,sendrecv"]);
+    let out = mpirun(2, &two, &[aware]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("rank 0 on CUDA device 0 of 2 (node-local rank 0 of 2, modulo 2)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(" 0 failed, 0 skipped"), "{stdout}");
+
+    let bench = [
+        "bench",
+        "--device",
+        "cuda",
+        "--simulate-device",
+        "--op",
+        "allreduce",
+        "--sizes",
+        "4K",
+        "--iters",
+        "5",
+        "--rounds",
+        "1",
+    ];
+    let out = mpirun(2, &bench, &[aware]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains(
+            "[--simulate-device]; rank 0 on CUDA device 0 of 1 (node-local rank 0 of 2, \
+             modulo 1); f32"
+        ),
+        "{stdout}"
+    );
+
+    let mut five = run.to_vec();
+    five.extend(["--gpu", "5"]);
+    let mut bench5 = bench.to_vec();
+    bench5.extend(["--gpu", "5"]);
+    // The arguments, an environment variable, and the start of the refusal.
+    type Refusal<'a> = (&'a [&'a str], Option<(&'a str, &'a str)>, &'a str);
+    let refusals: [Refusal<'_>; 5] = [
+        (
+            &five,
+            None,
+            "dlpack-mpi check: cannot use the GPU chosen by --gpu 5: unsupported device \
+             (device_type 2, device_id 5)",
+        ),
+        (
+            &bench5,
+            None,
+            "dlpack-mpi bench: cannot use the GPU chosen by --gpu 5: unsupported device \
+             (device_type 2, device_id 5)",
+        ),
+        (
+            &run,
+            Some(("DLPACK_MPI_DEVICE", "x")),
+            "dlpack-mpi check: cannot select a GPU: environment variable DLPACK_MPI_DEVICE=\"x\" \
+             is not valid",
+        ),
+        (
+            &run,
+            Some(("DLPACK_MPI_DEVICE", "3")),
+            "dlpack-mpi check: cannot use the GPU chosen by DLPACK_MPI_DEVICE=3",
+        ),
+        (
+            &["check", "--gpu", "1"],
+            None,
+            "dlpack-mpi check: --gpu 1 applies to CUDA device memory, and no CUDA device is \
+             selected",
+        ),
+    ];
+    for (args, env, says) in refusals {
+        let mut vars = vec![aware];
+        vars.extend(env);
+        let out = mpirun(2, args, &vars);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("dlpack-mpi"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
+        assert!(ours[0].starts_with(says), "{args:?}: {stderr}");
+        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+    }
+}

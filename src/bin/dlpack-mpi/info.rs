@@ -2,38 +2,93 @@
 
 use std::process::ExitCode;
 
+use dlpack_mpi::transport::{CudaAwareness, DeviceRuntime};
+use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
+use mpi::Count;
+
+use crate::launch::{Gpu, GpuArgs, NoGpu};
+
+/// Options of `info`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InfoArgs {
+    /// Testing without a GPU: report a simulated GPU runtime and its device selection.
+    #[arg(long, hide = true)]
+    pub simulate_device: bool,
+    /// `--gpu N`: which CUDA device each rank would use.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
+}
 
 /// Prints, on rank 0: the MPI library version string, the MPI standard version, the thread
 /// level, the number of ranks and their hosts, whether the MPI library is CUDA-aware and
-/// which source said so, the GPU runtime (or why there is none), the devices this build can
-/// use, and the features built.
-pub fn run(world: &SimpleCommunicator) -> ExitCode {
+/// which source said so, the GPU runtime (or why there is none), each rank's GPU device
+/// (selected as `check` and `bench` select it, so its context is made) or why there is
+/// none, the devices this build can use, and the features built.
+pub fn run(world: &SimpleCommunicator, args: &InfoArgs) -> ExitCode {
     // Every rank's processor name, gathered so that rank 0 can say how many hosts there are.
     let name = mpi::environment::processor_name().unwrap_or_default();
-    let mut mine = [0u8; 256];
-    let n = name.len().min(mine.len());
-    mine[..n].copy_from_slice(&name.as_bytes()[..n]);
-    let root = world.process_at_rank(0);
+    let hosts = gather_text(world, &name);
     let awareness = dlpack_mpi::transport::cuda_awareness();
-    if world.rank() != 0 {
-        root.gather_into(&mine[..]);
+    // Collective (the node-local split), on every rank.
+    let gpu = crate::launch::rank_gpu(world, args.simulate_device, args.gpu);
+    let devices = gather_text(world, &device_line(&gpu));
+    let (Some(hosts), Some(devices)) = (hosts, devices) else {
         return ExitCode::SUCCESS;
+    };
+    print_mpi(world, hosts);
+    let runtime =
+        crate::launch::gpu_runtime(args.simulate_device.then_some(args.gpu.simulated_devices));
+    print_gpu(awareness, runtime, &devices);
+    print_features();
+    ExitCode::SUCCESS
+}
+
+/// Every rank's `text`, in rank order, on rank 0; `None` on the others. Collective.
+fn gather_text(world: &SimpleCommunicator, text: &str) -> Option<Vec<String>> {
+    let root = world.process_at_rank(0);
+    let len = Count::try_from(text.len()).unwrap_or(Count::MAX);
+    let bytes = &text.as_bytes()[..len as usize];
+    if world.rank() != 0 {
+        root.gather_into(&len);
+        root.gather_varcount_into(bytes);
+        return None;
     }
-    let mut all = vec![0u8; 256 * world.size() as usize];
-    root.gather_into_root(&mine[..], &mut all[..]);
-    let mut hosts: Vec<String> = all
-        .chunks_exact(256)
-        .map(|c| {
-            String::from_utf8_lossy(c)
-                .trim_end_matches('\0')
-                .to_string()
+    let mut lens: Vec<Count> = vec![0; world.size() as usize];
+    root.gather_into_root(&len, &mut lens[..]);
+    let displs: Vec<Count> = lens
+        .iter()
+        .scan(0, |at, &n| {
+            let here = *at;
+            *at += n;
+            Some(here)
         })
         .collect();
+    let mut all = vec![0u8; lens.iter().map(|&n| n as usize).sum()];
+    let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
+    root.gather_varcount_into_root(bytes, &mut part);
+    let texts = displs
+        .iter()
+        .zip(&lens)
+        .map(|(&at, &n)| String::from_utf8_lossy(&all[at as usize..(at + n) as usize]).into_owned())
+        .collect();
+    Some(texts)
+}
+
+/// This rank's line of `GPU device:`: the selection, or why there is none.
+fn device_line(gpu: &Result<Gpu, NoGpu>) -> String {
+    match gpu {
+        Ok(g) => g.selection.to_string(),
+        Err(NoGpu::NoRuntime(_)) => "none (no GPU runtime)".into(),
+        Err(NoGpu::Refused(why)) => format!("none: {why}"),
+    }
+}
+
+/// The version, MPI library, standard, thread level, ranks and hosts lines (rank 0).
+fn print_mpi(world: &SimpleCommunicator, mut hosts: Vec<String>) {
     hosts.sort();
     hosts.dedup();
-
     let (major, minor) = mpi::environment::version();
     let library =
         mpi::environment::library_version().unwrap_or_else(|e| format!("(unreadable: {e})"));
@@ -70,23 +125,51 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         dlpack_mpi::dlpack::MAJOR_VERSION,
         dlpack_mpi::dlpack::MINOR_VERSION
     );
+}
+
+/// The CUDA-aware MPI, GPU runtime, GPU device and devices lines (rank 0). `devices`: every
+/// rank's [`device_line`]; one line when they agree, else one per rank.
+fn print_gpu(
+    awareness: dlpack_mpi::Result<CudaAwareness>,
+    runtime: Result<&'static dyn DeviceRuntime, String>,
+    devices: &[String],
+) {
     match awareness {
         Ok(a) => println!("CUDA-aware MPI: {a}"),
         Err(e) => println!("CUDA-aware MPI: unknown: {e}"),
     }
-    let runtime = dlpack_mpi::transport::default_runtime();
-    match runtime {
-        Some(r) => println!("GPU runtime: {}", r.describe()),
-        None => println!("GPU runtime: none: {}", crate::launch::no_runtime_reason()),
+    match &runtime {
+        Ok(r) => println!("GPU runtime: {}", r.describe()),
+        Err(why) => println!("GPU runtime: none: {why}"),
+    }
+    match devices {
+        [one] => println!("GPU device: {one}"),
+        [first, rest @ ..] if rest.iter().all(|d| d == first) => {
+            println!("GPU device: {first} (every rank)")
+        }
+        _ => {
+            for (rank, d) in devices.iter().enumerate() {
+                let lead = if rank == 0 {
+                    "GPU device:"
+                } else {
+                    "           "
+                };
+                println!("{lead} rank {rank}: {d}");
+            }
+        }
     }
     println!(
         "devices: cpu (host memory), cuda-host (pinned host memory){}",
-        if runtime.is_some() {
+        if runtime.is_ok() {
             ", cuda (device memory: staged, or direct with a CUDA-aware MPI)"
         } else {
             "; cuda needs a GPU runtime"
         }
     );
+}
+
+/// The features line (rank 0).
+fn print_features() {
     let python = if cfg!(feature = "python") {
         "python (Python producers through __dlpack__)"
     } else {
@@ -102,5 +185,4 @@ pub fn run(world: &SimpleCommunicator) -> ExitCode {
         Err(e) => format!("refused: {e}"),
     };
     println!("features: cli; {python}; {cuda}; packing: {packing} (DLPACK_MPI_PACKING)");
-    ExitCode::SUCCESS
 }

@@ -1,9 +1,13 @@
-//! What `check` and `bench` share about the launch: the `--device` argument and the devices
-//! it names, the GPU runtime, the launcher's rank, and errors agreed by every rank.
+//! What `check`, `bench` and `info` share about the launch: the `--device` argument and the
+//! devices it names, the GPU runtime and each rank's device (`--gpu`), the launcher's rank,
+//! and errors agreed by every rank.
 #![forbid(unsafe_code)]
 
 use dlpack_mpi::device::{device_type, Device};
-use dlpack_mpi::transport::{default_runtime, DeviceRuntime, SimulatedDevice};
+use dlpack_mpi::transport::{
+    default_runtime, parse_device_override, select_device_at, DeviceRuntime, DeviceSelection,
+    NodeLocal, SimulatedDevice, DEVICE_ENV,
+};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -35,12 +39,14 @@ impl Dev {
         }
     }
 
-    /// The DLPack device the tensors are labelled with (dlpack.h `DLDevice`).
-    pub fn label(self) -> Device {
+    /// The DLPack device the tensors are labelled with (dlpack.h `DLDevice`) on a rank whose
+    /// CUDA device is `ordinal` ([`Gpu::ordinal`]; 0 without a GPU): only `kDLCUDA` names
+    /// an ordinal, pinned and managed memory are labelled 0.
+    pub fn label(self, ordinal: i32) -> Device {
         match self {
             Dev::Cpu => Device::CPU,
             Dev::CudaHost => Device::new(device_type::CUDA_HOST, 0),
-            Dev::Cuda => Device::new(device_type::CUDA, 0),
+            Dev::Cuda => Device::new(device_type::CUDA, ordinal),
             Dev::CudaManaged => Device::new(device_type::CUDA_MANAGED, 0),
         }
     }
@@ -50,9 +56,9 @@ impl Dev {
         matches!(self, Dev::Cuda | Dev::CudaManaged)
     }
 
-    /// `cuda:0`-style: the name and the device ordinal.
-    pub fn short(self) -> String {
-        format!("{}:{}", self.name(), self.label().device_id)
+    /// `cuda:0`-style: the name and the device ordinal (as [`Dev::label`]).
+    pub fn short(self, ordinal: i32) -> String {
+        format!("{}:{}", self.name(), self.label(ordinal).device_id)
     }
 }
 
@@ -94,38 +100,134 @@ impl DeviceArg {
     }
 }
 
-/// The GPU runtime of `check` and `bench`.
+/// The GPU options of `check`, `bench` and `info`.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct GpuArgs {
+    /// The CUDA device (ordinal) every rank started with this flag uses; overrides
+    /// DLPACK_MPI_DEVICE=N, which overrides the default: the rank among the node's ranks
+    /// modulo the number of devices, so that the ranks of a multi-GPU node each get their own.
+    #[arg(long = "gpu", value_name = "N", allow_hyphen_values = true,
+          value_parser = clap::value_parser!(i32).range(0..))]
+    pub ordinal: Option<i32>,
+    /// Testing: how many devices `--simulate-device` simulates (default 1).
+    #[arg(long, hide = true, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub simulated_devices: u16,
+}
+
+/// The GPU runtime of `check`, `bench` and `info`, and this rank's device.
 #[derive(Clone, Copy)]
 pub struct Gpu {
     /// The runtime: the CUDA driver, or a simulated device.
     pub runtime: &'static dyn DeviceRuntime,
     /// `--simulate-device`: CUDA tensors are labelled host memory.
     pub simulated: bool,
+    /// This rank's device, already made the runtime's device.
+    pub selection: DeviceSelection,
 }
 
-/// The GPU runtime: a [`SimulatedDevice`] with `--simulate-device`, else the CUDA driver
-/// ([`default_runtime`]), else why there is none, in words.
-pub fn gpu_runtime(simulate: bool) -> Result<Gpu, String> {
-    if simulate {
-        let sim: &'static SimulatedDevice = Box::leak(Box::new(SimulatedDevice::new()));
-        return Ok(Gpu {
-            runtime: sim,
-            simulated: true,
-        });
+impl Gpu {
+    /// This rank's CUDA device ordinal (cudarc's `CudaContext::new` takes it).
+    pub fn ordinal(&self) -> i32 {
+        self.selection.ordinal
     }
-    default_runtime()
-        .map(|runtime| Gpu {
-            runtime,
-            simulated: false,
-        })
-        .ok_or_else(no_runtime_reason)
+
+    /// This rank's CUDA device as a DLPack device (`kDLCUDA`, the selected ordinal).
+    pub fn device(&self) -> Device {
+        Dev::Cuda.label(self.ordinal())
+    }
 }
 
-/// Why [`default_runtime`] is `None`: the build lacks feature `cuda`, or no driver loads.
+/// Why a rank has no [`Gpu`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoGpu {
+    /// There is no GPU runtime (the build, or no driver loads): why, in words.
+    NoRuntime(String),
+    /// There is one, and the device was refused (`--gpu`, `DLPACK_MPI_DEVICE`) or could not
+    /// be made current: why, in words.
+    Refused(String),
+}
+
+impl NoGpu {
+    /// The reason, in words.
+    pub fn text(&self) -> &str {
+        match self {
+            NoGpu::NoRuntime(why) | NoGpu::Refused(why) => why,
+        }
+    }
+}
+
+/// The GPU runtime without a device chosen: a [`SimulatedDevice`] with `simulated` devices
+/// when that is `Some`, else the CUDA driver ([`default_runtime`]), else why there is none.
+pub fn gpu_runtime(simulated: Option<u16>) -> Result<&'static dyn DeviceRuntime, String> {
+    if let Some(count) = simulated {
+        let sim = SimulatedDevice::with_devices(usize::from(count));
+        let sim: &'static SimulatedDevice = Box::leak(Box::new(sim));
+        return Ok(sim);
+    }
+    default_runtime().ok_or_else(no_runtime_reason)
+}
+
+/// This rank's GPU, its own outcome (not agreed: see [`select_gpu`]). Collective over
+/// `world` (the node-local split runs first, on every rank, whatever comes after): then an
+/// unreadable `DLPACK_MPI_DEVICE` is refused, the runtime is found (`simulate`: simulated,
+/// with `opts.simulated_devices` devices), and the device chosen by `--gpu`, the variable or
+/// the node-local rank is made the runtime's device, before any other use of the runtime.
+pub fn rank_gpu(world: &SimpleCommunicator, simulate: bool, opts: GpuArgs) -> Result<Gpu, NoGpu> {
+    let local = NodeLocal::of(world);
+    // A value that is not UTF-8 is refused by name too (lossily shown), never read as unset.
+    let env = std::env::var_os(DEVICE_ENV).map(|v| v.to_string_lossy().into_owned());
+    let refused = |err: dlpack_mpi::Error| NoGpu::Refused(format!("cannot select a GPU: {err}"));
+    parse_device_override(env.as_deref()).map_err(refused)?;
+    let runtime =
+        gpu_runtime(simulate.then_some(opts.simulated_devices)).map_err(NoGpu::NoRuntime)?;
+    let selection =
+        select_device_at(local, runtime, opts.ordinal, env.as_deref()).map_err(|err| {
+            let by = match (opts.ordinal, env.as_deref()) {
+                (Some(o), _) => format!("--gpu {o}"),
+                (None, Some(v)) => format!("{DEVICE_ENV}={}", v.trim()),
+                (None, None) => format!("node-local rank {} of {}", local.rank, local.size),
+            };
+            NoGpu::Refused(format!(
+                "cannot use the GPU chosen by {by}: {err} (the runtime sees {} device(s))",
+                runtime.device_count()
+            ))
+        })?;
+    Ok(Gpu {
+        runtime,
+        simulated: simulate,
+        selection,
+    })
+}
+
+/// [`rank_gpu`] agreed by every rank: the GPU on every rank when every rank has one; else
+/// on every rank the lowest rank's reason among those without a runtime, or when every rank
+/// has one, among those whose device was refused ([`agreed`] words it). Collective.
+pub fn select_gpu(world: &SimpleCommunicator, simulate: bool, opts: GpuArgs) -> Result<Gpu, NoGpu> {
+    let mine = rank_gpu(world, simulate, opts);
+    let missing = match &mine {
+        Err(NoGpu::NoRuntime(why)) => Err(why.clone()),
+        _ => Ok(()),
+    };
+    agreed(world, missing).map_err(NoGpu::NoRuntime)?;
+    agreed(world, mine.map_err(|no| no.text().to_string())).map_err(NoGpu::Refused)
+}
+
+/// Why [`default_runtime`] is `None`: the build lacks feature `cuda`, no driver library
+/// loads, it sees no device, or a driver call failed.
 pub fn no_runtime_reason() -> String {
     #[cfg(feature = "cuda")]
     {
+        use dlpack_mpi::Error;
         match dlpack_mpi::cuda::CudaRuntime::global() {
+            // cuInit, cuDeviceGetCount or cuDeviceGet returned an error.
+            Err(err @ Error::Cuda { .. }) => {
+                format!("the CUDA driver loaded, but a driver call failed ({err})")
+            }
+            // The driver answered, and counted no device.
+            Err(err @ Error::UnsupportedDevice { reason, .. }) if reason.contains("no device") => {
+                format!("the CUDA driver loaded, and sees no device ({err})")
+            }
             Err(err) => format!("no CUDA driver found ({err})"),
             Ok(_) => "the CUDA runtime is not available".into(),
         }

@@ -28,9 +28,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the MPI library, its version, the thread level, CUDA awareness and why, the
-    /// devices seen and the features built.
-    Info,
+    /// Print the MPI library, its version, the thread level, CUDA awareness and why, the GPU
+    /// runtime and each rank's GPU device, the devices seen and the features built.
+    Info(info::InfoArgs),
     /// Run every operation × dtype × layout × length through dlpack-mpi and compare with
     /// values computed independently. Prints a line per case and `N passed, N failed, N
     /// skipped`.
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     };
     let world = universe.world();
     match cli.command {
-        Command::Info => info::run(&world),
+        Command::Info(args) => info::run(&world, &args),
         Command::Check(args) => check::run(&world, &args),
         Command::Bench(args) => bench::run(&world, &args),
     }
@@ -190,6 +190,30 @@ mod tests {
         }
         let err = parse(&["check", "--device", "tpu"]).unwrap_err();
         assert!(one_line(&err).contains("tpu"), "{}", one_line(&err));
+        // A negative ordinal is a refused value, not an unknown flag.
+        let err = parse(&["check", "--gpu", "-1"]).unwrap_err();
+        assert!(
+            one_line(&err).contains("'-1' for '--gpu <N>'"),
+            "{}",
+            one_line(&err)
+        );
+    }
+
+    #[test]
+    fn gpu_flag_on_check_bench_and_info() {
+        assert_eq!(check(&[]).gpu.ordinal, None);
+        assert_eq!(check(&["--gpu", "1"]).gpu.ordinal, Some(1));
+        assert_eq!(check(&[]).gpu.simulated_devices, 1);
+        assert_eq!(bench(&["--gpu", "3"]).gpu.ordinal, Some(3));
+        match parse(&["info", "--gpu", "2", "--simulate-device"])
+            .expect("parses")
+            .command
+        {
+            Command::Info(a) => assert!(a.gpu.ordinal == Some(2) && a.simulate_device),
+            other => panic!("not info: {other:?}"),
+        }
+        assert!(parse(&["check", "--gpu", "x"]).is_err());
+        assert!(parse(&["check", "--simulate-device", "--simulated-devices", "0"]).is_err());
     }
 
     #[test]

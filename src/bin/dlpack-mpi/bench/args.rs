@@ -185,6 +185,9 @@ pub struct BenchArgs {
     /// simulated runtime.
     #[arg(long, hide = true)]
     pub simulate_device: bool,
+    /// `--gpu N`: which CUDA device each rank uses.
+    #[command(flatten)]
+    pub gpu: crate::launch::GpuArgs,
     /// Layout of the dlpack-mpi side's tensors.
     #[arg(long, value_enum, default_value_t = BenchLayout::Contiguous)]
     pub layout: BenchLayout,

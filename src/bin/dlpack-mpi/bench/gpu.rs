@@ -25,7 +25,6 @@ use std::ffi::c_void;
 use std::process::ExitCode;
 use std::ptr::NonNull;
 
-use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, Transport};
@@ -51,9 +50,6 @@ fn ers(err: dlpack_mpi::Error) -> String {
     err.to_string()
 }
 
-/// The device all buffers are on.
-const CUDA0: Device = Device::new(device_type::CUDA, 0);
-
 /// A device buffer of f32: labelled host memory (simulated) or cudarc device memory.
 enum DevBuf {
     Sim(Owned<f32>),
@@ -67,11 +63,15 @@ enum DevBuf {
 impl DevBuf {
     fn new(gpu: &Gpu, data: &[f32]) -> Res<DevBuf> {
         if gpu.simulated {
-            return Ok(DevBuf::Sim(Owned::new(data.to_vec()).labelled(CUDA0)));
+            return Ok(DevBuf::Sim(
+                Owned::new(data.to_vec()).labelled(gpu.device()),
+            ));
         }
         #[cfg(feature = "cuda")]
         {
-            let stream = cudarc::driver::CudaContext::new(0)
+            // The runtime's selected device (checked against its count: not negative).
+            let ordinal = usize::try_from(gpu.ordinal()).map_err(|_| "negative CUDA ordinal")?;
+            let stream = cudarc::driver::CudaContext::new(ordinal)
                 .map_err(|e| format!("CUDA: {e}"))?
                 .default_stream();
             let slice = stream.clone_htod(data).map_err(|e| format!("CUDA: {e}"))?;
@@ -148,11 +148,11 @@ impl Drop for Pinned<'_> {
     }
 }
 
-/// `iters` device → pinned → device copies of `bytes` at `dev_ptr`; seconds per copy pair.
-/// With `check`, the pinned buffer must then hold `expect`'s bytes.
+/// `iters` device → pinned → device copies of `bytes` at `dev_ptr` (on `gpu`'s device);
+/// seconds per copy pair. With `check`, the pinned buffer must then hold `expect`'s bytes.
 #[allow(unsafe_code)]
 fn copy_pairs(
-    rt: &dyn DeviceRuntime,
+    gpu: &Gpu,
     dev_ptr: *mut c_void,
     pinned: &Pinned<'_>,
     bytes: usize,
@@ -162,15 +162,16 @@ fn copy_pairs(
     if bytes > pinned.bytes {
         return Err("pinned buffer too small".into());
     }
+    let (rt, dev) = (gpu.runtime, gpu.device());
     let t0 = mpi::time();
     for _ in 0..iters {
         // SAFETY: `dev_ptr..+bytes` is the device buffer of the tensor the caller holds
         // (acquired, so no one else writes it meanwhile); the pinned buffer holds at least
         // `bytes` bytes and is only used here.
         unsafe {
-            rt.copy_to_host(CUDA0, pinned.ptr.as_ptr(), dev_ptr, bytes)
+            rt.copy_to_host(dev, pinned.ptr.as_ptr(), dev_ptr, bytes)
                 .map_err(ers)?;
-            rt.copy_to_device(CUDA0, dev_ptr, pinned.ptr.as_ptr(), bytes)
+            rt.copy_to_device(dev, dev_ptr, pinned.ptr.as_ptr(), bytes)
                 .map_err(ers)?;
         }
     }
@@ -254,7 +255,7 @@ fn pingpong_check(
         (GpuPath::Copy, _) if rank < 2 => {
             let (pinned, host) = (&b.pinned, &b.host);
             b.dev.with_tensor(rt, |t| {
-                copy_pairs(rt, t.first_element_ptr(), pinned, bytes, 1, Some(host))
+                copy_pairs(&cx.gpu, t.first_element_ptr(), pinned, bytes, 1, Some(host))
             })?;
         }
         (GpuPath::Host, _) if rank == 0 => peer.send(&b.host[..]),
@@ -299,7 +300,7 @@ fn pingpong_round(
     match (path, route) {
         (GpuPath::Copy, _) => {
             return b.dev.with_tensor(rt, |t| {
-                copy_pairs(rt, t.first_element_ptr(), pinned, bytes, iters, None)
+                copy_pairs(&cx.gpu, t.first_element_ptr(), pinned, bytes, iters, None)
             })
         }
         (GpuPath::Host, _) => {
@@ -400,7 +401,7 @@ fn allreduce_once(
         (GpuPath::Copy, _) => {
             let pinned = &b.pinned;
             return b.send.with_tensor(rt, |t| {
-                copy_pairs(rt, t.first_element_ptr(), pinned, bytes, times, None)
+                copy_pairs(&cx.gpu, t.first_element_ptr(), pinned, bytes, times, None)
             });
         }
         (_, Some(dc)) => {
@@ -442,7 +443,7 @@ fn allreduce_check(
     if path == GpuPath::Copy {
         let (pinned, mine, bytes) = (&b.pinned, &b.mine, b.mine.len() * 4);
         if let Err(why) = b.send.with_tensor(rt, |t| {
-            copy_pairs(rt, t.first_element_ptr(), pinned, bytes, 1, Some(mine))
+            copy_pairs(&cx.gpu, t.first_element_ptr(), pinned, bytes, 1, Some(mine))
         }) {
             bad.get_or_insert(format!("rank {rank}: {why}"));
         }
@@ -574,15 +575,7 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs, gpu: Gpu) -> ExitCode {
     if root {
         let library = library_line();
         let why = direct.as_ref().err().map(String::as_str);
-        let describe = gpu.runtime.describe();
-        print_gpu_intro(
-            world.size(),
-            &library,
-            &describe,
-            gpu.simulated,
-            args,
-            why.map_or(Ok(()), Err),
-        );
+        print_gpu_intro(world.size(), &library, &gpu, args, why.map_or(Ok(()), Err));
     }
     let cx = Ctx {
         world,

@@ -83,6 +83,8 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
         if let Some(why) = gpu::refuse(args) {
             return Some(why);
         }
+    } else if let Some(n) = args.gpu.ordinal {
+        return Some(format!("--gpu {n} applies to --device cuda"));
     }
     if args.op.point_to_point() && world.size() < 2 {
         return Some(if crate::launch::under_launcher() {
@@ -120,16 +122,16 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     if args.device == crate::launch::DeviceArg::Cuda {
-        return match crate::launch::agreed(world, crate::launch::gpu_runtime(args.simulate_device))
-        {
-            Ok(gpu) => gpu::run(world, args, gpu),
-            Err(why) => {
-                if root {
-                    eprintln!("dlpack-mpi bench: device `cuda` needs a GPU runtime: {why}");
-                }
-                ExitCode::from(2)
-            }
+        use crate::launch::NoGpu;
+        let why = match crate::launch::select_gpu(world, args.simulate_device, args.gpu) {
+            Ok(gpu) => return gpu::run(world, args, gpu),
+            Err(NoGpu::NoRuntime(why)) => format!("device `cuda` needs a GPU runtime: {why}"),
+            Err(NoGpu::Refused(why)) => why,
         };
+        if root {
+            eprintln!("dlpack-mpi bench: {why}");
+        }
+        return ExitCode::from(2);
     }
     if root {
         report::print_host_intro(world.size(), &library_line(), args);

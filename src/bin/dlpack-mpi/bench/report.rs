@@ -462,25 +462,28 @@ pub fn print_strided_summary(rows: &[StridedRow], verified: bool) {
     println!();
 }
 
-/// The first lines of a GPU run. `direct`: whether the direct path runs, or why not.
+/// The first lines of a GPU run: `gpu` is rank 0's. `direct`: whether the direct path
+/// runs, or why not.
 pub fn print_gpu_intro(
     ranks: i32,
     library: &str,
-    runtime: &str,
-    simulated: bool,
+    gpu: &crate::launch::Gpu,
     args: &BenchArgs,
     direct: Result<(), &str>,
 ) {
+    let simulated = gpu.simulated;
     println!(
-        "dlpack-mpi {} bench --device cuda: ranks: {ranks}; {}; GPU runtime: {runtime}{}; f32; \
-         iters {} (up to {}), rounds {}",
+        "dlpack-mpi {} bench --device cuda: ranks: {ranks}; {}; GPU runtime: {}{}; rank 0 on \
+         {}; f32; iters {} (up to {}), rounds {}",
         env!("CARGO_PKG_VERSION"),
         library.split(',').next().unwrap_or(""),
+        gpu.runtime.describe(),
         if simulated {
             " [--simulate-device]"
         } else {
             ""
         },
+        gpu.selection,
         args.iters,
         fmt_size(super::args::SCALE_REF),
         args.rounds,

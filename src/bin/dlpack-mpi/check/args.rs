@@ -4,7 +4,7 @@
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use dlpack_mpi::transport::Transport;
 
-use crate::launch::DeviceArg;
+use crate::launch::{DeviceArg, GpuArgs};
 
 /// Options of `check`.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +41,9 @@ pub struct CheckArgs {
     /// synchronization run as on a GPU.
     #[arg(long, hide = true)]
     pub simulate_device: bool,
+    /// `--gpu N`: which CUDA device each rank uses.
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Who makes the tensors: `numpy` = NumPy arrays through `__dlpack__` (feature
     /// `python`); `rust` = dlpack-mpi's own `Owned` exporter; `auto` = NumPy when this build
     /// has Python support and NumPy imports, else Rust. Applies to `cpu` cases; other

@@ -47,10 +47,13 @@ pub(super) struct RunContext {
     /// memory (`--simulate-device`).
     #[cfg(feature = "cuda")]
     pub real_cuda: bool,
+    /// This rank's CUDA device ordinal (`--gpu`, `DLPACK_MPI_DEVICE` or the node-local rank;
+    /// 0 without a GPU): the `device_id` of `cuda` tensors.
+    pub ordinal: i32,
     /// Who makes the tensors (resolved: `Rust` or `Numpy`).
     pub producer: Producer,
-    /// The stream of device 0 that check's device memory is allocated and read on, made at
-    /// its first use.
+    /// The stream of this rank's device that check's device memory is allocated and read
+    /// on, made at its first use.
     #[cfg(feature = "cuda")]
     stream: std::cell::OnceCell<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
@@ -60,6 +63,7 @@ impl RunContext {
     pub(super) fn new(gpu: Option<Gpu>, producer: Producer) -> RunContext {
         RunContext {
             runtime: gpu.map(|g| g.runtime),
+            ordinal: gpu.map_or(0, |g| g.ordinal()),
             #[cfg(feature = "cuda")]
             real_cuda: gpu.is_some_and(|g| !g.simulated),
             producer,
@@ -68,13 +72,16 @@ impl RunContext {
         }
     }
 
-    /// The stream of device 0 (made on first use; a failure is retried next time).
+    /// The stream of this rank's device (made on first use; a failure is retried next time).
     #[cfg(feature = "cuda")]
     pub(super) fn cuda_stream(&self) -> Res<std::sync::Arc<cudarc::driver::CudaStream>> {
         if let Some(stream) = self.stream.get() {
             return Ok(stream.clone());
         }
-        let ctx = cudarc::driver::CudaContext::new(0).map_err(|err| format!("CUDA: {err}"))?;
+        // The ordinal is the runtime's selected device, checked against its count.
+        let ordinal = usize::try_from(self.ordinal).map_err(|_| "negative CUDA ordinal")?;
+        let ctx =
+            cudarc::driver::CudaContext::new(ordinal).map_err(|err| format!("CUDA: {err}"))?;
         Ok(self.stream.get_or_init(|| ctx.default_stream()).clone())
     }
 }

@@ -93,7 +93,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         Owned::new(store)
             .with_dtype(self.dtype)
             .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize))
-            .map(|o| o.labelled(dev.label()))
+            .map(|o| o.labelled(dev.label(cx.run.ordinal)))
             .map(Store::Rust)
             .map_err(e)
     }

@@ -23,7 +23,8 @@
 //! 6. `cases`: the case body of each operation.
 //! 7. `dtypes`: the table of dtypes.
 //! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
-//! 9. `setup`: devices, GPU runtime and communicator, agreed by every rank.
+//! 9. `setup`: devices, GPU runtime and each rank's GPU, and communicator, agreed by every
+//!    rank.
 //! 10. `report`: header, lines, closing counts, JSON and JUnit reports.
 //! 11. `run`: running the cases, verdicts combined across ranks.
 //! 12. this file: [`run`], the entry point.

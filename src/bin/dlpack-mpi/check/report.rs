@@ -67,8 +67,9 @@ pub(super) fn header(
     }
     let gpu = match gpu {
         Some(g) if cases.iter().any(|c| c.dev.needs_runtime()) => format!(
-            " (GPU runtime: {}; CUDA tensors {})",
+            " (GPU runtime: {}; rank 0 on {}; CUDA tensors {})",
             g.runtime.describe(),
+            g.selection,
             if dc.is_direct() {
                 "direct to a CUDA-aware MPI"
             } else {
@@ -97,6 +98,8 @@ pub(super) fn header(
 /// The counts and records of the cases run so far (rank 0).
 #[derive(Default)]
 pub(super) struct Tally {
+    /// Rank 0's CUDA device ordinal, shown in `cuda` case lines (`[cuda:0 staged]`).
+    ordinal: i32,
     passed: u32,
     failed: u32,
     skipped: u32,
@@ -105,6 +108,14 @@ pub(super) struct Tally {
 }
 
 impl Tally {
+    /// No case yet; `cuda` case lines name device `ordinal` (this rank's, 0 without a GPU).
+    pub(super) fn new(ordinal: i32) -> Tally {
+        Tally {
+            ordinal,
+            ..Tally::default()
+        }
+    }
+
     /// Counts and records the agreed verdict `v` of `case`, and returns the line to print,
     /// if any, and whether `-x` stops the run here.
     pub(super) fn add(
@@ -121,7 +132,7 @@ impl Tally {
             dev => format!(
                 "{} [{} {}]",
                 case.name(),
-                dev.short(),
+                dev.short(self.ordinal),
                 route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
             ),
         };

@@ -58,7 +58,7 @@ pub(super) fn run_cases(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut tally = Tally::default();
+    let mut tally = Tally::new(run.ordinal);
     for case in cases {
         let t0 = std::time::Instant::now();
         let corrupt = w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));

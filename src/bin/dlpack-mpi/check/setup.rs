@@ -1,7 +1,7 @@
 //! What every rank needs before the cases: rank 0's `--device`, `--transport` and
-//! `--simulate-device` made every rank's, the GPU runtime, and the communicator, agreed by
-//! all ranks (one rank without a runtime, or whose MPI refuses `direct`, refuses the run
-//! for all).
+//! `--simulate-device` made every rank's, the GPU runtime and each rank's device (`--gpu`),
+//! and the communicator, agreed by all ranks (one rank without a runtime, whose device is
+//! refused, or whose MPI refuses `direct`, refuses the run for all).
 
 use dlpack_mpi::transport::{DeviceComm, Transport};
 use mpi::topology::SimpleCommunicator;
@@ -9,7 +9,7 @@ use mpi::traits::*;
 
 use super::args::{CheckArgs, TRANSPORTS};
 use super::matrix::{transport_part, Comm};
-use crate::launch::{agreed, gpu_runtime, Dev, DeviceArg, Gpu};
+use crate::launch::{agreed, select_gpu, Dev, DeviceArg, Gpu, NoGpu};
 
 /// The communicator the cases go through, the devices of the run with the transport part
 /// of their names, and the GPU runtime.
@@ -50,20 +50,26 @@ fn rank0_options(w: &SimpleCommunicator, args: &CheckArgs) -> Chosen {
 const NO_MANAGED: &str = "device `cuda-managed` runs only with simulated memory for now \
                           (no managed-memory producer yet";
 
-/// The GPU runtime every rank agrees on, when a selected device needs one (`None` when
-/// none does, or `all` finds none); else why the run is refused.
-fn choose_gpu(w: &SimpleCommunicator, c: &Chosen, devs: &[Dev]) -> Result<Option<Gpu>, String> {
+/// The GPU runtime and device every rank agrees on, when a selected device needs one
+/// (`None` when none does, or `all` finds no runtime); else why the run is refused (a
+/// refused `--gpu` or `DLPACK_MPI_DEVICE` refuses `all` too).
+fn choose_gpu(
+    w: &SimpleCommunicator,
+    (c, args): (&Chosen, &CheckArgs),
+    devs: &[Dev],
+) -> Result<Option<Gpu>, String> {
     if !devs.iter().any(|d| d.needs_runtime()) {
         return Ok(None);
     }
-    match agreed(w, gpu_runtime(c.simulate)) {
+    match select_gpu(w, c.simulate, args.gpu) {
         Ok(g) => Ok(Some(g)),
+        Err(NoGpu::Refused(why)) => Err(why),
         // `all`: the GPU devices are left out.
-        Err(_) if c.device == DeviceArg::All => Ok(None),
-        Err(_) if c.device == DeviceArg::CudaManaged && !c.simulate => Err(format!(
-            "{NO_MANAGED}; add --simulate-device, or use `--device cuda`)"
-        )),
-        Err(why) => Err(format!(
+        Err(NoGpu::NoRuntime(_)) if c.device == DeviceArg::All => Ok(None),
+        Err(NoGpu::NoRuntime(_)) if c.device == DeviceArg::CudaManaged && !c.simulate => Err(
+            format!("{NO_MANAGED}; add --simulate-device, or use `--device cuda`)"),
+        ),
+        Err(NoGpu::NoRuntime(why)) => Err(format!(
             "device `{}` needs a GPU runtime: {why}",
             c.device.name()
         )),
@@ -74,7 +80,7 @@ fn choose_gpu(w: &SimpleCommunicator, c: &Chosen, devs: &[Dev]) -> Result<Option
 pub(super) fn setup<'c>(w: &'c SimpleCommunicator, args: &CheckArgs) -> Result<Setup<'c>, String> {
     let c = rank0_options(w, args);
     let mut devs = c.device.devices();
-    let gpu = choose_gpu(w, &c, &devs)?;
+    let gpu = choose_gpu(w, (&c, args), &devs)?;
     match gpu {
         None => devs.retain(|d| !d.needs_runtime()),
         // Real managed memory has no producer here yet (CudaExport labels kDLCUDA).
@@ -94,6 +100,14 @@ pub(super) fn setup<'c>(w: &'c SimpleCommunicator, args: &CheckArgs) -> Result<S
             c.transport
         ));
     }
+    // Agreed: `--gpu` is each rank's own (rank 0's options above are every rank's).
+    let stray_gpu = match args.gpu.ordinal.filter(|_| !gpu_selected) {
+        Some(n) => Err(format!(
+            "--gpu {n} applies to CUDA device memory, and no CUDA device is selected"
+        )),
+        None => Ok(()),
+    };
+    agreed(w, stray_gpu)?;
     let dc = match gpu.filter(|_| gpu_selected) {
         Some(g) => agreed(
             w,
