@@ -26,6 +26,7 @@ mod collective;
 mod p2p;
 mod packing;
 pub(crate) mod reduce;
+mod sides;
 
 use mpi::point_to_point::Status;
 use mpi::request::{Request, Scope};
