@@ -33,7 +33,9 @@ use crate::layout;
 /// Every policy puts the same bytes on the wire (the elements in logical row-major order),
 /// so the ranks of a job may choose differently. Reductions and the per-rank blocks of
 /// gathers, scatters and all-to-alls always use packed copies (MPI's predefined reductions
-/// take predefined datatypes only; blocks must split into equal units).
+/// take predefined datatypes only; blocks must split into equal units). The nonblocking
+/// `immediate_*_tensor` operations take a spec the caller built and use it as given (a
+/// derived datatype for a strided tensor); they do not consult the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Packing {
     /// Per tensor: pack short inner blocks, derived datatype for long ones (the default; see
