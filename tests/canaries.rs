@@ -24,7 +24,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Packing, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
     FLAG_IS_COPIED, FLAG_READ_ONLY,
@@ -1301,7 +1301,22 @@ fn main() {
     if w.rank() == 0 {
         println!("running canary cases at {} rank(s)", w.size());
     }
-    let (passed, failed) = harness::run_cases(&w, cases(), &filter, |case| case(&w));
+    // Every case under each packing policy (or only the one DLPACK_MPI_PACKING names).
+    let policies = match dlpack_mpi::comm::parse_packing(
+        std::env::var(dlpack_mpi::comm::PACKING_ENV).ok().as_deref(),
+    ) {
+        Ok(Some(p)) => vec![p],
+        _ => vec![Packing::Auto, Packing::DerivedDatatype, Packing::Copy],
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for policy in policies {
+        dlpack_mpi::comm::set_packing(policy);
+        if w.rank() == 0 {
+            println!("packing policy {policy:?}");
+        }
+        let (p, f) = harness::run_cases(&w, cases(), &filter, |case| case(&w));
+        (passed, failed) = (passed + p, failed + f);
+    }
     harness::report(&w, passed, failed);
     drop(universe);
     if failed > 0 {

@@ -2,8 +2,9 @@
 //!
 //! Each cycle imports a C-style versioned tensor (a counting deleter that frees the struct,
 //! its arrays and its storage), exports a receive tensor from an [`Owned`], exchanges them
-//! around the ring with `sendrecv_tensor`, checks the values, and drops both; every 8th cycle
-//! the tensors are strided (derived datatypes, cached) and every 16th goes through an
+//! around the ring with `sendrecv_tensor`, checks the values, and drops both; every odd cycle
+//! the tensors are strided (step-2 views), under the packing policies auto, copy and derived
+//! in turn (pooled pack buffers, cached derived datatypes), and every 16th goes through an
 //! all-reduce. After a warm-up (MPI's and the allocator's own pools), the resident set size
 //! is read before and after the measured cycles; the growth must stay below
 //! `MAX_GROWTH_BYTES`, 256 KiB (one leaked 8-byte allocation per cycle would be 800 KB over
@@ -15,7 +16,7 @@
 mod common;
 
 use common::{rss_bytes, RawTensor};
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Packing, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
 use mpi::collective::SystemOperation;
@@ -25,11 +26,15 @@ use mpi::traits::*;
 const WARMUP: usize = 5_000;
 const MAX_GROWTH_BYTES: u64 = 256 << 10;
 const N: usize = 64;
+const POLICIES: [Packing; 3] = [Packing::Auto, Packing::Copy, Packing::DerivedDatatype];
 
 fn cycle(w: &SimpleCommunicator, c: usize) -> Result<(), String> {
     let (rank, size) = (w.rank(), w.size());
     let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
-    let strided = c % 8 == 7;
+    // Every odd cycle sends and receives step-2 views (a strided send and a strided
+    // receive), under the three packing policies in turn: the pack pool must stay bounded.
+    let strided = c % 2 == 1;
+    dlpack_mpi::comm::set_packing(POLICIES[(c / 2) % POLICIES.len()]);
     let vals: Vec<f64> = (0..2 * N)
         .map(|i| (rank as usize * 1000 + i + c) as f64)
         .collect();

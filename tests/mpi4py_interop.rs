@@ -12,7 +12,7 @@
 //! received. Plain `main` (harness = false); run alone (no peer, `cargo test`), it says so
 //! and passes without doing anything.
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{set_packing, Packing, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::{DType, ReduceOp};
 use half::f16;
@@ -204,6 +204,42 @@ fn run(w: &SimpleCommunicator, c: &mut Checker) -> dlpack_mpi::Result<()> {
             .flat_map(|r| values(name, r as usize + 1, r))
             .collect();
         c.check(&format!("allgatherv {name}"), &all.into_vec(), &want);
+    }
+    for policy in [Packing::Auto, Packing::Copy, Packing::DerivedDatatype] {
+        set_packing(policy);
+        strided(w, c, &format!("{policy:?}"))?;
+    }
+    Ok(())
+}
+
+/// Strided float32 tensors to and from the mpi4py peer (tags 10–13): a Fortran-order 3 × 4
+/// and a transposed 4 × 5 tensor go out as elements in logical row-major order, and the
+/// peer's contiguous messages land in such tensors.
+fn strided(w: &SimpleCommunicator, c: &mut Checker, policy: &str) -> dlpack_mpi::Result<()> {
+    let o = AcquireOptions::default();
+    let offset = 100.0 * w.rank() as f32;
+    // (shape, strides, storage elements): Fortran-order 3 × 4, then the transpose of 4 × 5.
+    let layouts: [(&[i64], &[i64], usize); 2] = [(&[3, 4], &[1, 3], 12), (&[5, 4], &[1, 5], 20)];
+    for (tag, (shape, strides, n)) in (10..).zip(layouts) {
+        let storage: Vec<f32> = (0..n).map(|k| k as f32 + offset).collect();
+        let t = Owned::new(storage).with_layout(shape, Some(strides), 0)?;
+        w.send_tensor(&acquire(&t, &o)?, 0, tag)?;
+    }
+    for (tag, (shape, strides, n)) in (12..).zip(layouts) {
+        let t = Owned::new(vec![0f32; n]).with_layout(shape, Some(strides), 0)?;
+        w.recv_tensor(&mut acquire(&t, &o)?, 0, tag)?;
+        let got = t.into_vec();
+        // Logical (i, j) is storage i + rows × j and holds the peer's row-major i × cols + j.
+        let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+        let want: Vec<f32> = (0..n)
+            .map(|k| ((k % rows) * cols + k / rows) as f32)
+            .collect();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        c.check(
+            &format!("recv strided {rows}x{cols} from mpi4py ({policy})"),
+            &bytes(&got),
+            &bytes(&want),
+        );
     }
     Ok(())
 }

@@ -13,12 +13,25 @@ use mpi::traits::*;
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use super::packing::copy_packing;
+use super::packing::{inner_run_elems, packs_run};
+use super::sides::{RecvSide, SendSide};
 use crate::dlpack::Tensor;
 use crate::error::Result;
 use crate::raw;
 use crate::spec::flat::FlatSpec;
 use crate::spec::{RecvSpec, SendSpec};
+
+/// The receive side `$r` (a `RecvSpec` of `$recv`) as the policy wants it (`$packed`): the
+/// spec, or a scratch (not preserved: the operation writes every element).
+macro_rules! recv_side {
+    ($r:ident, $packed:expr, $recv:expr) => {
+        if $packed {
+            RecvSide::Packed(FlatSpec::recv(&mut $r)?.ready(&*$recv, false)?.counted()?)
+        } else {
+            RecvSide::Spec($r)
+        }
+    };
+}
 
 /// [`super::TensorComm::broadcast_tensor`].
 pub(super) fn broadcast<C: Communicator + ?Sized>(
@@ -30,26 +43,19 @@ pub(super) fn broadcast<C: Communicator + ?Sized>(
     check_rank(root, comm.size())?;
     let process = comm.process_at_rank(root);
     if comm.rank() == root {
-        let spec = SendSpec::new(&*tensor)?;
-        let flat = if copy_packing(spec.is_contiguous())? {
-            Some(FlatSpec::send(&*tensor, &spec)?.counted()?)
-        } else {
-            None
-        };
-        let (ptr, count, datatype) = match &flat {
-            Some(f) => (f.ptr, f.count(), f.unit.datatype().as_raw()),
-            None => (
-                spec.pointer() as *mut std::ffi::c_void,
-                spec.mpi_count(),
-                spec.as_datatype().as_raw(),
-            ),
-        };
+        let side = SendSide::new(&*tensor, SendSpec::new(&*tensor)?)?;
+        let (ptr, count, datatype) = (
+            side.pointer() as *mut std::ffi::c_void,
+            side.count(),
+            side.as_datatype().as_raw(),
+        );
         // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); it holds
         // `count` readable units of `datatype` (the tensor, or its packed copy).
         unsafe { raw::bcast(ptr, count, datatype, root, comm.as_raw()) };
     } else {
+        let run = inner_run_elems(&*tensor);
         let mut spec = RecvSpec::new(&mut *tensor)?;
-        if copy_packing(spec.is_contiguous())? {
+        if packs_run(spec.is_contiguous(), run, spec.element_type().size_bytes())? {
             let recv_flat = FlatSpec::recv(&mut spec)?;
             let mut flat = recv_flat.ready(&*tensor, false)?.counted()?;
             process.broadcast_into(&mut flat);
@@ -84,10 +90,10 @@ pub(super) fn gather<C: Communicator + ?Sized>(
         )?;
         let recv_flat = FlatSpec::recv(&mut r)?;
         let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
-        process.gather_into_root(&s, &mut rf);
+        process.gather_into_root(&SendSide::new(send, s)?, &mut rf);
         rf.finish(recv)
     } else {
-        process.gather_into(&s);
+        process.gather_into(&SendSide::new(send, s)?);
         Ok(())
     }
 }
@@ -115,13 +121,14 @@ pub(super) fn gatherv<C: Communicator + ?Sized>(
         )?;
         let recv_flat = FlatSpec::recv(&mut r)?;
         let mut rf = recv_flat.ready(&*recv, true)?.counted()?;
+        let sent = SendSide::new(send, s)?;
         {
             let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
-            process.gather_varcount_into_root(&s, &mut part);
+            process.gather_varcount_into_root(&sent, &mut part);
         }
         rf.finish(recv)
     } else {
-        process.gather_varcount_into(&s);
+        process.gather_varcount_into(&SendSide::new(send, s)?);
         Ok(())
     }
 }
@@ -135,9 +142,11 @@ pub(super) fn scatter<C: Communicator + ?Sized>(
 ) -> Result<()> {
     check_intra(comm)?;
     check_rank(root, comm.size())?;
-    let mut r = RecvSpec::new(recv)?;
+    let run = inner_run_elems(&*recv);
+    let mut r = RecvSpec::new(&mut *recv)?;
+    let packed = packs_run(r.is_contiguous(), run, r.element_type().size_bytes())?;
     let process = comm.process_at_rank(root);
-    if comm.rank() == root {
+    let side = if comm.rank() == root {
         let send = send.ok_or_else(|| missing("scatter send buffer"))?;
         let s = SendSpec::new(send)?;
         check_pair("scatter send vs receive", &s, &r)?;
@@ -148,11 +157,18 @@ pub(super) fn scatter<C: Communicator + ?Sized>(
             s.len_elems(),
         )?;
         let sf = FlatSpec::send(send, &s)?.counted()?;
-        process.scatter_into_root(&sf, &mut r);
+        let mut side = recv_side!(r, packed, recv);
+        process.scatter_into_root(&sf, &mut side);
+        side
     } else {
-        process.scatter_into(&mut r);
+        let mut side = recv_side!(r, packed, recv);
+        process.scatter_into(&mut side);
+        side
+    };
+    match side {
+        RecvSide::Packed(f) => f.finish(recv),
+        RecvSide::Spec(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// [`super::TensorComm::scatterv_tensor`].
@@ -164,9 +180,11 @@ pub(super) fn scatterv<C: Communicator + ?Sized>(
 ) -> Result<()> {
     check_intra(comm)?;
     check_rank(root, comm.size())?;
-    let mut r = RecvSpec::new(recv)?;
+    let run = inner_run_elems(&*recv);
+    let mut r = RecvSpec::new(&mut *recv)?;
+    let packed = packs_run(r.is_contiguous(), run, r.element_type().size_bytes())?;
     let process = comm.process_at_rank(root);
-    if comm.rank() == root {
+    let side = if comm.rank() == root {
         let (send, counts, displs) = send.ok_or_else(|| missing("scatterv send buffer"))?;
         let s = SendSpec::new(send)?;
         check_pair("scatterv send vs receive", &s, &r)?;
@@ -184,12 +202,19 @@ pub(super) fn scatterv<C: Communicator + ?Sized>(
             r.len_elems(),
         )?;
         let sf = FlatSpec::send(send, &s)?.counted()?;
+        let mut side = recv_side!(r, packed, recv);
         let part = Partition::new(&sf, &cu[..], &du[..]);
-        process.scatter_varcount_into_root(&part, &mut r);
+        process.scatter_varcount_into_root(&part, &mut side);
+        side
     } else {
-        process.scatter_varcount_into(&mut r);
+        let mut side = recv_side!(r, packed, recv);
+        process.scatter_varcount_into(&mut side);
+        side
+    };
+    match side {
+        RecvSide::Packed(f) => f.finish(recv),
+        RecvSide::Spec(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// [`super::TensorComm::all_gather_tensor`].
@@ -210,7 +235,7 @@ pub(super) fn all_gather<C: Communicator + ?Sized>(
     )?;
     let recv_flat = FlatSpec::recv(&mut r)?;
     let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
-    comm.all_gather_into(&s, &mut rf);
+    comm.all_gather_into(&SendSide::new(send, s)?, &mut rf);
     rf.finish(recv)
 }
 

@@ -26,6 +26,7 @@ mod collective;
 mod p2p;
 mod packing;
 pub(crate) mod reduce;
+mod sides;
 
 use mpi::point_to_point::Status;
 use mpi::request::{Request, Scope};
@@ -34,7 +35,11 @@ use mpi::traits::*;
 use mpi::Tag;
 
 pub(crate) use checks::{check_rank, check_tag};
-pub use packing::{packing, parse_packing, set_packing, Packing, PACKING_ENV};
+pub use packing::{
+    inner_block_bytes, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
+    set_pack_threshold_bytes, set_packing, Packing, DEFAULT_PACK_THRESHOLD_BYTES, PACKING_ENV,
+    PACK_THRESHOLD_ENV,
+};
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;

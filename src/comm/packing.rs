@@ -1,29 +1,85 @@
-//! The packing policy: whether [`super::TensorComm`]'s point-to-point and broadcast
-//! operations hand MPI a strided tensor as one derived datatype (zero-copy) or as a packed
-//! copy. Process-wide, set by [`set_packing`] or the `DLPACK_MPI_PACKING` environment
-//! variable; only `comm` consults it.
+//! The packing policy: whether [`super::TensorComm`] hands MPI a strided tensor as one
+//! derived datatype (zero-copy) or as a packed copy made by the host pack kernels
+//! ([`crate::spec::kernels`]). Process-wide, set by [`set_packing`] or the
+//! `DLPACK_MPI_PACKING` environment variable; only `comm` consults it.
+//!
+//! **The rule of [`Packing::Auto`]** (the default): a strided tensor is packed when its
+//! contiguous inner block ([`inner_block_bytes`]: the bytes of the innermost run after axes
+//! are merged, i.e. the innermost axis's extent × element size when that axis has stride 1,
+//! else one element) is below [`pack_threshold_bytes`], and goes as a derived datatype when
+//! the block is at least that long. Derived datatypes copy block by block inside MPI, which
+//! is slow for short blocks; long blocks are copied at memory speed by either path, and the
+//! derived path saves the pack buffer and one pass over memory.
+//!
+//! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 4 KiB; settable by
+//! [`set_pack_threshold_bytes`] or `DLPACK_MPI_PACK_THRESHOLD_BYTES`). Measured with
+//! `examples/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
+//! block]` f32 view with a gap of one block, 32 MiB packed, median of 7 and 9 sends, derived
+//! against packed): packing took 0.42–0.43× the derived time at blocks of 1 element and
+//! 0.43–0.71× at 2; from 4 up to 4096 elements the two runs disagreed (ratios 0.3–2.7 on a
+//! loaded 2-core host), so the switch is set where the per-block argument puts it —
+//! derived types copy block by block inside MPI, and a block of 4 KiB (one page) is copied
+//! at memory speed by either path, where the derived path saves a pass over memory. A
+//! benchmark on a quiet host (`bench --op strided`) should refine it.
 
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use crate::dlpack::Tensor;
 use crate::error::{Error, Result};
+use crate::layout;
 
-/// How strided (non-contiguous) tensors reach MPI in [`super::TensorComm`]'s
-/// point-to-point and broadcast operations.
+/// How strided (non-contiguous) tensors reach MPI in [`super::TensorComm`]'s operations.
+///
+/// Every policy puts the same bytes on the wire (the elements in logical row-major order),
+/// so the ranks of a job may choose differently. Reductions and the per-rank blocks of
+/// gathers, scatters and all-to-alls always use packed copies (MPI's predefined reductions
+/// take predefined datatypes only; blocks must split into equal units). The nonblocking
+/// `immediate_*_tensor` operations take a spec the caller built and use it as given (a
+/// derived datatype for a strided tensor); they do not consult the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Packing {
-    /// Zero-copy: one derived datatype describes the elements in place (the default).
+    /// Per tensor: pack short inner blocks, derived datatype for long ones (the default; see
+    /// the module docs for the rule and [`pack_threshold_bytes`] for the threshold).
     #[default]
+    Auto,
+    /// Zero-copy: one derived datatype describes the elements in place.
     DerivedDatatype,
-    /// Pack into a contiguous scratch buffer before sending and unpack after a receive
-    /// completes: for MPI stacks where derived datatypes are slow (some GPU paths).
+    /// Always pack into a contiguous scratch buffer before sending and unpack after a
+    /// receive completes.
     Copy,
 }
 
-static PACKING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+impl Packing {
+    /// Whether this policy packs a strided tensor whose contiguous inner block is
+    /// `inner_block_bytes` long, with the pack threshold `threshold_bytes`.
+    pub fn packs(self, inner_block_bytes: usize, threshold_bytes: usize) -> bool {
+        match self {
+            Packing::Auto => inner_block_bytes < threshold_bytes,
+            Packing::DerivedDatatype => false,
+            Packing::Copy => true,
+        }
+    }
+}
+
+static PACKING: AtomicU8 = AtomicU8::new(u8::MAX);
 
 /// The environment variable that sets the packing policy when [`set_packing`] was not called.
 pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 
-/// Reads a `DLPACK_MPI_PACKING` value: `copy` → [`Packing::Copy`], `derived` →
-/// [`Packing::DerivedDatatype`], unset or empty → `None`.
+/// The environment variable that sets [`pack_threshold_bytes`] when
+/// [`set_pack_threshold_bytes`] was not called (a byte count).
+pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
+
+/// The default threshold of [`Packing::Auto`]: inner blocks shorter than 4 KiB are packed
+/// (measured; see the module docs).
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 4096;
+
+/// `usize::MAX`: not set yet.
+static THRESHOLD_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Reads a `DLPACK_MPI_PACKING` value: `auto` → [`Packing::Auto`], `copy` →
+/// [`Packing::Copy`], `derived` → [`Packing::DerivedDatatype`] (any case), unset or empty →
+/// `None`.
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default, as
@@ -31,30 +87,29 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 pub fn parse_packing(value: Option<&str>) -> Result<Option<Packing>> {
     match value.map(str::trim).filter(|v| !v.is_empty()) {
         None => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("auto") => Ok(Some(Packing::Auto)),
         Some(v) if v.eq_ignore_ascii_case("copy") => Ok(Some(Packing::Copy)),
         Some(v) if v.eq_ignore_ascii_case("derived") => Ok(Some(Packing::DerivedDatatype)),
         Some(v) => Err(Error::InvalidSetting {
             name: PACKING_ENV,
             value: v.to_string(),
-            expected: "copy or derived",
+            expected: "auto, copy or derived",
         }),
     }
 }
 
-/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=copy|derived`
-/// in the environment, else [`Packing::DerivedDatatype`]. Reductions and per-rank blocks of
-/// strided tensors always go through packed copies (MPI's predefined reductions take
-/// predefined datatypes only); the nonblocking operations always use the spec as given.
+/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=auto|copy|
+/// derived` in the environment, else [`Packing::Auto`].
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_PACKING` holds another value (also a value
-/// that is not UTF-8); the operations that consult the policy (point-to-point and broadcast
-/// of strided tensors) return it before any MPI call.
+/// that is not UTF-8); the operations that consult the policy (those with a strided side)
+/// return it before any MPI call.
 pub fn packing() -> Result<Packing> {
-    use std::sync::atomic::Ordering;
     match PACKING.load(Ordering::Relaxed) {
         0 => Ok(Packing::DerivedDatatype),
         1 => Ok(Packing::Copy),
+        2 => Ok(Packing::Auto),
         _ => {
             let value = std::env::var_os(PACKING_ENV).map(|v| v.to_string_lossy().into_owned());
             let from_env = parse_packing(value.as_deref())?.unwrap_or_default();
@@ -65,21 +120,121 @@ pub fn packing() -> Result<Packing> {
 }
 
 /// Sets the process-wide packing policy (see [`packing`]). Every rank of a job may choose
-/// independently: both forms put the same bytes on the wire.
+/// independently: all policies put the same bytes on the wire.
 pub fn set_packing(policy: Packing) {
     let v = match policy {
         Packing::DerivedDatatype => 0,
         Packing::Copy => 1,
+        Packing::Auto => 2,
     };
-    PACKING.store(v, std::sync::atomic::Ordering::Relaxed);
+    PACKING.store(v, Ordering::Relaxed);
 }
 
-/// Whether the [`Packing::Copy`] policy applies to a side that is not one run.
+/// Reads a `DLPACK_MPI_PACK_THRESHOLD_BYTES` value: a byte count; unset or empty → `None`.
 ///
 /// # Errors
-/// As [`packing`].
-pub(super) fn copy_packing(contiguous: bool) -> Result<bool> {
-    Ok(!contiguous && packing()? == Packing::Copy)
+/// [`Error::InvalidSetting`] naming any other value.
+pub fn parse_pack_threshold(value: Option<&str>) -> Result<Option<usize>> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n != usize::MAX)
+            .map(Some)
+            .ok_or_else(|| Error::InvalidSetting {
+                name: PACK_THRESHOLD_ENV,
+                value: v.to_string(),
+                expected: "a byte count",
+            }),
+    }
+}
+
+/// The threshold of [`Packing::Auto`], in bytes of contiguous inner block: blocks shorter
+/// than this are packed. [`set_pack_threshold_bytes`], else
+/// `DLPACK_MPI_PACK_THRESHOLD_BYTES`, else [`DEFAULT_PACK_THRESHOLD_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_THRESHOLD_BYTES` is not a byte count.
+pub fn pack_threshold_bytes() -> Result<usize> {
+    match THRESHOLD_BYTES.load(Ordering::Relaxed) {
+        usize::MAX => {
+            let value =
+                std::env::var_os(PACK_THRESHOLD_ENV).map(|v| v.to_string_lossy().into_owned());
+            let t = parse_pack_threshold(value.as_deref())?.unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES);
+            set_pack_threshold_bytes(t);
+            Ok(t)
+        }
+        t => Ok(t),
+    }
+}
+
+/// Sets the threshold of [`Packing::Auto`] (see [`pack_threshold_bytes`]); `usize::MAX` is
+/// read as `usize::MAX - 1` (every strided tensor is packed).
+pub fn set_pack_threshold_bytes(bytes: usize) {
+    THRESHOLD_BYTES.store(bytes.min(usize::MAX - 1), Ordering::Relaxed);
+}
+
+/// The contiguous inner block of a layout (`strides_elems`: `None` for C order, as in
+/// DLPack), in bytes: after merging axes
+/// ([`layout::plan`]), the innermost axis's extent × `elem_bytes` when its stride is one
+/// element, else `elem_bytes` (one element).
+///
+/// # Errors
+/// Layout errors of [`layout::plan`].
+pub fn inner_block_bytes(
+    shape: &[i64],
+    strides_elems: Option<&[i64]>,
+    elem_bytes: usize,
+) -> Result<usize> {
+    let plan = layout::plan(shape, strides_elems)?;
+    let run = match plan.axes.last() {
+        Some(a) if a.stride_elems == 1 => usize::try_from(a.extent).unwrap_or(usize::MAX),
+        _ => 1,
+    };
+    Ok(run.saturating_mul(elem_bytes))
+}
+
+/// The contiguous inner run of `tensor` in elements, for [`packs_run`]: read before a
+/// receive spec borrows the tensor. 0 when the tensor is C-contiguous or the policy does
+/// not look at runs (then nothing is computed), 1 for a layout [`layout::plan`] refuses
+/// (its spec fails anyway).
+pub(crate) fn inner_run_elems(tensor: &dyn Tensor) -> usize {
+    let (shape, strides) = (tensor.shape(), tensor.strides_elems());
+    if layout::check_c_contiguous(shape, strides).is_ok() || !matches!(packing(), Ok(Packing::Auto))
+    {
+        return 0;
+    }
+    inner_block_bytes(shape, strides, 1).unwrap_or(1)
+}
+
+/// Whether the policy packs one side of an operation: `contiguous` (its spec is one run;
+/// never packed), `run_elems` ([`inner_run_elems`] of its tensor), `elem_bytes` (its element
+/// size).
+///
+/// # Errors
+/// As [`packing`] and [`pack_threshold_bytes`].
+pub(crate) fn packs_run(contiguous: bool, run_elems: usize, elem_bytes: usize) -> Result<bool> {
+    if contiguous {
+        return Ok(false);
+    }
+    let policy = packing()?;
+    let threshold = match policy {
+        Packing::Auto => pack_threshold_bytes()?,
+        _ => 0,
+    };
+    Ok(policy.packs(run_elems.saturating_mul(elem_bytes), threshold))
+}
+
+/// [`packs_run`] for a tensor that no spec borrows mutably.
+///
+/// # Errors
+/// As [`packs_run`].
+pub(crate) fn packs(tensor: &dyn Tensor, contiguous: bool, elem_bytes: usize) -> Result<bool> {
+    if contiguous {
+        return Ok(false);
+    }
+    packs_run(contiguous, inner_run_elems(tensor), elem_bytes)
 }
 
 #[cfg(test)]
@@ -95,11 +250,49 @@ mod tests {
             parse_packing(Some("Derived")).unwrap(),
             Some(Packing::DerivedDatatype)
         );
+        assert_eq!(parse_packing(Some("AUTO")).unwrap(), Some(Packing::Auto));
+        assert_eq!(Packing::default(), Packing::Auto);
         match parse_packing(Some("cpoy")) {
             Err(Error::InvalidSetting { name, value, .. }) => {
                 assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
             }
             other => panic!("expected InvalidSetting, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn threshold_values() {
+        assert_eq!(parse_pack_threshold(None).unwrap(), None);
+        assert_eq!(parse_pack_threshold(Some("8192")).unwrap(), Some(8192));
+        assert!(matches!(
+            parse_pack_threshold(Some("-1")),
+            Err(Error::InvalidSetting { name, .. }) if name == PACK_THRESHOLD_ENV
+        ));
+    }
+
+    /// Auto's decision on representative layouts, with the default threshold (4 KiB).
+    #[test]
+    fn auto_decides_by_inner_block() {
+        let t = DEFAULT_PACK_THRESHOLD_BYTES;
+        let block = |shape: &[i64], strides: &[i64], elem| {
+            inner_block_bytes(shape, Some(strides), elem).unwrap()
+        };
+        // step 2 of f32: one element per block → pack
+        assert_eq!(block(&[1024], &[2], 4), 4);
+        assert!(Packing::Auto.packs(block(&[1024], &[2], 4), t));
+        // transpose of 4096 × 4096 f32 (inner stride 4096) → pack
+        assert!(Packing::Auto.packs(block(&[4096, 4096], &[1, 4096], 4), t));
+        // Fortran order of 64 × 64 f64 → pack
+        assert!(Packing::Auto.packs(block(&[64, 64], &[1, 64], 8), t));
+        // rows of 1024 f32 with a gap of one row: 4 KiB blocks → derived
+        assert_eq!(block(&[16, 1024], &[2048, 1], 4), 4096);
+        assert!(!Packing::Auto.packs(block(&[16, 1024], &[2048, 1], 4), t));
+        // rows of 1023 f32: just below → pack
+        assert!(Packing::Auto.packs(block(&[16, 1023], &[2046, 1], 4), t));
+        // merged axes: [4, 8, 512] with the two inner axes contiguous = 4096-element runs
+        assert_eq!(block(&[4, 8, 512], &[8192, 512, 1], 4), 16384);
+        // the other policies ignore the block
+        assert!(Packing::Copy.packs(1 << 30, t));
+        assert!(!Packing::DerivedDatatype.packs(4, t));
     }
 }

@@ -72,7 +72,9 @@ extern "C" {
 /// Frees every cached datatype; run by `MPI_Finalize` (through an `MPI_COMM_SELF` attribute,
 /// MPI-4.1 §9.5.1), so that no committed type outlives MPI (MPICH's yaksa engine reports
 /// the ones that do as leaked handle-pool objects).
+/// The same callback empties the pack scratch pool (`scratch`).
 extern "C" fn free_cache_at_finalize() {
+    super::scratch::release_all();
     let mut map = cache()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -83,16 +85,25 @@ extern "C" fn free_cache_at_finalize() {
     }
 }
 
-fn cached(key: Key, build: impl FnOnce() -> Result<MPI_Datatype>) -> Result<MPI_Datatype> {
+/// Registers [`free_cache_at_finalize`] with `MPI_Finalize` once, when MPI is initialized
+/// (else nothing: a later call registers it).
+pub(crate) fn hook_finalize() {
     static HOOKED: std::sync::Once = std::sync::Once::new();
     if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
-        return Err(Error::MpiNotInitialized);
+        return;
     }
     HOOKED.call_once(|| {
         // SAFETY: MPI is initialized; the hook is a plain function that lives forever.
         // Failure only means the types stay until the process exits, as before.
         let _ = unsafe { dlpack_mpi_on_finalize(free_cache_at_finalize) };
     });
+}
+
+fn cached(key: Key, build: impl FnOnce() -> Result<MPI_Datatype>) -> Result<MPI_Datatype> {
+    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
+        return Err(Error::MpiNotInitialized);
+    }
+    hook_finalize();
     let mut map = cache()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

@@ -14,6 +14,8 @@ use std::ffi::c_void;
 use mpi::datatype::{AsDatatype, Buffer, BufferMut, Collection, DatatypeRef, Pointer, PointerMut};
 use mpi::Count;
 
+use super::kernels;
+use super::scratch::Scratch;
 use super::{RecvSpec, SendSpec};
 use crate::dlpack::Tensor;
 use crate::dtype::{ElementType, MpiUnit};
@@ -21,99 +23,69 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::layout::{self, Plan};
 
-/// Contiguous runs of a plan: `(first element offset, run length)` in elements, in logical
-/// order. The innermost axis is one run when its stride is 1 element.
-fn runs(plan: &Plan) -> impl Iterator<Item = (i64, i64)> + '_ {
-    let inner_run = match plan.axes.last() {
-        Some(a) if a.stride_elems == 1 => a.extent,
-        _ => 1,
-    };
-    let runs_total = if plan.len_elems == 0 {
-        0
-    } else {
-        plan.len_elems / inner_run
-    };
-    let outer = Plan {
-        axes: if inner_run > 1 {
-            plan.axes[..plan.axes.len() - 1].to_vec()
-        } else {
-            plan.axes.clone()
-        },
-        len_elems: runs_total,
-        lowest_elem: plan.lowest_elem,
-        highest_elem: plan.highest_elem,
-    };
-    let offsets: Vec<i64> = outer.offsets().collect();
-    offsets.into_iter().map(move |o| (o, inner_run))
+/// The packed byte count of `plan`'s elements, `elem` bytes each.
+fn packed_bytes(plan: &Plan, elem: usize) -> Result<usize> {
+    usize::try_from(plan.len_elems)
+        .ok()
+        .and_then(|n| n.checked_mul(elem))
+        .ok_or(Error::Overflow {
+            quantity: "packed bytes of the strided elements",
+            lhs: i128::from(plan.len_elems),
+            operator: "*",
+            rhs: elem as i128,
+        })
 }
 
-/// Copies the elements of `tensor` into a new buffer, in logical order. The caller has
-/// validated the tensor with a send spec (host memory, address range) and passes its
-/// element size in bytes.
-///
-/// # Errors
-/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
-// The packing kernels replace this naive copy; until then its casts are those of a tensor a
-// spec was already built from (element counts and offsets inside the checked byte span).
-#[allow(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_possible_wrap
-)]
-fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Vec<u8>> {
-    let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
-    let mut out = vec![0u8; plan.len_elems as usize * elem];
-    let base = tensor.first_element_ptr().cast::<u8>().cast_const();
-    let mut at = 0usize;
-    for (offset, len) in runs(&plan) {
-        let bytes = len as usize * elem;
-        // SAFETY: the spec checked that every element lies in the address range the
-        // producer vouches for (`byte_range`), and `out` has room for all elements.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                base.wrapping_offset((offset * elem as i64) as isize),
-                out.as_mut_ptr().add(at),
-                bytes,
-            );
-        }
-        at += bytes;
+/// The error for a layout the pack kernels refuse (a stride whose byte distance overflows
+/// `isize`); none for a tensor a spec was built from.
+fn refused(plan: &Plan, elem: usize) -> Error {
+    Error::Overflow {
+        quantity: "byte strides of the strided elements",
+        lhs: i128::from(plan.highest_elem - plan.lowest_elem),
+        operator: "*",
+        rhs: elem as i128,
     }
-    Ok(out)
 }
 
-/// Copies `data` (logical order) into the elements of `tensor`. The caller has validated
-/// the tensor with a receive spec (writable, elements disjoint) and passes its element size.
+/// Copies the elements of `tensor` into a pooled buffer, in logical order, with the pack
+/// kernels ([`super::kernels::gather`]). The caller has validated the tensor with a send spec
+/// (host memory, address range) and passes its element size in bytes.
 ///
 /// # Errors
-/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from).
-// The packing kernels replace this naive copy; until then its casts are those of a tensor a
-// spec was already built from (element counts and offsets inside the checked byte span).
-#[allow(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    clippy::cast_possible_wrap
-)]
-fn unpack(tensor: &mut dyn Tensor, elem: usize, data: &[u8]) -> Result<()> {
+/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from);
+/// [`Error::Overflow`]; [`Error::InvalidSetting`] for a bad pool cap.
+pub(crate) fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Scratch> {
+    let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
+    let mut out = Scratch::take(packed_bytes(&plan, elem)?)?;
+    let base = tensor.first_element_ptr().cast::<u8>().cast_const();
+    // SAFETY: the spec checked that every element lies in the address range the producer
+    // vouches for (`byte_range`); `out` is a buffer of our own, disjoint from the tensor.
+    let done = unsafe { kernels::gather(base, &plan.axes, elem, &mut out) };
+    if done {
+        Ok(out)
+    } else {
+        Err(refused(&plan, elem))
+    }
+}
+
+/// Copies `data` (logical order) into the elements of `tensor` with the unpack kernels
+/// ([`super::kernels::scatter`]). The caller has validated the tensor with a receive spec
+/// (writable, elements disjoint) and passes its element size; `data` holds every element.
+///
+/// # Errors
+/// Layout errors of [`layout::plan`] (none for a tensor a spec was built from);
+/// [`Error::Overflow`] when `data` is not the tensor's packed size.
+pub(crate) fn unpack(tensor: &mut dyn Tensor, elem: usize, data: &[u8]) -> Result<()> {
     let plan = layout::plan(tensor.shape(), tensor.strides_elems())?;
     let base = tensor.first_element_ptr().cast::<u8>();
-    let mut at = 0usize;
-    for (offset, len) in runs(&plan) {
-        let bytes = len as usize * elem;
-        if at + bytes > data.len() {
-            break;
-        }
-        // SAFETY: as in `pack`; the receive spec proved the tensor writable and its
-        // elements disjoint, and `&mut` makes this the only access.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr().add(at),
-                base.wrapping_offset((offset * elem as i64) as isize),
-                bytes,
-            );
-        }
-        at += bytes;
+    // SAFETY: as in `pack`; the receive spec proved the tensor writable and its elements
+    // disjoint, `&mut` makes this the only access, and `data` is not the tensor's memory.
+    let done = unsafe { kernels::scatter(data, base, &plan.axes, elem) };
+    if done {
+        Ok(())
+    } else {
+        Err(refused(&plan, elem))
     }
-    Ok(())
 }
 
 /// One side of an operation as `units` consecutive units of the element's predefined MPI
@@ -143,7 +115,7 @@ pub(crate) struct FlatSpec {
     /// Whether the tensor's elements are one run (then no scratch is needed).
     pub(crate) contiguous: bool,
     /// The packed copy in logical order (strided tensors, after `send`/`ready`).
-    scratch: Option<Vec<u8>>,
+    scratch: Option<Scratch>,
 }
 
 impl FlatSpec {
@@ -208,7 +180,8 @@ impl FlatSpec {
         let data = if preserve {
             pack(recv, self.elem_bytes)?
         } else {
-            vec![0u8; self.units * self.unit.size_bytes()]
+            // Every byte is written by MPI before `finish` reads it (the sizes are checked).
+            Scratch::take(self.units * self.unit.size_bytes())?
         };
         self.set_scratch(data);
         Ok(self)
@@ -240,7 +213,7 @@ impl FlatSpec {
 
     /// Keeps `data` as the buffer. An empty scratch is handed to MPI as NULL: an empty
     /// Vec's dangling `0x1` is Open MPI's `MPI_IN_PLACE`.
-    fn set_scratch(&mut self, mut data: Vec<u8>) {
+    fn set_scratch(&mut self, mut data: Scratch) {
         self.ptr = if data.is_empty() {
             std::ptr::null_mut()
         } else {

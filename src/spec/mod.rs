@@ -114,6 +114,8 @@ use crate::layout;
 
 pub(crate) mod datatype;
 pub(crate) mod flat;
+pub mod kernels;
+pub mod scratch;
 
 /// What both spec kinds share: where the first element is, how many elements, of what type,
 /// and the `(count, datatype)` MPI gets.

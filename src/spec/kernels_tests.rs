@@ -1,0 +1,338 @@
+//! Property tests of the host pack kernels (`super`): pack then unpack is the identity,
+//! and pack equals a reference gather, on random layouts and element sizes.
+
+// Test layouts are small (extents ≤ 9, strides within ±20, sizes ≤ 4096²): the casts of
+// indices and strides between the integer types cannot wrap.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss
+)]
+
+use super::*;
+use proptest::prelude::*;
+
+/// A test tensor: `buf` holds every element, the first element at byte `base`.
+struct Tensor {
+    buf: Vec<u8>,
+    base: usize,
+    axes: Vec<Axis>,
+    elem: usize,
+}
+
+/// Bytes of guard kept before and after the elements.
+const GUARD: usize = 64;
+
+impl Tensor {
+    /// A tensor over `axes` with every byte of its span (and guards) set by `fill`.
+    fn new(axes: &[Axis], elem: usize, fill: impl Fn(usize) -> u8) -> Tensor {
+        let (mut lo, mut hi) = (0i64, 0i64);
+        for a in axes {
+            let reach = a.stride_elems * (a.extent - 1);
+            if reach < 0 {
+                lo += reach
+            } else {
+                hi += reach
+            }
+        }
+        let len = (hi - lo + 1) as usize * elem + 2 * GUARD;
+        Tensor {
+            buf: (0..len).map(fill).collect(),
+            base: GUARD + (-lo) as usize * elem,
+            axes: axes.to_vec(),
+            elem,
+        }
+    }
+
+    /// Byte positions in `buf` of every element, in logical row-major order.
+    fn element_starts(&self) -> Vec<usize> {
+        let mut index = vec![0i64; self.axes.len()];
+        let count: i64 = self.axes.iter().map(|a| a.extent).product();
+        let mut out = Vec::new();
+        for _ in 0..count {
+            let off: i64 = index
+                .iter()
+                .zip(&self.axes)
+                .map(|(i, a)| i * a.stride_elems)
+                .sum();
+            out.push((self.base as i64 + off * self.elem as i64) as usize);
+            for k in (0..index.len()).rev() {
+                index[k] += 1;
+                if index[k] < self.axes[k].extent {
+                    break;
+                }
+                index[k] = 0;
+            }
+        }
+        out
+    }
+
+    /// The reference gather: one element at a time over the multi-index.
+    fn reference_gather(&self) -> Vec<u8> {
+        let e = self.elem;
+        self.element_starts()
+            .iter()
+            .flat_map(|&p| self.buf[p..p + e].to_vec())
+            .collect()
+    }
+
+    fn gather(&self) -> Option<Vec<u8>> {
+        let n: i64 = self.axes.iter().map(|a| a.extent).product();
+        let mut out = vec![0u8; n as usize * self.elem];
+        // SAFETY: `buf` covers every element (built from the axes' reach).
+        let ok = unsafe {
+            gather(
+                self.buf.as_ptr().add(self.base),
+                &self.axes,
+                self.elem,
+                &mut out,
+            )
+        };
+        ok.then_some(out)
+    }
+
+    fn scatter(&mut self, data: &[u8]) -> bool {
+        // SAFETY: as in `gather`, for writes.
+        unsafe {
+            scatter(
+                data,
+                self.buf.as_mut_ptr().add(self.base),
+                &self.axes,
+                self.elem,
+            )
+        }
+    }
+}
+
+const ELEMS: [usize; 9] = [1, 2, 3, 4, 6, 8, 12, 16, 32];
+
+fn pattern(i: usize) -> u8 {
+    (i.wrapping_mul(131) % 251) as u8
+}
+
+/// Any axes: extents 1–9, strides −20..=20 elements (zero included).
+fn any_axes() -> impl Strategy<Value = Vec<Axis>> {
+    prop::collection::vec((1i64..10, -20i64..=20), 1..=4).prop_map(|v| {
+        v.into_iter()
+            .map(|(extent, stride_elems)| Axis {
+                extent,
+                stride_elems,
+            })
+            .collect()
+    })
+}
+
+/// Disjoint axes: a step view of a compact array laid out in a permuted axis order, with
+/// signs flipped per axis.
+fn disjoint_axes() -> impl Strategy<Value = Vec<Axis>> {
+    prop::collection::vec((1i64..10, 1i64..4, any::<bool>(), any::<u32>()), 1..=4).prop_map(|v| {
+        let mut order: Vec<usize> = (0..v.len()).collect();
+        order.sort_by_key(|&i| v[i].3);
+        let mut strides = vec![0i64; v.len()];
+        let mut compact = 1i64;
+        for &i in order.iter().rev() {
+            let (extent, step, _, _) = v[i];
+            strides[i] = compact * step;
+            compact *= extent * step;
+        }
+        v.iter()
+            .zip(strides)
+            .map(|(&(extent, _, neg, _), s)| Axis {
+                extent,
+                stride_elems: if neg { -s } else { s },
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn gather_equals_reference(axes in any_axes(), e in 0..ELEMS.len()) {
+        let t = Tensor::new(&axes, ELEMS[e], pattern);
+        prop_assert_eq!(t.gather(), Some(t.reference_gather()));
+    }
+
+    #[test]
+    fn disjoint_gather_equals_reference(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+        let t = Tensor::new(&axes, ELEMS[e], pattern);
+        prop_assert_eq!(t.gather(), Some(t.reference_gather()));
+    }
+
+    #[test]
+    fn scatter_then_gather_is_identity(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+        let x = Tensor::new(&axes, ELEMS[e], pattern);
+        let packed = x.gather().unwrap();
+        let mut y = Tensor::new(&axes, ELEMS[e], |_| 0);
+        prop_assert!(y.scatter(&packed));
+        prop_assert_eq!(y.gather(), Some(packed));
+    }
+
+    #[test]
+    fn scatter_writes_only_elements(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+        let elem = ELEMS[e];
+        let mut y = Tensor::new(&axes, elem, |_| 0xAA);
+        let mut expected = y.buf.clone();
+        let starts = y.element_starts();
+        let data: Vec<u8> = (0..starts.len() * elem).map(pattern).collect();
+        for (k, &p) in starts.iter().enumerate() {
+            expected[p..p + elem].copy_from_slice(&data[k * elem..(k + 1) * elem]);
+        }
+        prop_assert!(y.scatter(&data));
+        prop_assert_eq!(y.buf, expected);
+    }
+
+    #[test]
+    fn wrong_length_is_refused(axes in any_axes(), e in 0..ELEMS.len(), extra in 1usize..40, shorter: bool) {
+        let elem = ELEMS[e];
+        let mut t = Tensor::new(&axes, elem, pattern);
+        let n: i64 = axes.iter().map(|a| a.extent).product();
+        let right = n as usize * elem;
+        let len = if shorter { right.saturating_sub(extra) } else { right + extra };
+        prop_assume!(len != right);
+        let mut out = vec![7u8; len];
+        let before = t.buf.clone();
+        // SAFETY: `buf` covers every element.
+        let ok = unsafe { gather(t.buf.as_ptr().add(t.base), &axes, elem, &mut out) };
+        prop_assert!(!ok);
+        prop_assert!(out.iter().all(|&b| b == 7));
+        prop_assert!(!t.scatter(&out));
+        prop_assert_eq!(t.buf, before);
+    }
+}
+
+/// Row-major `[rows, cols]` f32 read as its transpose `[cols, rows]`, strides `[1, cols]`.
+fn transpose_case(rows: i64, cols: i64) {
+    let axes = [
+        Axis {
+            extent: cols,
+            stride_elems: 1,
+        },
+        Axis {
+            extent: rows,
+            stride_elems: cols,
+        },
+    ];
+    let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
+    let mut out = vec![0u8; src.len() * 4];
+    // SAFETY: `src` holds every element of the view.
+    assert!(unsafe { gather(src.as_ptr().cast(), &axes, 4, &mut out) });
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    for j in 0..cols {
+        for i in 0..rows {
+            assert_eq!(
+                got[(j * rows + i) as usize],
+                (i * cols + j) as f32,
+                "at [{j}, {i}]"
+            );
+        }
+    }
+    let mut back = vec![0f32; src.len()];
+    // SAFETY: `back` has the same extent as `src`.
+    assert!(unsafe { scatter(&out, back.as_mut_ptr().cast(), &axes, 4) });
+    assert_eq!(back, src);
+}
+
+#[test]
+fn transpose_with_tile_edges() {
+    transpose_case(300, 500);
+    transpose_case(7, 1000);
+}
+
+#[test]
+fn transpose_4096_f32() {
+    transpose_case(4096, 4096);
+}
+
+#[test]
+fn step_two_view() {
+    let src: Vec<u32> = (0..100_001).collect();
+    let axes = [Axis {
+        extent: 50_001,
+        stride_elems: 2,
+    }];
+    let mut out = vec![0u8; 50_001 * 4];
+    // SAFETY: the view's last element is `src[100_000]`.
+    assert!(unsafe { gather(src.as_ptr().cast(), &axes, 4, &mut out) });
+    let got: Vec<u32> = out
+        .chunks_exact(4)
+        .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, (0..100_001).step_by(2).collect::<Vec<u32>>());
+}
+
+#[test]
+fn empty_and_scalar() {
+    let x = [1u8, 2, 3, 4];
+    let mut none: [u8; 0] = [];
+    // SAFETY: nothing is read for an empty tensor; one 4-byte element otherwise.
+    unsafe {
+        assert!(gather(x.as_ptr(), &[], 4, &mut none));
+        assert!(gather(
+            x.as_ptr(),
+            &[Axis {
+                extent: 0,
+                stride_elems: 5
+            }],
+            4,
+            &mut none
+        ));
+        let mut one = [0u8; 4];
+        assert!(gather(x.as_ptr(), &[], 4, &mut one));
+        assert_eq!(one, x);
+        assert!(!gather(
+            x.as_ptr(),
+            &[Axis {
+                extent: -1,
+                stride_elems: 1
+            }],
+            4,
+            &mut none
+        ));
+        assert!(!gather(
+            x.as_ptr(),
+            &[Axis {
+                extent: 2,
+                stride_elems: i64::MAX
+            }],
+            4,
+            &mut [0; 8]
+        ));
+    }
+}
+
+#[test]
+fn tiles_pair_the_smallest_stride() {
+    // [2, 3, 4] with strides making axis 0 the unit one: axis 0 joins the innermost.
+    let dims = vec![
+        Dim {
+            n: 2,
+            src: 4,
+            dst: 48,
+        },
+        Dim {
+            n: 3,
+            src: 8,
+            dst: 16,
+        },
+        Dim {
+            n: 4,
+            src: 256,
+            dst: 4,
+        },
+    ];
+    let (dims, tiled) = pair_for_tiles(dims);
+    assert!(tiled);
+    assert_eq!(
+        dims[1],
+        Dim {
+            n: 2,
+            src: 4,
+            dst: 48
+        }
+    );
+}
