@@ -13,7 +13,7 @@
 //!
 //! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 4 KiB; settable by
 //! [`set_pack_threshold_bytes`] or `DLPACK_MPI_PACK_THRESHOLD_BYTES`). Measured with
-//! `examples/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
+//! `benches/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
 //! block]` f32 view with a gap of one block, 32 MiB packed, median of 7 and 9 sends, derived
 //! against packed): packing took 0.42–0.43× the derived time at blocks of 1 element and
 //! 0.43–0.71× at 2; from 4 up to 4096 elements the two runs disagreed (ratios 0.3–2.7 on a

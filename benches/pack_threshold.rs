@@ -3,7 +3,9 @@
 //! to rank 1 under `Packing::DerivedDatatype` and under `Packing::Copy`, for blocks of 1 …
 //! 4096 elements, and prints the median time of each (rank 1 receives contiguously).
 //!
-//! `mpirun -n 2 target/release/examples/pack_threshold [packed MiB, default 32] [rounds, 7]`
+//! `"$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$(bench_binary pack_threshold)" [packed MiB, default 32]
+//! [rounds, 7]` (benches/README.md); an argument that is not a number (`--bench`, which
+//! `cargo bench` passes) leaves the default.
 
 use std::time::Instant;
 
