@@ -10,7 +10,6 @@
 
 #[macro_use]
 mod harness;
-#[allow(dead_code)]
 mod common;
 
 use std::ffi::{c_int, c_void, CStr, CString};
