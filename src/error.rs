@@ -393,6 +393,17 @@ pub enum Error {
         value: String,
     },
 
+    /// A producer's DLPack C exchange table (`__dlpack_c_exchange_api__`, dlpack.h v1.3)
+    /// cannot be used: missing or malformed where it is required, or one of its functions
+    /// broke its contract (feature `python`).
+    #[error("`__dlpack_c_exchange_api__` of type `{type_name}` is unusable: {reason}")]
+    InvalidExchangeApi {
+        /// The producer's Python type name.
+        type_name: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
     /// The capsule was already consumed: a consumer renamed it `used_dltensor_versioned` /
     /// `used_dltensor` when it took ownership (array API, `__dlpack__`), so a second
     /// consumption would call the deleter twice (feature `python`).

@@ -54,8 +54,10 @@
 //! hands the pointer to [`ManagedTensor`]; the capsule names and the rename rule are the
 //! ones dlpack.h and the array API define, as in dlpack-rs.
 //!
-//! `__dlpack_c_exchange_api__` (dlpack.h 1.3's C exchange table) is not used: no installed
-//! producer exposes it (NumPy 2.4 does not).
+//! A producer whose type has `__dlpack_c_exchange_api__` (dlpack.h 1.3's C exchange table:
+//! PaddlePaddle ≥ 3.3, PyTorch ≥ 2.10; not NumPy 2.4) is acquired through that table
+//! instead of steps 1–4, when the table is usable and the [`ExchangeApi`] policy allows
+//! (the default, [`ExchangeApi::Prefer`], does): see [`exchange`].
 //!
 //! # Making and reading NumPy arrays
 //!
@@ -100,6 +102,9 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::default_runtime;
 
+pub mod exchange;
+pub use exchange::ExchangeApi;
+
 const VERSIONED: &CStr = c"dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
 const USED_VERSIONED: &CStr = c"used_dltensor_versioned";
@@ -117,6 +122,25 @@ const USED_LEGACY: &CStr = c"used_dltensor";
 /// [`Error::UnsupportedDevice`] as in [`crate::dlpack::acquire`]. A tensor that was handed
 /// out has been released in every error case.
 pub fn acquire(obj: &Bound<'_, PyAny>, options: &AcquireOptions) -> Result<ManagedTensor<'static>> {
+    acquire_with(obj, options, ExchangeApi::from_env()?)
+}
+
+/// [`acquire`] with an explicit [`ExchangeApi`] policy instead of the process default.
+///
+/// # Errors
+/// As [`acquire`]; [`Error::InvalidExchangeApi`] under [`ExchangeApi::Require`] (see
+/// [`exchange`]).
+pub fn acquire_with(
+    obj: &Bound<'_, PyAny>,
+    options: &AcquireOptions,
+    exchange_api: ExchangeApi,
+) -> Result<ManagedTensor<'static>> {
+    // ---- DLPack C exchange API (src/python/exchange.rs): a usable table replaces the
+    // device query and `__dlpack__`; otherwise the capsule path below.
+    if let Some(tensor) = exchange::try_acquire(obj, options, exchange_api)? {
+        return Ok(tensor);
+    }
+    // ---- capsule path
     // The steps after the device query are `dlpack::acquire`'s own (the stream choice, the
     // device check, the synchronization); only the two calls into Python are this module's.
     // A Python object is not an `Exporter`: its tensors are `'static`, not borrows of it,

@@ -249,7 +249,7 @@ pub(crate) fn acquire_from<'t>(
 /// # Errors
 /// [`Error::DeviceMismatch`]; [`Error::UnsupportedDevice`] (see [`acquire`]). The tensor is
 /// released on error.
-fn check_acquired<'e>(
+pub(crate) fn check_acquired<'e>(
     tensor: ManagedTensor<'e>,
     reported: Option<Device>,
     options: &AcquireOptions,

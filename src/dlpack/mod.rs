@@ -40,12 +40,12 @@ mod cudarc;
 mod guard;
 mod producers;
 
-#[cfg(feature = "python")]
-pub(crate) use acquire::acquire_from;
 pub use acquire::{
     acquire, acquire_with_runtime, AcquireOptions, DeviceQuery, ExportRequest, Exporter,
     StreamPolicy,
 };
+#[cfg(feature = "python")]
+pub(crate) use acquire::{acquire_from, check_acquired};
 #[cfg(feature = "cuda")]
 pub use cudarc::CudaExport;
 pub use guard::{ManagedTensor, TensorView};
