@@ -203,6 +203,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Scratch::take asks MPI whether it is initialized (a C call)"
+    )]
     fn buffers_are_reused_and_bounded() {
         set_pool_cap_bytes(1 << 20);
         let first = Scratch::take(4096).unwrap();
