@@ -147,8 +147,8 @@ stage "cuda: clippy -D warnings with features cuda and python (cudarc loads the 
 stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cli,cuda
 stage "cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget)" \
     timeout 300 scripts/gpu-check-test.sh
-stage "cli, python: unit tests, Python-producer cases at 1 rank (NumPy), the CLI (tests/cli.rs) with NumPy" \
-    timeout 600 cargo test --features cli,python --lib --test python_cases --test cli
+stage "cli, python: unit tests, Python-producer cases at 1 rank, the DLPack C exchange API (hostile tables, Paddle), the CLI (tests/cli.rs) with NumPy" \
+    timeout 600 cargo test --features cli,python --lib --test python_cases --test python_exchange --test cli
 stage "python: doc tests of the python module" timeout 600 cargo test --features cli,python --doc python
 for n in 2 3; do
     stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features cli,python

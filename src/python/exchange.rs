@@ -435,10 +435,15 @@ fn current_stream(
 ) -> Result<isize> {
     let py = obj.py();
     let mut stream: *mut c_void = std::ptr::null_mut();
+    // DLPack's `DLDeviceType` is a C enum (an `int`); every code the guard accepted fits.
+    let device_type =
+        c_int::try_from(device.device_type).map_err(|_| Error::UnsupportedDevice {
+            device_type: device.device_type,
+            device_id: device.device_id,
+            reason: "the device type does not fit the exchange API's int",
+        })?;
     // SAFETY: the GIL is held; `stream` is a valid place for the result.
-    let rc = unsafe {
-        (table.current_work_stream)(device.device_type as c_int, device.device_id, &mut stream)
-    };
+    let rc = unsafe { (table.current_work_stream)(device_type, device.device_id, &mut stream) };
     if rc != 0 {
         return Err(match PyErr::take(py) {
             Some(e) => super::python_error(
