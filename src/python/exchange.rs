@@ -40,7 +40,7 @@
 //! # Ownership, devices and streams
 //!
 //! The returned tensor goes to [`ManagedTensor`] exactly like a capsule's, with the same
-//! GIL-holding deleter ([`super::release_with_gil`]): the guard is the only owner that calls
+//! GIL-holding deleter (`release_with_gil`, as for capsules): the guard is the only owner that calls
 //! the deleter, once, on every path (validation errors included). When the function fails
 //! (non-zero return) the consumer owns nothing and calls no deleter.
 //!
