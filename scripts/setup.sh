@@ -99,6 +99,32 @@ if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]] && ! python_ok; then
     fi
 fi
 
+# The other Python producers, with Open MPI only (like NumPy and mpi4py): JAX (CPU: `jax` +
+# `jaxlib`; bfloat16 and the eight float8 formats), PaddlePaddle (CPU; bfloat16, float8
+# e4m3fn/e5m2, non-contiguous tensors) and ml-dtypes (NumPy dtypes for bfloat16/float8, to
+# read those tensors back). Each is installed when it does not import. A registry failure is
+# not fatal: the test stages then skip that producer's cases with a SKIP line naming it.
+producer_module() {
+    case $1 in
+        jax) echo jax ;;
+        jaxlib) echo jaxlib ;;
+        paddlepaddle) echo paddle ;;
+        ml-dtypes) echo ml_dtypes ;;
+    esac
+}
+if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]]; then
+    wanted=()
+    for pkg in ml-dtypes jax jaxlib paddlepaddle; do
+        python3 -c "import $(producer_module "$pkg")" >/dev/null 2>&1 || wanted+=("$pkg")
+    done
+    if ((${#wanted[@]})); then
+        echo "setup: installing the Python producers ${wanted[*]} for $(command -v python3)"
+        if ! python3 -m pip install -q "${wanted[@]}"; then
+            echo "setup: WARNING: pip could not install ${wanted[*]}; the JAX/Paddle test cases will be skipped (SKIP lines name the missing package)" >&2
+        fi
+    fi
+fi
+
 # Verify what was installed: one line naming the package when something is still missing.
 if ! have_libclang; then
     echo "setup: bindgen will not find libclang (libclang.so*, not libclang-cpp): install Debian's libclang-dev (or libclang1-NN), or set LIBCLANG_PATH" >&2
