@@ -214,7 +214,9 @@ fn c55_legacy_fallback_once(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
     ensure!(!t.is_versioned(), "legacy capsule");
     ensure_eq!(t.as_slice::<i32>().map_err(s)?, &[0, 1, 2][..]);
     ensure!(
-        c.truth("len(old.calls) == 2 and old.calls[0]['max_version'] == (1, 3) and old.calls[1] == {}")?,
+        c.truth(
+            "len(old.calls) == 2 and old.calls[0]['max_version'] == (1, 3) and old.calls[1] == {}"
+        )?,
         "calls: {}",
         c.ev("old.calls")?
     );
@@ -1087,7 +1089,10 @@ const CASES: &[(&str, Case)] = &[
         "paddle_identity_and_100k_cycles_memory_flat",
         python_ml::paddle_identity_and_100k_cycles_memory_flat,
     ),
-    ("mixed_producers_in_one_job", python_ml::mixed_producers_in_one_job),
+    (
+        "mixed_producers_in_one_job",
+        python_ml::mixed_producers_in_one_job,
+    ),
     (
         "ml_reductions_follow_dtype_table",
         python_ml::ml_reductions_follow_dtype_table,

@@ -6,7 +6,8 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use super::{
-    sealed, DLManagedTensor, DLManagedTensorVersioned, DLTensor, Tensor, FLAG_READ_ONLY, MAJOR_VERSION,
+    sealed, DLManagedTensor, DLManagedTensorVersioned, DLTensor, Tensor, FLAG_READ_ONLY,
+    MAJOR_VERSION,
 };
 use crate::error::{Error, Result};
 use crate::layout;

@@ -84,7 +84,10 @@ pub(super) fn jax_every_dtype_and_layout_sends(w: &SimpleCommunicator, c: &Ctx) 
     if missing(c, "jax_every_dtype_and_layout_sends", &["jax", "ml_dtypes"])? {
         return Ok(());
     }
-    let names: Vec<String> = c.ev("p.JAX_DTYPES")?.extract().map_err(|e: PyErr| e.to_string())?;
+    let names: Vec<String> = c
+        .ev("p.JAX_DTYPES")?
+        .extract()
+        .map_err(|e: PyErr| e.to_string())?;
     ensure_eq!(names.len(), 23);
     for d in &names {
         for (layout, shape) in LAYOUTS {
@@ -143,7 +146,10 @@ pub(super) fn jax_refused_as_receive_buffer(w: &SimpleCommunicator, c: &Ctx) -> 
     // A send buffer like any other.
     ensure_eq!(t.as_slice::<f32>().map_err(s)?.len(), 5);
     drop(t);
-    ensure!(c.truth("bool((np.asarray(jx) == before).all())")?, "written");
+    ensure!(
+        c.truth("bool((np.asarray(jx) == before).all())")?,
+        "written"
+    );
     Ok(())
 }
 
@@ -207,7 +213,11 @@ pub(super) fn paddle_identity_and_100k_cycles_memory_flat(
     _: &SimpleCommunicator,
     c: &Ctx,
 ) -> Outcome {
-    if missing(c, "paddle_identity_and_100k_cycles_memory_flat", &["paddle"])? {
+    if missing(
+        c,
+        "paddle_identity_and_100k_cycles_memory_flat",
+        &["paddle"],
+    )? {
         return Ok(());
     }
     c.exec("pt = p.paddle_make('float32', [4, 6], rank); pv = pt.T")?;
@@ -256,7 +266,11 @@ pub(super) fn paddle_identity_and_100k_cycles_memory_flat(
 /// Several producers in one job: even ranks send Paddle tensors and receive into NumPy
 /// arrays, odd ranks send JAX arrays and receive into Paddle tensors.
 pub(super) fn mixed_producers_in_one_job(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
-    if missing(c, "mixed_producers_in_one_job", &["jax", "paddle", "ml_dtypes"])? {
+    if missing(
+        c,
+        "mixed_producers_in_one_job",
+        &["jax", "paddle", "ml_dtypes"],
+    )? {
         return Ok(());
     }
     let (next, prev) = ring(w);
@@ -307,8 +321,7 @@ pub(super) fn ml_reductions_follow_dtype_table(w: &SimpleCommunicator, c: &Ctx) 
     {
         let t = c.acquire("x")?;
         let mut r = c.acquire("y")?;
-        w.all_reduce_tensor(&t, &mut r, ReduceOp::Sum)
-            .map_err(s)?;
+        w.all_reduce_tensor(&t, &mut r, ReduceOp::Sum).map_err(s)?;
     }
     ensure!(
         c.truth(&format!(
