@@ -23,6 +23,11 @@ static RUN: OnceLock<Producer> = OnceLock::new();
 pub(super) fn set_installed(run: Producer, mask: i32) {
     let _ = RUN.set(run);
     let _ = INSTALLED.set(mask);
+    if mask != 0 {
+        // Every rank starts the interpreter and imports the producers (JAX's 64-bit mode
+        // on), as rank 0 did when it probed them; what rank 0 found is what counts.
+        let _ = probe(Producer::Rust);
+    }
 }
 
 /// Who makes the send tensors of a `cpu` case of `dtype` in this run.
@@ -193,7 +198,7 @@ else:
             locals.set_item("strides", strides.to_vec()).map_err(err)?;
             locals.set_item("first", first).map_err(err)?;
             locals.set_item("esize", esize).map_err(err)?;
-            py.run(MAKE, None, Some(&locals)).map_err(err)?;
+            py.run(MAKE, Some(&locals), None).map_err(err)?;
             let get = |k: &str| -> Result<Py<PyAny>, String> {
                 Ok(locals
                     .get_item(k)
