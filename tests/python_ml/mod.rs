@@ -116,7 +116,9 @@ pub(super) fn jax_refused_as_receive_buffer(w: &SimpleCommunicator, c: &Ctx) -> 
     c.exec("src = p.make('float32', [5], rank + 1)")?;
     let immutable = |r: Result<(), Error>, what: &str| -> Outcome {
         match r {
-            Err(Error::Immutable { producer }) if producer == "jax.Array" => Ok(()),
+            Err(Error::Immutable {
+                producer: "jax.Array",
+            }) => Ok(()),
             other => Err(format!("{what}: {other:?}")),
         }
     };
