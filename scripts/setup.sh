@@ -3,7 +3,8 @@
 # an MPI library with its compiler wrapper (Open MPI by default; MPICH with
 # DLPACK_MPI_IMPL=mpich), libclang (rsmpi's bindgen), pkg-config, python3 and iproute2 (`ip`,
 # for the two-host network-namespace test); with Open MPI also NumPy and mpi4py (running on
-# that MPI) for the Python producers and the mpi4py wire tests. Rust itself must already be
+# that MPI) for the Python producers and the mpi4py wire tests, and JAX, PaddlePaddle and
+# ml-dtypes (CPU, with pip) for the ML producers' tests. Rust itself must already be
 # installed (cargo on PATH).
 #
 # Installing a second MPI library does not change which one the scripts use: they name the
