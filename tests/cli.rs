@@ -70,7 +70,9 @@ fn check_patterns_reports_and_summary() {
     for l in &lines {
         assert!(l.contains("allreduce/float32"), "{l}");
         assert!(!l.contains("negative"), "{l}");
-        assert!(l.ends_with("/cpu/host/7"), "{l}");
+        // The name, then the producer (`[numpy]` or `[rust]`).
+        assert!(l.split(' ').nth(1).unwrap().ends_with("/cpu/host/7"), "{l}");
+        assert!(l.ends_with(']'), "{l}");
     }
     assert!(
         stdout.contains("10 passed, 0 failed, 0 skipped"),
@@ -379,13 +381,13 @@ fn check_producer_numpy() {
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(
-        stdout.contains("PASS bcast/float32/negative/cpu/host/7 [numpy]"),
+        stdout.contains("PASS bcast/float32/negative/cpu/host/7 [numpy]\n"),
         "{stdout}"
     );
     assert!(
         ["jax", "paddle", "rust"]
             .iter()
-            .any(|p| stdout.contains(&format!("bcast/bfloat16/contiguous/cpu/host/7 [{p}]"))),
+            .any(|p| stdout.contains(&format!("bcast/bfloat16/contiguous/cpu/host/7 [{p}]\n"))),
         "{stdout}"
     );
     assert!(!stdout.contains("FAIL"), "{stdout}");
@@ -397,7 +399,7 @@ fn check_producer_numpy() {
     assert!(stdout.contains("NumPy 2."), "{stdout}");
     assert!(
         stdout.contains(
-            "SKIP bcast/bfloat16/contiguous/cpu/host/7 [numpy] (NumPy has no dtype bfloat16)"
+            "SKIP bcast/bfloat16/contiguous/cpu/host/7 (NumPy has no dtype bfloat16) [numpy]"
         ),
         "{stdout}"
     );

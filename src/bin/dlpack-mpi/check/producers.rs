@@ -102,6 +102,13 @@ pub(super) fn probe(requested: Producer) -> Result<i32, String> {
     use pyo3::types::PyAnyMethods;
     pyo3::Python::initialize();
     pyo3::Python::attach(|py| {
+        // Quiet imports: check's JAX arrays live on the CPU (no accelerator probing and its
+        // log lines), and import-time warnings (Paddle's "No ccache found") stay unprinted.
+        let _ = py.run(
+            c"import os, warnings\nos.environ.setdefault('JAX_PLATFORMS', 'cpu')\nwarnings.filterwarnings('ignore', module='paddle')",
+            None,
+            None,
+        );
         let mut mask = 0;
         for (i, (p, module)) in Producer::PYTHON.iter().enumerate() {
             match py.import(*module) {
@@ -152,11 +159,13 @@ import numpy as np
 if producer == 'jax':
     import jax.numpy as jnp
     import ml_dtypes
-    npdt = getattr(ml_dtypes, name) if name in ('bfloat16',) or name.startswith('float8') else name
-    flat = np.frombuffer(data, dtype=np.uint8).view(npdt)
+    ml = name == 'bfloat16' or name.startswith('float8')
+    npdt = getattr(ml_dtypes, name) if ml else name
+    # as_strided cannot take some ml_dtypes (float8_e5m2): stride the bits, then view.
+    flat = np.frombuffer(data, dtype=np.uint8).view(f'u{esize}' if ml else npdt)
     view = np.lib.stride_tricks.as_strided(flat[first:], shape, [s * esize for s in strides])
-    base = jnp.asarray(flat)
-    view = jnp.asarray(view)
+    base = jnp.asarray(flat.view(npdt))
+    view = jnp.asarray(np.ascontiguousarray(view).view(npdt))
 else:
     import paddle
     base = paddle.to_tensor(np.frombuffer(data, dtype=np.uint8).copy())

@@ -130,8 +130,8 @@ impl Tally {
             _ => Producer::Rust,
         };
         let name = match case.dev {
-            // Host memory: the name says it all (`cpu/host`), then the producer.
-            Dev::Cpu => format!("{} [{}]", case.name(), producer.name()),
+            // Host memory: the name says it all (`cpu/host`).
+            Dev::Cpu => case.name(),
             dev => format!(
                 "{} [{} {}]",
                 case.name(),
@@ -139,11 +139,15 @@ impl Tally {
                 route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
             ),
         };
-        let took = if args.verbose {
+        let mut took = if args.verbose {
             format!(" [{:.2} ms]", seconds * 1e3)
         } else {
             String::new()
         };
+        // The producer ends every `cpu` line (other devices' lines name their route).
+        if case.dev == Dev::Cpu {
+            took.push_str(&format!(" [{}]", producer.name()));
+        }
         let mut stop = false;
         let (status, message, line) = match v {
             Verdict::Pass => {
