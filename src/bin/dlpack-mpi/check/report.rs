@@ -139,14 +139,14 @@ impl Tally {
                 route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
             ),
         };
-        let mut took = if args.verbose {
-            format!(" [{:.2} ms]", seconds * 1e3)
-        } else {
-            String::new()
+        // Every `cpu` line names its producer (other devices' lines name their route), then
+        // with -v the time.
+        let mut took = match case.dev {
+            Dev::Cpu => format!(" [{}]", producer.name()),
+            _ => String::new(),
         };
-        // The producer ends every `cpu` line (other devices' lines name their route).
-        if case.dev == Dev::Cpu {
-            took.push_str(&format!(" [{}]", producer.name()));
+        if args.verbose {
+            took.push_str(&format!(" [{:.2} ms]", seconds * 1e3));
         }
         let mut stop = false;
         let (status, message, line) = match v {
