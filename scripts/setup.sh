@@ -3,7 +3,8 @@
 # an MPI library with its compiler wrapper (Open MPI by default; MPICH with
 # DLPACK_MPI_IMPL=mpich), libclang (rsmpi's bindgen), pkg-config, python3 and iproute2 (`ip`,
 # for the two-host network-namespace test); with Open MPI also NumPy and mpi4py (running on
-# that MPI) for the Python producers and the mpi4py wire tests. Rust itself must already be
+# that MPI) for the Python producers and the mpi4py wire tests, and JAX, PaddlePaddle and
+# ml-dtypes (CPU, with pip) for the ML producers' tests. Rust itself must already be
 # installed (cargo on PATH).
 #
 # Installing a second MPI library does not change which one the scripts use: they name the
@@ -96,6 +97,32 @@ if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]] && ! python_ok; then
     if ! python_ok; then
         echo "setup: mpi4py does not use the system MPI: $(python3 -c 'from mpi4py import MPI; print(MPI.Get_library_version())' 2>&1 | head -n 1)" >&2
         exit 1
+    fi
+fi
+
+# The other Python producers, with Open MPI only (like NumPy and mpi4py): JAX (CPU: `jax` +
+# `jaxlib`; bfloat16 and the eight float8 formats), PaddlePaddle (CPU; bfloat16, float8
+# e4m3fn/e5m2, non-contiguous tensors) and ml-dtypes (NumPy dtypes for bfloat16/float8, to
+# read those tensors back). Each is installed when it does not import. A registry failure is
+# not fatal: the test stages then skip that producer's cases with a SKIP line naming it.
+producer_module() {
+    case $1 in
+        jax) echo jax ;;
+        jaxlib) echo jaxlib ;;
+        paddlepaddle) echo paddle ;;
+        ml-dtypes) echo ml_dtypes ;;
+    esac
+}
+if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]]; then
+    wanted=()
+    for pkg in ml-dtypes jax jaxlib paddlepaddle; do
+        python3 -c "import $(producer_module "$pkg")" >/dev/null 2>&1 || wanted+=("$pkg")
+    done
+    if ((${#wanted[@]})); then
+        echo "setup: installing the Python producers ${wanted[*]} for $(command -v python3)"
+        if ! python3 -m pip install -q "${wanted[@]}"; then
+            echo "setup: WARNING: pip could not install ${wanted[*]}; the JAX/Paddle test cases will be skipped (SKIP lines name the missing package)" >&2
+        fi
     fi
 fi
 

@@ -15,7 +15,10 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
-/// DLPack device type codes (`DLDeviceType`, dlpack.h v1.3).
+/// DLPack device type codes (`DLDeviceType`, dlpack.h v1.4: 1–4 and 7–21; 5 and 6 were
+/// never assigned). Every code has a name ([`name`](device_type::name)), so a valid code never
+/// reads as unknown; only host memory (and CUDA memory through `DeviceComm`) reaches MPI,
+/// the others are refused naming their device type.
 pub mod device_type {
     /// `kDLCPU`.
     pub const CPU: u32 = 1;
@@ -41,6 +44,52 @@ pub mod device_type {
     pub const CUDA_MANAGED: u32 = 13;
     /// `kDLOneAPI`.
     pub const ONE_API: u32 = 14;
+    /// `kDLWebGPU`.
+    pub const WEBGPU: u32 = 15;
+    /// `kDLHexagon` (Qualcomm Hexagon DSP).
+    pub const HEXAGON: u32 = 16;
+    /// `kDLMAIA` (Microsoft MAIA).
+    pub const MAIA: u32 = 17;
+    /// `kDLTrn` (AWS Trainium).
+    pub const TRN: u32 = 18;
+    /// `kDLTPU` (Google TPU device memory; dlpack.h 1.3).
+    pub const TPU: u32 = 19;
+    /// `kDLTPUHost` (TPU host memory, owned by the TPU runtime; dlpack.h 1.3).
+    pub const TPU_HOST: u32 = 20;
+    /// `kDLAscend` (Huawei Ascend NPU; dlpack.h 1.4).
+    pub const ASCEND: u32 = 21;
+
+    /// The dlpack.h name of a device type code (`"kDLCPU"`, ...), `None` for a code dlpack.h
+    /// does not define.
+    pub const fn name(code: u32) -> Option<&'static str> {
+        Some(match code {
+            CPU => "kDLCPU",
+            CUDA => "kDLCUDA",
+            CUDA_HOST => "kDLCUDAHost",
+            OPENCL => "kDLOpenCL",
+            VULKAN => "kDLVulkan",
+            METAL => "kDLMetal",
+            VPI => "kDLVPI",
+            ROCM => "kDLROCM",
+            ROCM_HOST => "kDLROCMHost",
+            EXT_DEV => "kDLExtDev",
+            CUDA_MANAGED => "kDLCUDAManaged",
+            ONE_API => "kDLOneAPI",
+            WEBGPU => "kDLWebGPU",
+            HEXAGON => "kDLHexagon",
+            MAIA => "kDLMAIA",
+            TRN => "kDLTrn",
+            TPU => "kDLTPU",
+            TPU_HOST => "kDLTPUHost",
+            ASCEND => "kDLAscend",
+            _ => return None,
+        })
+    }
+
+    /// Whether dlpack.h (v1.4) defines `code`.
+    pub const fn is_known(code: u32) -> bool {
+        name(code).is_some()
+    }
 }
 
 /// Why CUDA memory is refused where host memory is needed: it goes through `DeviceComm`,
@@ -118,13 +167,36 @@ impl Device {
             MemoryKind::Host | MemoryKind::PinnedHost => return Ok(()),
             MemoryKind::Cuda | MemoryKind::CudaManaged => CUDA_NOT_HOST,
             MemoryKind::Rocm => "ROCm device memory has no path to MPI in this build",
-            MemoryKind::Other => "this device type has no path to MPI",
+            MemoryKind::Other => other_refusal(self.device_type),
         };
         Err(Error::UnsupportedDevice {
             device_type: self.device_type,
             device_id: self.device_id,
             reason,
         })
+    }
+}
+
+/// Why a device type with no path to MPI is refused, naming it (a `'static` reason for
+/// [`Error::UnsupportedDevice`]).
+fn other_refusal(code: u32) -> &'static str {
+    match code {
+        device_type::OPENCL => "kDLOpenCL memory has no path to MPI",
+        device_type::VULKAN => "kDLVulkan memory has no path to MPI",
+        device_type::METAL => "kDLMetal memory has no path to MPI",
+        device_type::VPI => "kDLVPI memory has no path to MPI",
+        device_type::EXT_DEV => "kDLExtDev memory has no path to MPI",
+        device_type::ONE_API => "kDLOneAPI memory has no path to MPI",
+        device_type::WEBGPU => "kDLWebGPU memory has no path to MPI",
+        device_type::HEXAGON => "kDLHexagon memory has no path to MPI",
+        device_type::MAIA => "kDLMAIA memory has no path to MPI",
+        device_type::TRN => "kDLTrn (Trainium) memory has no path to MPI",
+        device_type::TPU => "kDLTPU (TPU device) memory has no path to MPI",
+        device_type::TPU_HOST => {
+            "kDLTPUHost memory belongs to the TPU runtime and has no path to MPI"
+        }
+        device_type::ASCEND => "kDLAscend (Ascend NPU) memory has no path to MPI",
+        _ => "this device type is not defined by dlpack.h and has no path to MPI",
     }
 }
 
@@ -143,6 +215,13 @@ impl fmt::Display for Device {
             device_type::EXT_DEV => "ext_dev",
             device_type::CUDA_MANAGED => "cuda_managed",
             device_type::ONE_API => "oneapi",
+            device_type::WEBGPU => "webgpu",
+            device_type::HEXAGON => "hexagon",
+            device_type::MAIA => "maia",
+            device_type::TRN => "trn",
+            device_type::TPU => "tpu",
+            device_type::TPU_HOST => "tpu_host",
+            device_type::ASCEND => "ascend",
             _ => return write!(f, "device{}:{}", self.device_type, self.device_id),
         };
         write!(f, "{name}:{}", self.device_id)
@@ -191,5 +270,29 @@ impl MemoryKind {
             self,
             MemoryKind::Cuda | MemoryKind::CudaManaged | MemoryKind::Rocm
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dlpack_1_4_code_is_named_and_refused_by_name() {
+        for code in (1..=4).chain(7..=21) {
+            let name = device_type::name(code).unwrap_or_else(|| panic!("{code} unnamed"));
+            let d = Device::new(code, 0);
+            assert!(!d.to_string().starts_with("device"), "{code}: {d}");
+            if d.memory_kind() == MemoryKind::Other {
+                let err = d.check_host_accessible().unwrap_err().to_string();
+                assert!(err.contains(name), "{code}: {err}");
+            }
+        }
+        for code in [0, 5, 6, 22, u32::MAX] {
+            assert!(!device_type::is_known(code), "{code}");
+        }
+        assert_eq!(device_type::name(19), Some("kDLTPU"));
+        assert_eq!(device_type::name(20), Some("kDLTPUHost"));
+        assert_eq!(device_type::name(21), Some("kDLAscend"));
     }
 }

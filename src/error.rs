@@ -204,6 +204,18 @@ pub enum Error {
     #[error("tensor is READ_ONLY and cannot be used as a receive buffer")]
     ReadOnly,
 
+    /// The tensor comes from a producer whose arrays are immutable (JAX's `jax.Array`), which
+    /// exports them in a legacy capsule without DLPack flags: it is read-only, and refused as
+    /// a receive buffer by what the consumer knows of the producer (feature `python`).
+    #[error(
+        "{producer} arrays are immutable: the tensor cannot be used as a receive buffer \
+         (the producer's capsule carries no READ_ONLY flag, but the array must never be written)"
+    )]
+    Immutable {
+        /// The producer's array type, e.g. `jax.Array`.
+        producer: &'static str,
+    },
+
     /// The tensor is `IS_COPIED` (DLPack `DLPACK_FLAG_BITMASK_IS_COPIED`): data received into
     /// it would land in a copy nobody sees.
     #[error(

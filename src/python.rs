@@ -7,17 +7,28 @@
 //! [`crate::dlpack::acquire`]:
 //!
 //! 1. `__dlpack_device__()` is called when the object has it. The answer must be a tuple of
-//!    two ints, `(device_type, device_id)`, with a device type dlpack.h defines; anything
-//!    else is [`Error::InvalidDeviceQuery`] naming the value (CASES C57). Without the
-//!    method the device is unknown, which [`DeviceQuery::Required`](crate::dlpack::DeviceQuery::Required) turns into
+//!    two ints, `(device_type, device_id)`, with a device type dlpack.h (v1.4) defines;
+//!    anything else is [`Error::InvalidDeviceQuery`] naming the value (CASES C57). Strict
+//!    where a wrong answer would be dangerous, lenient where the meaning is unambiguous:
+//!    - int subclasses are ints (JAX and Paddle answer with an `IntEnum` `DLDeviceType`),
+//!      but `bool` is not (`(True, 0)` is refused);
+//!    - a host device (`kDLCPU`, `kDLCUDAHost`, `kDLROCMHost`) with id `None` is device 0
+//!      (Paddle answers `(DLDeviceType.kDLCPU, None)`): host memory has one ordinal;
+//!    - any other device with id `None` is refused: which GPU it is would be a guess;
+//!    - a list, a tuple of another length, a float, a string, a negative id or an unknown
+//!      code stay refused.
+//!
+//!    Without the method the device is unknown, which
+//!    [`DeviceQuery::Required`](crate::dlpack::DeviceQuery::Required) turns into
 //!    [`Error::MissingDeviceQuery`].
 //! 2. `__dlpack__(max_version=(1, MINOR), copy=False[, stream=s])` is called, with the
 //!    stream [`AcquireOptions::stream_for`] picks: none for host memory and for an unknown
 //!    device (C50, C53), the consumer's stream or `-1` for CUDA/ROCm (C51, C52).
-//! 3. If that raises a `TypeError` about the keywords (a producer written before DLPack
-//!    1.0 does not know `max_version` or `copy`), it is called once more in the legacy form,
-//!    `__dlpack__()` or `__dlpack__(stream=s)` (C55). Any other exception is
-//!    [`Error::Python`].
+//! 3. If that raises any `TypeError` (a producer written before DLPack 1.0 does not know
+//!    `max_version` or `copy`, and may say so in its own words), it is called once more in
+//!    the legacy form, `__dlpack__()` or `__dlpack__(stream=s)` (C55), as NumPy's own
+//!    `from_dlpack` does; never more than once. An exception from the retry, or any other
+//!    exception from the first call, is [`Error::Python`].
 //! 4. The capsule that comes back, `dltensor_versioned` or `dltensor` (whichever the
 //!    producer chose), is consumed by [`from_capsule`]: its name is checked, it is renamed
 //!    `used_dltensor_versioned` / `used_dltensor` (so that the capsule's own destructor does
@@ -25,6 +36,18 @@
 //!    passes to a [`ManagedTensor`], which validates it like any other tensor. A read-only
 //!    NumPy array arrives with `READ_ONLY` set and is refused as a receive buffer
 //!    ([`Error::ReadOnly`], C58).
+//!
+//! # Capsules without flags, and immutable producers
+//!
+//! A legacy `dltensor` capsule has no flags field, so DLPack cannot say whether its memory
+//! may be written. The rule: a legacy tensor is writable (NumPy's and Paddle's legacy
+//! capsules are, as before DLPack 1.0) **unless the producer's arrays are known to be
+//! immutable**. JAX's are: a `jax.Array` is never modified in place, yet JAX answers a
+//! versioned request with a legacy capsule. A legacy tensor whose object's type lives in the
+//! `jax`/`jaxlib` modules is therefore marked read-only by this consumer: it is a send buffer
+//! like any other, and as a receive buffer (or through `as_mut_slice`) it is refused with
+//! [`Error::Immutable`] ("jax.Array arrays are immutable"), before any MPI call. Nothing is
+//! ever written into a JAX array. (A versioned capsule says for itself, with `READ_ONLY`.)
 //!
 //! # Deleter and the GIL
 //!
@@ -94,7 +117,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyInt, PyString, PyTuple};
 /// your `Bound` objects are the ones [`acquire`] takes.
 pub use pyo3;
 
-use crate::device::Device;
+use crate::device::{device_type, Device, MemoryKind};
 use crate::dlpack::{
     acquire_from, AcquireOptions, DLManagedTensor, ManagedTensor, MAJOR_VERSION, MINOR_VERSION,
 };
@@ -146,9 +169,25 @@ pub fn acquire_with(
     // A Python object is not an `Exporter`: its tensors are `'static`, not borrows of it,
     // and its device query can fail.
     let reported = device_query(obj)?;
-    acquire_from(reported, options, default_runtime(), |req| {
+    let mut tensor = acquire_from(reported, options, default_runtime(), |req| {
         from_capsule(&request(obj, req.stream)?)
-    })
+    })?;
+    // A capsule without flags from a producer whose arrays are immutable (module docs).
+    if !tensor.is_versioned() {
+        if let Some(producer) = immutable_producer(obj) {
+            tensor.mark_immutable(producer);
+        }
+    }
+    Ok(tensor)
+}
+
+/// The array type of a producer known to make immutable arrays, by the module of `obj`'s
+/// type: `jax.Array` (its concrete type is `jaxlib._jax.ArrayImpl`); `None` for others.
+fn immutable_producer(obj: &Bound<'_, PyAny>) -> Option<&'static str> {
+    let module = obj.get_type().module().ok()?;
+    let module = module.to_str().ok()?;
+    let top = module.split('.').next().unwrap_or(module);
+    matches!(top, "jax" | "jaxlib").then_some("jax.Array")
 }
 
 /// Calls `__dlpack_device__()` if the object has it and validates the answer.
@@ -169,9 +208,9 @@ pub fn device_query(obj: &Bound<'_, PyAny>) -> Result<Option<Device>> {
     }
 }
 
-/// Whether `device_type` is a `DLDeviceType` of dlpack.h (v1.3: 1–4 and 7–20).
+/// Whether `device_type` is a `DLDeviceType` of dlpack.h (v1.4: 1–4 and 7–21).
 fn known_device_type(t: i64) -> bool {
-    matches!(t, 1..=4 | 7..=20)
+    u32::try_from(t).is_ok_and(device_type::is_known)
 }
 
 /// `t` as a `DLDevice::device_type` when dlpack.h defines it.
@@ -203,9 +242,20 @@ fn parse_device(answer: &Bound<'_, PyAny>) -> Result<Device> {
         item.extract::<i64>().map_err(|_| bad(what))
     };
     let dev_type = int(0, "device_type is not an int")?;
-    let dev_id = int(1, "device_id is not an int")?;
     let dev_type = device_type_of(dev_type)
         .ok_or_else(|| bad("unknown device_type (not a DLDeviceType of dlpack.h)"))?;
+    if tuple.get_item(1).is_ok_and(|id| id.is_none()) {
+        // Host memory has one ordinal; a device with several would be a guess.
+        let device = Device::new(dev_type, 0);
+        return match device.memory_kind() {
+            MemoryKind::Host | MemoryKind::PinnedHost => Ok(device),
+            _ => Err(bad(
+                "device_id is None, allowed only for host memory (kDLCPU, kDLCUDAHost, \
+                 kDLROCMHost); this device type has several ordinals",
+            )),
+        };
+    }
+    let dev_id = int(1, "device_id is not an int")?;
     let id = i32::try_from(dev_id)
         .ok()
         .filter(|&id| id >= 0)
@@ -313,39 +363,36 @@ fn request<'py>(obj: &Bound<'py, PyAny>, stream: Option<isize>) -> Result<Bound<
                 type_name: type_name(obj),
             })
         }
-        Err(e) if e.is_instance_of::<PyTypeError>(py) && rejects_keywords(py, &e) => {
-            legacy_request(obj, stream)
+        // Any TypeError: the producer may not know the 1.x keywords and say so in its own
+        // words (NumPy's `from_dlpack` retries the same way). Retried once, never again.
+        Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+            let first = python_error(call(), py, e);
+            legacy_request(obj, stream, &first)
         }
         Err(e) => Err(python_error(call(), py, e)),
     }
 }
 
-/// Whether a `TypeError` is the interpreter's complaint about the DLPack 1.x keywords
-/// ("got an unexpected keyword argument 'max_version'") or a producer's about them.
-fn rejects_keywords(py: Python<'_>, e: &PyErr) -> bool {
-    let message = e.value(py).to_string();
-    ["keyword", "max_version", "copy"]
-        .iter()
-        .any(|k| message.contains(k))
-}
-
+/// The one legacy retry; its error names the first call's `TypeError` too.
 fn legacy_request<'py>(
     obj: &Bound<'py, PyAny>,
     stream: Option<isize>,
+    first: &Error,
 ) -> Result<Bound<'py, PyAny>> {
     let py = obj.py();
     let name = pyo3::intern!(py, "__dlpack__");
+    let after = |call: String| format!("{call} (legacy form, the one retry after {first})");
     match stream {
         None => obj
             .call_method0(name)
-            .map_err(|e| python_error("__dlpack__() (legacy form)".into(), py, e)),
+            .map_err(|e| python_error(after("__dlpack__()".into()), py, e)),
         Some(s) => {
             let kwargs = PyDict::new(py);
             kwargs
                 .set_item("stream", s)
                 .map_err(|e| python_error("building kwargs".into(), py, e))?;
             obj.call_method(name, (), Some(&kwargs))
-                .map_err(|e| python_error(format!("__dlpack__(stream={s}) (legacy form)"), py, e))
+                .map_err(|e| python_error(after(format!("__dlpack__(stream={s})")), py, e))
         }
     }
 }
@@ -584,10 +631,11 @@ mod tests {
 
     #[test]
     fn device_types_known() {
-        for t in [1, 2, 3, 4, 7, 13, 20] {
+        // dlpack.h 1.4 added kDLAscend (21); 19 and 20 are kDLTPU / kDLTPUHost.
+        for t in [1, 2, 3, 4, 7, 13, 19, 20, 21] {
             assert!(known_device_type(t), "{t}");
         }
-        for t in [0, 5, 6, 21, -1] {
+        for t in [0, 5, 6, 22, -1, i64::from(u32::MAX) + 1] {
             assert!(!known_device_type(t), "{t}");
         }
     }

@@ -70,7 +70,9 @@ fn check_patterns_reports_and_summary() {
     for l in &lines {
         assert!(l.contains("allreduce/float32"), "{l}");
         assert!(!l.contains("negative"), "{l}");
-        assert!(l.ends_with("/cpu/host/7"), "{l}");
+        // The name, then the producer (`[numpy]` or `[rust]`).
+        assert!(l.split(' ').nth(1).unwrap().ends_with("/cpu/host/7"), "{l}");
+        assert!(l.ends_with(']'), "{l}");
     }
     assert!(
         stdout.contains("10 passed, 0 failed, 0 skipped"),
@@ -359,8 +361,10 @@ fn check_producer_numpy_needs_the_feature() {
     assert!(text(&out.stdout).contains("Rust-made tensors"));
 }
 
-/// With the `python` feature and NumPy, the default producer is NumPy; dtypes NumPy lacks
-/// are skipped with the reason; `--producer rust` still makes Rust tensors.
+/// With the `python` feature, `--producer numpy` makes NumPy arrays and skips the dtypes
+/// NumPy lacks with the reason; `--producer rust` still makes Rust tensors; the default
+/// (`auto`, issue 15) takes float32 from NumPy and bfloat16 from JAX (when installed, else
+/// Paddle, else Rust), and every case line names its producer.
 #[cfg(feature = "python")]
 #[test]
 fn check_producer_numpy() {
@@ -376,9 +380,27 @@ fn check_producer_numpy() {
     let out = mpirun(2, &args, &[]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("PASS bcast/float32/negative/cpu/host/7 [numpy]\n"),
+        "{stdout}"
+    );
+    assert!(
+        ["jax", "paddle", "rust"]
+            .iter()
+            .any(|p| stdout.contains(&format!("bcast/bfloat16/contiguous/cpu/host/7 [{p}]\n"))),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("FAIL"), "{stdout}");
+    let mut args = args.to_vec();
+    args.extend(["--producer", "numpy"]);
+    let out = mpirun(2, &args, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("NumPy 2."), "{stdout}");
     assert!(
-        stdout.contains("SKIP bcast/bfloat16/contiguous/cpu/host/7 (NumPy has no dtype bfloat16)"),
+        stdout.contains(
+            "SKIP bcast/bfloat16/contiguous/cpu/host/7 (NumPy has no dtype bfloat16) [numpy]"
+        ),
         "{stdout}"
     );
     assert!(
@@ -386,7 +408,7 @@ fn check_producer_numpy() {
         "{stdout}"
     );
     assert!(stdout.contains("6 passed, 0 failed, 6 skipped"), "{stdout}");
-    let mut rust = args.to_vec();
+    let mut rust = args[..args.len() - 2].to_vec();
     rust.extend(["--producer", "rust"]);
     let out = mpirun(2, &rust, &[]);
     let stdout = text(&out.stdout);

@@ -11,6 +11,7 @@
 
 #[macro_use]
 mod harness;
+mod python_ml;
 
 use std::ffi::CString;
 
@@ -206,14 +207,30 @@ fn c55_legacy_fallback_once(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
             .map_err(s)?;
     }
     ensure!(c.truth("list(got) == [0, 10, 20, 30]")?, "{}", c.ev("got")?);
-    // A TypeError about something else is not retried.
+    // Any TypeError is retried once in the legacy form (issue 15; NumPy's from_dlpack does
+    // the same), whatever its message: a producer that predates DLPack 1.0 in its own words.
+    c.exec("old = p.PredatesDLPack1(np.arange(3, dtype=np.int32))")?;
+    let t = c.acquire("old")?;
+    ensure!(!t.is_versioned(), "legacy capsule");
+    ensure_eq!(t.as_slice::<i32>().map_err(s)?, &[0, 1, 2][..]);
+    ensure!(
+        c.truth(
+            "len(old.calls) == 2 and old.calls[0]['max_version'] == (1, 3) and old.calls[1] == {}"
+        )?,
+        "calls: {}",
+        c.ev("old.calls")?
+    );
+    // Only once: a producer whose TypeError has nothing to do with the keywords raises it
+    // again on the retry, which is the error (naming both calls), and there is no third call.
     c.exec("bad = p.RaisesTypeError()")?;
     let r = python::acquire(&c.ev("bad")?, &opts());
     ensure!(
-        matches!(&r, Err(Error::Python { exception, .. }) if exception.contains("cannot export this dtype")),
+        matches!(&r, Err(Error::Python { call, exception })
+            if exception.contains("cannot export this dtype") && call.contains("legacy form")
+                && call.contains("max_version")),
         "{r:?}"
     );
-    ensure_eq!(c.int("bad.calls")?, 1);
+    ensure_eq!(c.int("bad.calls")?, 2);
     Ok(())
 }
 
@@ -369,13 +386,14 @@ fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
         );
         ensure_eq!(c.int("h.deletes")?, 1);
     }
-    // Odd exceptions from __dlpack__: named, never retried, never a panic.
+    // Odd exceptions from __dlpack__: named, never a panic; only a TypeError is retried, once
+    // (issue 15: any TypeError, as NumPy's from_dlpack does).
     for (exc, shown, calls) in [
         ("KeyboardInterrupt()", "KeyboardInterrupt", 1),
         ("SystemExit(3)", "SystemExit", 1),
         ("type('MyBase', (BaseException,), {})('boom')", "MyBase", 1),
         ("BufferError('no')", "BufferError", 1),
-        ("TypeError('bad dtype')", "TypeError", 1),
+        ("TypeError('bad dtype')", "TypeError", 2),
         ("MemoryError()", "MemoryError", 1),
         // Names a keyword: the legacy retry runs once (and raises again).
         ("TypeError('unexpected keyword')", "TypeError", 2),
@@ -424,7 +442,9 @@ fn hostile_python_producers(_: &SimpleCommunicator, c: &Ctx) -> Outcome {
         "(1, 0.0)",
         "(1, False)",
         "[1, 0]",
-        "(1, None)",
+        // (1, None) is device 0 since issue 15 (device_query_rules); a GPU without an id
+        // stays refused.
+        "(2, None)",
         "'(1, 0)'",
         "type('T', (tuple,), {'__len__': lambda self: 2})((1, 0, 7))",
     ] {
@@ -1052,6 +1072,31 @@ const CASES: &[(&str, Case)] = &[
     ("c55_legacy_fallback_once", c55_legacy_fallback_once),
     ("c56_capsule_consumed_twice", c56_capsule_consumed_twice),
     ("c57_bad_device_query", c57_bad_device_query),
+    ("device_query_rules", python_ml::device_query_rules),
+    (
+        "jax_every_dtype_and_layout_sends",
+        python_ml::jax_every_dtype_and_layout_sends,
+    ),
+    (
+        "jax_refused_as_receive_buffer",
+        python_ml::jax_refused_as_receive_buffer,
+    ),
+    (
+        "paddle_every_dtype_and_layout",
+        python_ml::paddle_every_dtype_and_layout,
+    ),
+    (
+        "paddle_identity_and_100k_cycles_memory_flat",
+        python_ml::paddle_identity_and_100k_cycles_memory_flat,
+    ),
+    (
+        "mixed_producers_in_one_job",
+        python_ml::mixed_producers_in_one_job,
+    ),
+    (
+        "ml_reductions_follow_dtype_table",
+        python_ml::ml_reductions_follow_dtype_table,
+    ),
     ("hostile_python_producers", hostile_python_producers),
     (
         "c58_read_only_numpy_never_receives",

@@ -5,7 +5,10 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use super::{sealed, DLManagedTensor, DLManagedTensorVersioned, DLTensor, Tensor, MAJOR_VERSION};
+use super::{
+    sealed, DLManagedTensor, DLManagedTensorVersioned, DLTensor, Tensor, FLAG_READ_ONLY,
+    MAJOR_VERSION,
+};
 use crate::error::{Error, Result};
 use crate::layout;
 
@@ -136,6 +139,8 @@ enum Owner {
 pub struct ManagedTensor<'a> {
     owner: Owner,
     release: Option<ReleaseContext>,
+    /// Set by [`ManagedTensor::mark_immutable`]: the producer's array type.
+    immutable: Option<&'static str>,
     _data: PhantomData<&'a mut [u8]>,
 }
 
@@ -189,6 +194,7 @@ impl<'a> ManagedTensor<'a> {
         let guard = ManagedTensor {
             owner: Owner::Legacy(ptr),
             release,
+            immutable: None,
             _data: PhantomData,
         };
         // SAFETY: caller's contract on shape and strides.
@@ -227,6 +233,7 @@ impl<'a> ManagedTensor<'a> {
         let guard = ManagedTensor {
             owner: Owner::Versioned(ptr),
             release,
+            immutable: None,
             _data: PhantomData,
         };
         // SAFETY: the caller's contract makes the struct readable; the version comes first
@@ -257,6 +264,13 @@ impl<'a> ManagedTensor<'a> {
         }
     }
 
+    /// Marks the tensor read-only because the consumer knows that the producer's arrays are
+    /// immutable (`producer` names their type), whatever its flags say: it then reports
+    /// `READ_ONLY` and is refused as a receive buffer with [`Error::Immutable`].
+    pub(crate) fn mark_immutable(&mut self, producer: &'static str) {
+        self.immutable = Some(producer);
+    }
+
     /// Whether the producer handed a `DLManagedTensorVersioned` (as opposed to legacy).
     pub fn is_versioned(&self) -> bool {
         matches!(self.owner, Owner::Versioned(_))
@@ -278,11 +292,20 @@ impl Tensor for ManagedTensor<'_> {
 
     #[inline]
     fn flags(&self) -> u64 {
-        match self.owner {
+        let given = match self.owner {
             Owner::Legacy(_) => 0,
             // SAFETY: the guard owns a valid struct until drop.
             Owner::Versioned(p) => unsafe { (*p.as_ptr()).flags },
+        };
+        if self.immutable.is_some() {
+            given | FLAG_READ_ONLY
+        } else {
+            given
         }
+    }
+
+    fn immutable_producer(&self) -> Option<&'static str> {
+        self.immutable
     }
 }
 

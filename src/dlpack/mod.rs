@@ -166,6 +166,22 @@ pub trait Tensor: sealed::Sealed {
         self.flags() & FLAG_READ_ONLY != 0
     }
 
+    /// The producer's array type when the consumer knows its arrays are immutable although
+    /// the tensor carries no `READ_ONLY` flag (a JAX array's legacy capsule, see
+    /// [`crate::python`]); such a tensor reports `READ_ONLY` in [`Tensor::flags`].
+    fn immutable_producer(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The error for writing into this read-only tensor: [`Error::Immutable`] naming the
+    /// producer when [`Tensor::immutable_producer`] knows it, else [`Error::ReadOnly`].
+    fn read_only_error(&self) -> Error {
+        match self.immutable_producer() {
+            Some(producer) => Error::Immutable { producer },
+            None => Error::ReadOnly,
+        }
+    }
+
     /// Whether `IS_COPIED` is set.
     #[inline]
     fn is_copied(&self) -> bool {
@@ -206,7 +222,7 @@ pub trait Tensor: sealed::Sealed {
         Self: Sized,
     {
         if self.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(self.read_only_error());
         }
         let (ptr, n) = checked_host_elements::<T, Self>(self)?;
         if n == 0 {

@@ -469,7 +469,7 @@ impl<'t> RecvSpec<'t> {
     #[inline]
     fn writable<T: Tensor + ?Sized>(tensor: &T) -> Result<Described> {
         if tensor.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(tensor.read_only_error());
         }
         if tensor.is_copied() {
             return Err(Error::IsCopied);

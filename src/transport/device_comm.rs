@@ -305,7 +305,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 }) =>
             {
                 if tensor.is_read_only() {
-                    return Err(Error::ReadOnly);
+                    return Err(tensor.read_only_error());
                 }
                 if tensor.is_copied() {
                     return Err(Error::IsCopied);

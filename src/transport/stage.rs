@@ -145,7 +145,7 @@ impl Placement {
             }
         }
         if access.writes() && t.is_read_only() {
-            return Err(Error::ReadOnly);
+            return Err(t.read_only_error());
         }
         if access.writes() && t.is_copied() {
             return Err(Error::IsCopied);

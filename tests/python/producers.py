@@ -87,7 +87,8 @@ class Legacy:
 
 
 class RaisesTypeError:
-    """A TypeError that has nothing to do with the keywords: not retried."""
+    """A TypeError that has nothing to do with the keywords: retried once (legacy form),
+    which raises it again."""
 
     def __init__(self):
         self.calls = 0
@@ -331,3 +332,106 @@ class SelfDeleting:
     def __dlpack__(self, **kwargs):
         self.holder.clear()
         return self.array.__dlpack__(**kwargs)
+
+
+class PredatesDLPack1:
+    """A pre-1.0 producer that rejects `max_version` in its own words (no keyword named):
+    retried once in the legacy form."""
+
+    def __init__(self, array):
+        self.array = array
+        self.calls = []
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, **kwargs):
+        self.calls.append(dict(kwargs))
+        if kwargs:
+            raise TypeError("this producer predates DLPack 1.0")
+        return self.array.__dlpack__()
+
+
+# ------------------------------------------------------------------ JAX and PaddlePaddle
+# Imported lazily: a missing package makes its cases SKIP (naming it), never fail.
+
+import importlib
+
+
+def missing(package):
+    """The name of `package` if it does not import, else None."""
+    try:
+        importlib.import_module(package)
+        return None
+    except Exception:
+        return package
+
+
+def jax_module():
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+# Every dtype JAX exports through DLPack (int4/uint4 have no DLPack equivalent).
+JAX_DTYPES = DTYPES + [
+    "bfloat16",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz", "float8_e8m0fnu", "float8_e3m4", "float8_e4m3",
+]
+
+# Every dtype Paddle exports (Paddle's "uint16" is its bfloat16; it has no uint16/32/64).
+PADDLE_DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8",
+    "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2",
+]
+
+
+def ml_make(dtype, shape, rank):
+    """`make` for any dtype: the ML dtypes through ml_dtypes (values from float32)."""
+    if dtype in DTYPES:
+        return make(dtype, shape, rank)
+    import ml_dtypes
+
+    return make("float32", shape, rank).astype(getattr(ml_dtypes, dtype))
+
+
+def jax_make(dtype, shape, rank):
+    jax_module()
+    import jax.numpy as jnp
+
+    return jnp.asarray(ml_make(dtype, shape, rank))
+
+
+def paddle_make(dtype, shape, rank):
+    import paddle
+
+    values = make("float32" if dtype not in DTYPES else dtype, shape, rank)
+    if dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return paddle.to_tensor(values).astype(dtype)
+    return paddle.to_tensor(values)
+
+
+def paddle_zeros(dtype, shape):
+    import paddle
+
+    return paddle.zeros(list(shape), dtype=dtype)
+
+
+def logical_bytes(x):
+    """The elements of a NumPy, JAX or Paddle array in logical row-major order, as bytes."""
+    if hasattr(x, "place"):  # Paddle: .numpy() gives bf16/float8 as their bits
+        return np.ascontiguousarray(x.numpy()).tobytes()
+    return np.ascontiguousarray(np.asarray(x)).tobytes()
+
+
+def view(x, layout):
+    """A view of 2-d `x` ([4, 6]) in `layout`: contiguous, sliced (rows 1:3), transposed
+    (non-contiguous), or x itself."""
+    if layout == "sliced":
+        return x[1:3]
+    if layout == "transposed":
+        return x.T
+    return x

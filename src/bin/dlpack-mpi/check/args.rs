@@ -44,10 +44,13 @@ pub struct CheckArgs {
     /// `--gpu N`: which CUDA device each rank uses.
     #[command(flatten)]
     pub gpu: GpuArgs,
-    /// Who makes the tensors: `numpy` = NumPy arrays through `__dlpack__` (feature
-    /// `python`); `rust` = dlpack-mpi's own `Owned` exporter; `auto` = NumPy when this build
-    /// has Python support and NumPy imports, else Rust. Applies to `cpu` cases; other
-    /// devices' tensors are always made by Rust (`Owned`, or cudarc for `cuda`).
+    /// Who makes the tensors: `numpy`, `jax` or `paddle` = that package's arrays through
+    /// `__dlpack__` (feature `python`; a dtype the package lacks is skipped); `rust` =
+    /// dlpack-mpi's own `Owned` exporter; `auto` = each dtype from the first installed
+    /// producer that makes it, in the order NumPy, JAX, Paddle, and Rust for the rest. JAX
+    /// arrays are immutable, so receive buffers of a JAX case come from NumPy or Paddle when
+    /// one makes the dtype, else Rust. Applies to `cpu` cases; other devices' tensors are
+    /// always made by Rust (`Owned`, or cudarc for `cuda`). Case lines end with the producer.
     #[arg(long, value_enum, default_value_t = Producer::Auto)]
     pub producer: Producer,
     /// How CUDA device memory reaches MPI: `auto` = direct when the MPI library is
@@ -86,12 +89,37 @@ pub struct CheckArgs {
 /// Who makes the tensors of a check run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Producer {
-    /// NumPy when the build has Python support and NumPy imports, else Rust.
+    /// Each dtype from the first installed producer that makes it (NumPy, JAX, Paddle),
+    /// Rust for the rest.
     Auto,
     /// dlpack-mpi's own `Owned` exporter (a Rust `Vec` with a DLPack view).
     Rust,
     /// NumPy arrays through `__dlpack__` (needs the `python` feature).
     Numpy,
+    /// JAX arrays (CPU) through `__dlpack__`: send buffers; receive buffers as for `auto`.
+    Jax,
+    /// PaddlePaddle tensors (CPU) through `__dlpack__`, strided views by `paddle.as_strided`.
+    Paddle,
+}
+
+impl Producer {
+    /// The name in case lines, the JSON report and `--producer`.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Producer::Auto => "auto",
+            Producer::Rust => "rust",
+            Producer::Numpy => "numpy",
+            Producer::Jax => "jax",
+            Producer::Paddle => "paddle",
+        }
+    }
+
+    /// The Python producers, in the order `auto` tries them, with the module to import.
+    pub(super) const PYTHON: [(Producer, &'static str); 3] = [
+        (Producer::Numpy, "numpy"),
+        (Producer::Jax, "jax"),
+        (Producer::Paddle, "paddle"),
+    ];
 }
 
 /// The `--transport` values: the library's [`Transport`] with its command-line name and

@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::Tensor;
-use dlpack_mpi::dtype::{AnyBits, ReduceOp};
+use dlpack_mpi::dtype::{AnyBits, DType, ReduceOp};
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use dlpack_mpi::Error;
 use mpi::traits::*;
@@ -18,6 +18,10 @@ use super::matrix::{Comm, Op};
 impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
     fn name(&self) -> &'static str {
         self.name
+    }
+
+    fn dtype(&self) -> DType {
+        self.dtype
     }
 
     fn run(&self, cx: &CaseContext<'_>, dc: &Comm<'_>, op: Op, len: i64) -> Verdict {

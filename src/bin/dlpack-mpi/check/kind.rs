@@ -11,6 +11,7 @@ use dlpack_mpi::Error;
 use super::args::Producer;
 use super::context::{e, CaseContext, Res, Verdict, SKIP_MARK};
 use super::matrix::{Comm, Layout, Op};
+use super::producers::producer_for;
 use super::store::Store;
 use crate::launch::Dev;
 
@@ -38,6 +39,8 @@ pub(super) struct Kind<S> {
 pub(super) trait Runner {
     /// The dtype's name (case names' `dtype` part).
     fn name(&self) -> &'static str;
+    /// The DLPack dtype.
+    fn dtype(&self) -> DType;
     /// Runs `op` on tensors of `len` elements as `cx` says; this rank's verdict.
     fn run(&self, cx: &CaseContext<'_>, dc: &Comm<'_>, op: Op, len: i64) -> Verdict;
 }
@@ -75,8 +78,17 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         }
         let first = pos.first().copied().unwrap_or(0);
         let dev = cx.dev;
-        if dev == Dev::Cpu && cx.run.producer == Producer::Numpy {
-            return Store::numpy(self.dtype, store, &shape, &strides, first);
+        if dev == Dev::Cpu {
+            match producer_for(cx.run.producer, self.dtype, recv) {
+                Producer::Numpy => return Store::numpy(self.dtype, store, &shape, &strides, first),
+                // A JAX case's receive buffer where Paddle has no such view: Rust's.
+                Producer::Paddle
+                    if cx.run.producer != Producer::Paddle && strides.iter().any(|&s| s < 0) => {}
+                p @ (Producer::Jax | Producer::Paddle) => {
+                    return Store::foreign(p, self.dtype, store, &shape, &strides, first)
+                }
+                Producer::Rust | Producer::Auto => {}
+            }
         }
         let esize = self.dtype.size_bytes().unwrap_or(0) as u64;
         #[cfg(feature = "cuda")]

@@ -18,7 +18,8 @@
 //! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport` values).
 //! 2. `matrix`: operations ([`matrix::Op`]), layouts, case names.
 //! 3. `context`: the run's and the case's context, passed explicitly; verdicts.
-//! 4. `store`: tensor storage by producer (`Owned`, NumPy, cudarc).
+//! 4. `store`: tensor storage by producer (`Owned`, NumPy, JAX, Paddle, cudarc);
+//!    `producers`: which producer makes each dtype (`--producer auto`), JAX/Paddle tensors.
 //! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
 //! 6. `cases`: the case body of each operation.
 //! 7. `dtypes`: the table of dtypes.
@@ -38,6 +39,7 @@ mod context;
 mod dtypes;
 mod kind;
 mod matrix;
+mod producers;
 mod report;
 mod run;
 mod select;

@@ -10,6 +10,7 @@ use mpi::traits::*;
 use super::args::{CheckArgs, Producer};
 use super::context::{Verdict, SATURATING_SUM_BUG};
 use super::matrix::Comm;
+use super::producers::send_producer;
 use super::select::Case;
 use super::store::numpy_version;
 use crate::launch::{Dev, Gpu};
@@ -35,7 +36,14 @@ pub(super) fn producer_line(w: &SimpleCommunicator, made_by: Producer) -> String
                 w.abort(2)
             }
         },
-        _ => "Rust-made tensors".to_string(),
+        Producer::Rust => "Rust-made tensors".to_string(),
+        Producer::Jax => "JAX arrays (receive buffers: NumPy, Paddle or Rust)".to_string(),
+        Producer::Paddle => "Paddle tensors".to_string(),
+        Producer::Auto => {
+            "tensors from the first installed producer of each dtype (NumPy, JAX, Paddle; Rust \
+             for the rest)"
+                .to_string()
+        }
     }
 }
 
@@ -126,6 +134,12 @@ impl Tally {
         v: Verdict,
         seconds: f64,
     ) -> (Option<String>, bool) {
+        // Who made the case's (send) tensors: `cpu` cases by the run's producer, others by
+        // Rust (`Owned`, cudarc).
+        let producer = match case.dev {
+            Dev::Cpu => send_producer(case.kind.dtype()),
+            _ => Producer::Rust,
+        };
         let name = match case.dev {
             // Host memory: the name says it all (`cpu/host`).
             Dev::Cpu => case.name(),
@@ -136,11 +150,15 @@ impl Tally {
                 route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
             ),
         };
-        let took = if args.verbose {
-            format!(" [{:.2} ms]", seconds * 1e3)
-        } else {
-            String::new()
+        // Every `cpu` line names its producer (other devices' lines name their route), then
+        // with -v the time.
+        let mut took = match case.dev {
+            Dev::Cpu => format!(" [{}]", producer.name()),
+            _ => String::new(),
         };
+        if args.verbose {
+            took.push_str(&format!(" [{:.2} ms]", seconds * 1e3));
+        }
         let mut stop = false;
         let (status, message, line) = match v {
             Verdict::Pass => {
@@ -172,6 +190,7 @@ impl Tally {
             dtype: case.kind.name(),
             layout: case.layout.name(),
             device: case.dev.name(),
+            producer: producer.name(),
             transport: case.transport,
             route: route.map(|r| r.to_string()),
             len: case.len,
@@ -236,6 +255,8 @@ pub(super) struct Record {
     dtype: &'static str,
     layout: &'static str,
     device: &'static str,
+    /// Who made the send tensors: `numpy`, `jax`, `paddle` or `rust`.
+    producer: &'static str,
     /// The transport part of the name: `host`, `managed`, `direct` or `staged`.
     transport: &'static str,
     /// The route the tensors took (`host`, `managed`, `direct`, `staged`; rank 0's, the

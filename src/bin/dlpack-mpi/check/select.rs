@@ -205,6 +205,15 @@ fn select(
     Ok(cases)
 }
 
+/// The producers by the index rank 0 broadcasts.
+const ALL: [Producer; 5] = [
+    Producer::Rust,
+    Producer::Numpy,
+    Producer::Jax,
+    Producer::Paddle,
+    Producer::Auto,
+];
+
 /// Rank 0's [`select`] on every rank: rank 0 decides and broadcasts the case list (or that
 /// it refused the options, after printing why), so all ranks run the same cases even when
 /// their command lines differ.
@@ -218,10 +227,12 @@ pub(super) fn agree_on_cases(
     let mut chosen = Vec::new();
     let mut count: i64 = -1;
     let mut made_by = 0i32;
+    let mut installed = 0i32;
     if w.rank() == 0 {
         match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args, devices)?))) {
-            Ok((p, cases)) => {
-                made_by = i32::from(p == Producer::Numpy);
+            Ok(((p, mask), cases)) => {
+                made_by = ALL.iter().position(|q| *q == p).unwrap_or(0) as i32;
+                installed = mask;
                 count = cases.len() as i64;
                 chosen = cases.into_iter().flatten().collect();
             }
@@ -230,6 +241,7 @@ pub(super) fn agree_on_cases(
     }
     root.broadcast_into(&mut count);
     root.broadcast_into(&mut made_by);
+    root.broadcast_into(&mut installed);
     if count < 0 {
         return None;
     }
@@ -237,11 +249,8 @@ pub(super) fn agree_on_cases(
     if count > 0 {
         root.broadcast_into(&mut chosen[..]);
     }
-    let producer = if made_by == 1 {
-        Producer::Numpy
-    } else {
-        Producer::Rust
-    };
+    let producer = ALL[made_by as usize];
+    super::producers::set_installed(producer, installed);
     Some((
         producer,
         chosen

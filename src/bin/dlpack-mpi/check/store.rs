@@ -2,7 +2,7 @@
 //! memory), and the producer's resolution.
 
 use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "python"))]
 use dlpack_mpi::dtype::code;
 use dlpack_mpi::dtype::{AnyBits, DType};
 
@@ -21,6 +21,15 @@ pub(super) enum Store<S: AnyBits> {
         view: pyo3::Py<pyo3::PyAny>,
         _elem: std::marker::PhantomData<S>,
     },
+    /// A JAX array or Paddle tensor: `base` holds the storage (1-d), `view` is exported;
+    /// `template` is the storage as made (its length and type, for reading back).
+    #[cfg(feature = "python")]
+    Foreign {
+        producer: Producer,
+        base: pyo3::Py<pyo3::PyAny>,
+        view: pyo3::Py<pyo3::PyAny>,
+        template: Vec<S>,
+    },
     /// CUDA device memory (cudarc) holding the storage's bytes, exported through
     /// `CudaExport` as the case's dtype and layout.
     #[cfg(feature = "cuda")]
@@ -36,7 +45,7 @@ pub(super) enum Store<S: AnyBits> {
 }
 
 /// The bytes of `storage` (through a `uint8` view of an `Owned`, so no `unsafe` here).
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "python"))]
 fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
     let o = Owned::new(storage)
         .with_dtype(DType::new(code::UINT, 8))
@@ -45,7 +54,59 @@ fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
     t.as_slice::<u8>().map(<[u8]>::to_vec).map_err(e)
 }
 
+/// `template` overwritten with `bytes` (at least as many as it holds).
+#[cfg(any(feature = "cuda", feature = "python"))]
+fn from_bytes<S: AnyBits>(template: Vec<S>, bytes: &[u8]) -> Res<Vec<S>> {
+    let o = Owned::new(template)
+        .with_dtype(DType::new(code::UINT, 8))
+        .map_err(e)?;
+    {
+        let mut t = acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
+        let dst = t.as_mut_slice::<u8>().map_err(e)?;
+        let n = dst.len();
+        if bytes.len() < n {
+            return Err(format!("read back {} bytes, expected {n}", bytes.len()));
+        }
+        dst.copy_from_slice(&bytes[..n]);
+    }
+    Ok(o.into_vec())
+}
+
 impl<S: AnyBits> Store<S> {
+    /// A JAX array or Paddle tensor of `storage` (which it copies) viewed with `shape`,
+    /// `strides` (elements) from storage element `first`.
+    #[cfg(feature = "python")]
+    pub(super) fn foreign(
+        producer: Producer,
+        dtype: DType,
+        storage: Vec<S>,
+        shape: &[i64],
+        strides: &[i64],
+        first: usize,
+    ) -> Res<Store<S>> {
+        let bytes = storage_bytes(storage.clone())?;
+        let (base, view) =
+            super::producers::foreign::make(producer, dtype, &bytes, shape, strides, first)?;
+        Ok(Store::Foreign {
+            producer,
+            base,
+            view,
+            template: storage,
+        })
+    }
+
+    #[cfg(not(feature = "python"))]
+    pub(super) fn foreign(
+        _: Producer,
+        _: DType,
+        _: Vec<S>,
+        _: &[i64],
+        _: &[i64],
+        _: usize,
+    ) -> Res<Store<S>> {
+        Err("this build has no Python support (feature `python`)".into())
+    }
+
     /// Runs `f` on the tensor, acquired through the producer's own path (`acquire` of the
     /// exporter with the run's GPU runtime, `__dlpack__` of the NumPy view, or a
     /// `CudaExport` of the device memory).
@@ -61,7 +122,7 @@ impl<S: AnyBits> Store<S> {
                 f(&mut t)
             }
             #[cfg(feature = "python")]
-            Store::Numpy { view, .. } => {
+            Store::Numpy { view, .. } | Store::Foreign { view, .. } => {
                 let mut t =
                     pyo3::Python::attach(|py| dlpack_mpi::python::acquire(view.bind(py), &options))
                         .map_err(e)?;
@@ -131,17 +192,20 @@ impl<S: AnyBits> Store<S> {
                     .cuda_stream()?
                     .clone_dtoh(&slice.into_inner())
                     .map_err(|err| format!("CUDA: {err}"))?;
-                let o = Owned::new(template)
-                    .with_dtype(DType::new(code::UINT, 8))
-                    .map_err(e)?;
-                {
-                    let mut t =
-                        acquire_with_runtime(&o, &AcquireOptions::default(), None).map_err(e)?;
-                    let dst = t.as_mut_slice::<u8>().map_err(e)?;
-                    let n = dst.len();
-                    dst.copy_from_slice(&bytes[..n]);
+                from_bytes(template, &bytes)
+            }
+            #[cfg(feature = "python")]
+            Store::Foreign {
+                producer,
+                base,
+                template,
+                ..
+            } => {
+                if producer == Producer::Jax {
+                    // Never written (JAX arrays are immutable): what was made.
+                    return Ok(template);
                 }
-                Ok(o.into_vec())
+                from_bytes(template, &super::producers::foreign::bytes(&base)?)
             }
             #[cfg(feature = "python")]
             Store::Numpy { base, .. } => pyo3::Python::attach(|py| {
@@ -209,15 +273,18 @@ impl<S: AnyBits> Store<S> {
     }
 }
 
-/// `Auto` made concrete, and `Numpy` checked: Python support built and NumPy importable.
-pub(super) fn resolve_producer(requested: Producer) -> Result<Producer, String> {
+/// The run's producer and the installed Python producers' mask: a pinned producer checked
+/// (Python support built, its package importable); `Auto` stays `Auto` (per dtype, see
+/// [`super::producers::producer_for`]) when any Python producer imports, else `Rust`.
+pub(super) fn resolve_producer(requested: Producer) -> Result<(Producer, i32), String> {
     match requested {
-        Producer::Rust => Ok(Producer::Rust),
-        Producer::Numpy | Producer::Auto => match numpy_version() {
-            Ok(_) => Ok(Producer::Numpy),
-            Err(_) if requested == Producer::Auto => Ok(Producer::Rust),
-            Err(why) => Err(why),
+        Producer::Rust => Ok((Producer::Rust, 0)),
+        Producer::Numpy => numpy_version().map(|_| (Producer::Numpy, 0)),
+        Producer::Auto => match super::producers::probe(requested) {
+            Ok(0) | Err(_) => Ok((Producer::Rust, 0)),
+            Ok(mask) => Ok((Producer::Auto, mask)),
         },
+        pinned => super::producers::probe(pinned).map(|mask| (pinned, mask)),
     }
 }
 
