@@ -267,6 +267,7 @@ impl<'a> ManagedTensor<'a> {
     /// Marks the tensor read-only because the consumer knows that the producer's arrays are
     /// immutable (`producer` names their type), whatever its flags say: it then reports
     /// `READ_ONLY` and is refused as a receive buffer with [`Error::Immutable`].
+    #[cfg(feature = "python")]
     pub(crate) fn mark_immutable(&mut self, producer: &'static str) {
         self.immutable = Some(producer);
     }
