@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Every test: formatting and lints (with and without feature `python`), unit and doc tests,
-# the behaviour cases, the multi-rank cases under mpirun at 1-4 ranks, the checked protocol
-# at 2 ranks, the canary bounds harness at 2-3 ranks, threads under MPI_THREAD_MULTIPLE, the
-# 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, the Python-producer cases (NumPy)
-# at 1-3 ranks, wire interop with mpi4py (MPMD jobs), every example at 1-4 ranks, the check
-# matrix at 1-4 ranks (NumPy arrays and Rust-made tensors), and a two-host run over TCP
-# between two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be
-# made), the GPU transport on a simulated device at 2-3 ranks, and the `cuda` feature's lints
-# and GPU cases (which skip without a GPU; scripts/gpu-check.sh runs them on one). Installs
-# what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# Every test: setup.sh's libclang detection, formatting, lints (the library alone and with
+# features cli, python, cuda), rustdoc with warnings denied, unit and doc tests, the behaviour
+# cases, the multi-rank cases under mpirun at 1-4 ranks, the checked protocol at 2 ranks, the
+# GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
+# without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
+# JAX, Paddle, the C exchange API) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), the
+# canary bounds harness at 2-3 ranks under every packing policy, threads under
+# MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
+# example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; JAX
+# and Paddle at 2, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
+# two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made).
+# Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh [--mpi openmpi|mpich]
 #   --mpi openmpi (the default, what CI runs): Open MPI, built in target/.
@@ -180,6 +182,16 @@ done
 for n in 2 3 4; do
     stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
 done
+# The ML producers (setup.sh installs them; a package that did not install is a SKIP line):
+# each pinned at 2 ranks, and `auto` (each dtype from NumPy, JAX, Paddle, then Rust) at 4.
+for p in jax paddle; do
+    if "$PYO3_PYTHON" -c "import $p" >/dev/null 2>&1; then
+        stage "dlpack-mpi check at 2 ranks ($p tensors)" check_at 2 --producer "$p"
+    else
+        echo "== SKIP: dlpack-mpi check --producer $p (Python package $p is not installed)"
+    fi
+done
+stage "dlpack-mpi check at 4 ranks (--producer auto: NumPy, JAX, Paddle, then Rust)" check_at 4 --producer auto
 stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, staged" \
     check_at 2 --device cuda --simulate-device --transport staged
 stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed" \
