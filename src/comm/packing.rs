@@ -135,19 +135,7 @@ pub fn set_packing(policy: Packing) {
 /// # Errors
 /// [`Error::InvalidSetting`] naming any other value.
 pub fn parse_pack_threshold(value: Option<&str>) -> Result<Option<usize>> {
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n != usize::MAX)
-            .map(Some)
-            .ok_or_else(|| Error::InvalidSetting {
-                name: PACK_THRESHOLD_ENV,
-                value: v.to_string(),
-                expected: "a byte count",
-            }),
-    }
+    crate::spec::scratch::parse_byte_count(PACK_THRESHOLD_ENV, value)
 }
 
 /// The threshold of [`Packing::Auto`], in bytes of contiguous inner block: blocks shorter

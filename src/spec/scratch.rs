@@ -55,6 +55,16 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
 /// # Errors
 /// [`Error::InvalidSetting`] naming any other value.
 pub fn parse_pool_cap(value: Option<&str>) -> Result<Option<usize>> {
+    parse_byte_count(POOL_CAP_ENV, value)
+}
+
+/// Reads the value of the byte-count setting `name`: decimal digits (surrounding blanks
+/// ignored); unset or empty → `None`. `usize::MAX` is refused too (it marks "not set" in the
+/// settings' atomics).
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming `name` and the value when it is anything else.
+pub(crate) fn parse_byte_count(name: &'static str, value: Option<&str>) -> Result<Option<usize>> {
     match value.map(str::trim).filter(|v| !v.is_empty()) {
         None => Ok(None),
         Some(v) => v
@@ -63,7 +73,7 @@ pub fn parse_pool_cap(value: Option<&str>) -> Result<Option<usize>> {
             .filter(|&n| n != usize::MAX)
             .map(Some)
             .ok_or_else(|| Error::InvalidSetting {
-                name: POOL_CAP_ENV,
+                name,
                 value: v.to_string(),
                 expected: "a byte count",
             }),
