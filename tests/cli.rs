@@ -283,7 +283,8 @@ fn check_refusals_are_one_line_and_exit_2() {
             .collect();
         assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
         assert!(ours[0].contains(says), "{args:?}: {stderr}");
-        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+        let stdout = text(&out.stdout);
+        assert!(stdout.trim().is_empty(), "{args:?}: stdout {stdout}");
     }
 }
 
@@ -314,7 +315,8 @@ fn regression_check_empty_patterns_and_empty_selection_are_refused() {
             .collect();
         assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
         assert!(ours[0].contains(says), "{args:?}: {stderr}");
-        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+        let stdout = text(&out.stdout);
+        assert!(stdout.trim().is_empty(), "{args:?}: stdout {stdout}");
     }
 }
 
@@ -714,7 +716,8 @@ fn check_gpu_refusals() {
             .collect();
         assert_eq!(ours.len(), 1, "{args:?}: {stderr}");
         assert!(ours[0].contains(says), "{args:?}: {stderr}");
-        assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
+        let stdout = text(&out.stdout);
+        assert!(stdout.trim().is_empty(), "{args:?}: stdout {stdout}");
     }
 }
 

@@ -229,7 +229,12 @@ pub(super) fn agree_on_cases(
     let mut made_by = 0i32;
     let mut installed = 0i32;
     if w.rank() == 0 {
-        match resolve_producer(args.producer).and_then(|p| Ok((p, select(kinds, args, devices)?))) {
+        // The case selection first: a refused selection then imports no Python producer, so
+        // no rank is still loading JAX or Paddle when the others exit with status 2 (Open MPI
+        // then kills it and prints its abort notice).
+        match select(kinds, args, devices)
+            .and_then(|cases| Ok((resolve_producer(args.producer)?, cases)))
+        {
             Ok(((p, mask), cases)) => {
                 made_by = ALL.iter().position(|q| *q == p).unwrap_or(0) as i32;
                 installed = mask;
