@@ -199,6 +199,17 @@ pub enum Error {
         count: u64,
     },
 
+    /// A host buffer the operation needs (a packed copy of a strided tensor, in bytes) could
+    /// not be allocated: the system refused the reservation. Returned before any MPI call;
+    /// the tensors are released as usual.
+    #[error("could not allocate {bytes} bytes for {purpose}")]
+    Allocation {
+        /// The bytes asked for.
+        bytes: u64,
+        /// What the buffer was for.
+        purpose: &'static str,
+    },
+
     /// The tensor's memory is `READ_ONLY` (DLPack `DLPACK_FLAG_BITMASK_READ_ONLY`) and cannot
     /// receive data.
     #[error("tensor is READ_ONLY and cannot be used as a receive buffer")]

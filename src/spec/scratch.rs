@@ -135,7 +135,8 @@ impl Scratch {
     /// A buffer of exactly `len` bytes: the smallest idle one that fits, else a new one.
     ///
     /// # Errors
-    /// [`Error::InvalidSetting`] from [`pool_cap_bytes`].
+    /// [`Error::InvalidSetting`] from [`pool_cap_bytes`]; [`Error::Allocation`] when the
+    /// system refuses the buffer.
     pub(crate) fn take(len: usize) -> Result<Scratch> {
         pool_cap_bytes()?;
         super::datatype::hook_finalize();
@@ -155,6 +156,14 @@ impl Scratch {
             })
         };
         let mut buf = reused.unwrap_or_default();
+        // A failed reservation (a broadcast view of 2^31 elements asks for its full packed
+        // size) is an error, not the allocator's abort.
+        if let Some(more) = len.checked_sub(buf.len()).filter(|&m| m > 0) {
+            buf.try_reserve_exact(more).map_err(|_| Error::Allocation {
+                bytes: u64::try_from(len).unwrap_or(u64::MAX),
+                purpose: "the packed copy of a strided tensor",
+            })?;
+        }
         buf.resize(len, 0);
         Ok(Scratch(buf))
     }
@@ -210,6 +219,20 @@ mod tests {
             parse_pool_cap(Some("1M")),
             Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
         ));
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Scratch::take asks MPI whether it is initialized (a C call)"
+    )]
+    fn impossible_buffers_are_typed_errors() {
+        // More than isize::MAX bytes: no allocator can give it; nothing is reserved.
+        let len = usize::MAX - 1;
+        match Scratch::take(len) {
+            Err(Error::Allocation { bytes, .. }) => assert_eq!(bytes, u64::MAX - 1),
+            other => panic!("expected Error::Allocation, got {other:?}"),
+        }
     }
 
     #[test]
