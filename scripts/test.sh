@@ -183,10 +183,12 @@ for n in 2 3 4; do
     stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
 done
 # The ML producers (setup.sh installs them; a package that did not install is a SKIP line):
-# each pinned at 2 ranks, and `auto` (each dtype from NumPy, JAX, Paddle, then Rust) at 4.
+# each pinned at 2 and 4 ranks, and `auto` (each dtype from NumPy, JAX, Paddle, then Rust) at 4.
 for p in jax paddle; do
     if "$PYO3_PYTHON" -c "import $p" >/dev/null 2>&1; then
-        stage "dlpack-mpi check at 2 ranks ($p tensors)" check_at 2 --producer "$p"
+        for n in 2 4; do
+            stage "dlpack-mpi check at $n ranks ($p tensors)" check_at "$n" --producer "$p"
+        done
     else
         echo "== SKIP: dlpack-mpi check --producer $p (Python package $p is not installed)"
     fi
