@@ -8,7 +8,7 @@
 # canary bounds harness at 2-3 ranks under every packing policy, threads under
 # MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
 # example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; JAX
-# and Paddle at 2, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
+# and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
 # two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made).
 # Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
