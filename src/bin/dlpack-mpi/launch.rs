@@ -107,12 +107,21 @@ pub struct GpuArgs {
     /// DLPACK_MPI_DEVICE=N, which overrides the default: the rank among the node's ranks
     /// modulo the number of devices, so that the ranks of a multi-GPU node each get their own.
     #[arg(long = "gpu", value_name = "N", allow_hyphen_values = true,
-          value_parser = clap::value_parser!(i32).range(0..))]
+          value_parser = parse_gpu_flag)]
     pub ordinal: Option<i32>,
     /// Testing: how many devices `--simulate-device` simulates (default 1).
     #[arg(long, hide = true, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     pub simulated_devices: u16,
+}
+
+/// `--gpu N`: read like `DLPACK_MPI_DEVICE` (`transport::parse_device_override`: decimal
+/// digits only), so the flag and the variable take the same forms.
+fn parse_gpu_flag(value: &str) -> Result<i32, String> {
+    match dlpack_mpi::transport::parse_device_override(Some(value)) {
+        Ok(Some(ordinal)) => Ok(ordinal),
+        _ => Err(format!("`{value}` is not a device ordinal (0, 1, 2, ...)")),
+    }
 }
 
 /// The GPU runtime of `check`, `bench` and `info`, and this rank's device.
