@@ -8,6 +8,11 @@
 //! libpython as the run path of this package's binaries (tests, examples): pyo3 links
 //! `libpython3.x.so` by name, and without a run path the loader may pick the system's copy,
 //! whose interpreter does not have the packages (NumPy, mpi4py) of the one in PYO3_PYTHON.
+//! A run path reaches only this package's own binaries, so the directory is also compiled
+//! into the library (`DLPACK_MPI_PYTHON_LIBDIR`, read by `python::check_libpython`, which
+//! names the fix when a dependent program loaded another libpython) and exported as build
+//! metadata for dependents' build scripts (`DEP_DLPACK_MPI_PYTHON_LIBDIR`, through the
+//! `links` key).
 
 fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
@@ -51,14 +56,19 @@ fn python_rpath() {
         .output();
     let Ok(out) = out else {
         println!("cargo:warning=cannot run {python} to find its libpython; no run path added");
+        println!("cargo:rustc-env=DLPACK_MPI_PYTHON_LIBDIR=");
+        println!("cargo:rustc-env=DLPACK_MPI_PYTHON={python}");
         return;
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();
     let shared = lines.next().map(str::trim) == Some("1");
     let libdir = lines.next().unwrap_or("").trim();
+    println!("cargo:rustc-env=DLPACK_MPI_PYTHON_LIBDIR={libdir}");
+    println!("cargo:rustc-env=DLPACK_MPI_PYTHON={python}");
     if shared && !libdir.is_empty() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+        println!("cargo:python_libdir={libdir}");
     } else {
         println!("cargo:warning={python} is not a shared-library build; pyo3 links it statically or not at all");
     }

@@ -9,7 +9,8 @@
 # MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
 # example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; JAX
 # and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
-# two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made).
+# two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made), a
+# user's crate outside the package (scripts/downstream-test.sh) and `cargo package`.
 # Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh [--mpi openmpi|mpich]
@@ -136,6 +137,9 @@ doc_stage() {
 }
 stage "cargo doc --no-deps, warnings denied (features cli, cuda, python)" doc_stage
 stage "cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
+stage "a user's crate outside the package (tests/downstream): default-features = false, and python with the libpython check" \
+    scripts/downstream-test.sh
+stage "cargo package: the packaged crate (C shims included) builds" timeout 900 cargo package --allow-dirty --quiet
 for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done

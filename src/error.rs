@@ -445,6 +445,26 @@ pub enum Error {
         exception: String,
     },
 
+    /// The program runs on another libpython than the one this crate was built against
+    /// (feature `python`): pyo3 links `libpython3.x.so` by name, and the loader took the
+    /// first copy on its search path (often the system's), whose packages are not those of
+    /// PYO3_PYTHON. Found by [`crate::python::check_libpython`].
+    #[error(
+        "the embedded Python is the one in {loaded} (sys.prefix {prefix}), but dlpack-mpi was built \
+         against the libpython in {built} (PYO3_PYTHON {python}); run with \
+         LD_LIBRARY_PATH={built}, or link with RUSTFLAGS=\"-C link-arg=-Wl,-rpath,{built}\""
+    )]
+    PythonLibraryMismatch {
+        /// The LIBDIR of the interpreter the crate was built against (build time).
+        built: String,
+        /// That interpreter's executable (build time).
+        python: String,
+        /// The LIBDIR of the libpython the program loaded (run time, `sysconfig`).
+        loaded: String,
+        /// The loaded interpreter's `sys.prefix`.
+        prefix: String,
+    },
+
     /// A checked-protocol message ([`crate::checked`]) has a different shape from the
     /// receive tensor (same dtype and element count, e.g. `[2, 3]` vs `[3, 2]`).
     #[error("shape mismatch: {what}: sent {sent:?}, receive tensor has {local:?}")]

@@ -484,14 +484,67 @@ fn release_with_gil(call: &mut dyn FnMut()) {
     let _ = Python::try_attach(|_py| call());
 }
 
+/// The directory of the shared libpython this crate was built against: the `LIBDIR` of
+/// PYO3_PYTHON (else `python3`) when build.rs ran, empty when it could not ask.
+pub const BUILT_PYTHON_LIBDIR: &str = env!("DLPACK_MPI_PYTHON_LIBDIR");
+
+/// The interpreter build.rs asked for [`BUILT_PYTHON_LIBDIR`] (PYO3_PYTHON, else `python3`).
+pub const BUILT_PYTHON: &str = env!("DLPACK_MPI_PYTHON");
+
+/// Checks that the embedded interpreter runs on the libpython this crate was built
+/// against: its `sysconfig` `LIBDIR` equals [`BUILT_PYTHON_LIBDIR`] (both canonicalized).
+///
+/// Why: pyo3 links `libpython3.x.so` by name. This package's own binaries carry a run path
+/// to the right directory (build.rs), but a dependent program does not, and the loader then
+/// takes the first copy on its search path — on Debian the system's
+/// `/usr/lib/x86_64-linux-gnu/libpython3.x.so`, whose interpreter lacks the packages
+/// (NumPy, JAX, …) installed for PYO3_PYTHON. [`numpy`] calls this when NumPy cannot be
+/// imported. The fixes, named in the error: run with `LD_LIBRARY_PATH=<dir>`, or link the
+/// program with `-Wl,-rpath,<dir>` (`RUSTFLAGS`, a `.cargo/config.toml`, or a build script
+/// reading `DEP_DLPACK_MPI_PYTHON_LIBDIR`, which this crate exports to dependents).
+///
+/// # Errors
+/// [`Error::PythonLibraryMismatch`] naming both directories, the loaded `sys.prefix` and
+/// the fix. `Ok` when they match, when the build recorded no directory, or when the
+/// embedded interpreter cannot tell its own.
+pub fn check_libpython(py: Python<'_>) -> Result<()> {
+    if BUILT_PYTHON_LIBDIR.is_empty() {
+        return Ok(());
+    }
+    let ask = |code: &str| -> Option<String> {
+        let value = py
+            .eval(&std::ffi::CString::new(code).ok()?, None, None)
+            .ok()?;
+        value.extract::<String>().ok()
+    };
+    let Some(loaded) = ask("__import__('sysconfig').get_config_var('LIBDIR') or ''") else {
+        return Ok(());
+    };
+    let canonical = |dir: &str| std::fs::canonicalize(dir).unwrap_or_else(|_| dir.into());
+    if loaded.is_empty() || canonical(&loaded) == canonical(BUILT_PYTHON_LIBDIR) {
+        return Ok(());
+    }
+    Err(Error::PythonLibraryMismatch {
+        built: BUILT_PYTHON_LIBDIR.to_owned(),
+        python: BUILT_PYTHON.to_owned(),
+        loaded,
+        prefix: ask("__import__('sys').prefix").unwrap_or_default(),
+    })
+}
+
 /// Imports NumPy in the embedded interpreter.
 ///
 /// # Errors
+/// [`Error::PythonLibraryMismatch`] when NumPy cannot be imported because the program
+/// loaded another libpython ([`check_libpython`]); otherwise
 /// [`Error::Python`] when NumPy cannot be imported; the message names the embedded
 /// interpreter (`sys.executable`, `sys.prefix`, version), since a program linked against a
 /// different libpython than the one NumPy was installed for is the usual cause.
 pub fn numpy(py: Python<'_>) -> Result<Bound<'_, PyModule>> {
     py.import("numpy").map_err(|e| {
+        if let Err(mismatch) = check_libpython(py) {
+            return mismatch;
+        }
         let sys = py.import("sys").ok();
         let get = |attr: &str| {
             sys.as_ref()
