@@ -8,19 +8,19 @@
 #      then with that LD_LIBRARY_PATH, where it must run.
 # Expects mpi-env.sh and python-env.sh sourced (test.sh does). Uses the project's Cargo.lock
 # (copied), so the dependencies are the versions the project is tested with, and the
-# project's target directory, so they are not built twice.
+# project's target directory, so they are not built twice (the binary is target/debug/downstream).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 dir=$root/tests/downstream
 cp Cargo.lock "$dir/Cargo.lock"
-target=$root/${TARGET_DIR:-target}/downstream
+target=$root/${TARGET_DIR:-target}
 run2() { timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$@"; }
 
 echo "downstream: default-features = false"
 (cd "$dir" && CARGO_TARGET_DIR=$target timeout 900 cargo build --quiet)
-run2 "$target/debug/downstream" | tee "$target/plain.out"
-grep -q "downstream: all parts passed at 2 ranks" "$target/plain.out"
+run2 "$target/debug/downstream" | tee "$target/downstream-plain.out"
+grep -q "downstream: all parts passed at 2 ranks" "$target/downstream-plain.out"
 if cargo tree --manifest-path "$dir/Cargo.toml" -e normal --prefix none 2>/dev/null | grep -Eq '^(clap|pyo3|serde|plotters) '; then
     echo "downstream: the library alone pulled in a CLI or Python crate" >&2
     exit 1
@@ -29,19 +29,19 @@ fi
 echo "downstream: feature python"
 (cd "$dir" && CARGO_TARGET_DIR=$target timeout 900 cargo build --quiet --features python)
 libdir=$("$PYO3_PYTHON" -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))")
-if run2 "$target/debug/downstream" >"$target/python.out" 2>&1; then
+if run2 "$target/debug/downstream" >"$target/downstream-python.out" 2>&1; then
     echo "downstream: python ran without a loader path (the loader found $libdir's libpython)"
 else
-    cat "$target/python.out"
-    if ! grep -q "LD_LIBRARY_PATH=$libdir" "$target/python.out"; then
+    cat "$target/downstream-python.out"
+    if ! grep -q "LD_LIBRARY_PATH=$libdir" "$target/downstream-python.out"; then
         echo "downstream: the failure does not name the fix (LD_LIBRARY_PATH=$libdir)" >&2
         exit 1
     fi
     echo "downstream: without a loader path it refused with the fix named, as documented"
 fi
-LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 -x LD_LIBRARY_PATH "$target/debug/downstream" 2>&1 | tee "$target/python-fixed.out"
-grep -q "NumPy all-reduce f32 ok" "$target/python-fixed.out"
-grep -q "downstream: all parts passed at 2 ranks" "$target/python-fixed.out"
+LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 -x LD_LIBRARY_PATH "$target/debug/downstream" 2>&1 | tee "$target/downstream-python-fixed.out"
+grep -q "NumPy all-reduce f32 ok" "$target/downstream-python-fixed.out"
+grep -q "downstream: all parts passed at 2 ranks" "$target/downstream-python-fixed.out"
 # The python_libdir build metadata dependents' build scripts read as DEP_DLPACK_MPI_PYTHON_LIBDIR.
 grep -qx "cargo:python_libdir=$libdir" "$target"/debug/build/dlpack-mpi-*/output
 echo "downstream: passed (library alone; python with the libpython check and its fix; build metadata)"
