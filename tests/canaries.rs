@@ -465,8 +465,8 @@ fn nonblocking_ring(w: &SimpleCommunicator, kind: Kind) -> Outcome {
         let ss = call!(SendSpec::new(&st));
         let mut rs = call!(RecvSpec::new(&mut rt));
         mpi::request::scope(|scope| -> Outcome {
-            let rreq = call!(w.immediate_recv_tensor(scope, &mut rs, prev, 13));
-            let sreq = call!(w.immediate_send_tensor(scope, &ss, next, 13));
+            let rreq = call!(w.immediate_recv_spec(scope, &mut rs, prev, 13));
+            let sreq = call!(w.immediate_send_spec(scope, &ss, next, 13));
             rreq.wait();
             sreq.wait();
             Ok(())
@@ -1088,7 +1088,7 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
         let st = s.tensor(FLAG_READ_ONLY);
         let spec = call!(SendSpec::new(&st));
         let res = mpi::request::scope(|scope| -> Outcome {
-            let req = call!(w.immediate_send_tensor(scope, &spec, next, 43));
+            let req = call!(w.immediate_send_spec(scope, &spec, next, 43));
             let e = w.recv_tensor(&mut small.tensor(0), prev, 43).err();
             let got = w.recv_tensor(&mut fits.tensor(0), prev, 43).map(|_| ());
             req.wait();
