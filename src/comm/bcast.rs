@@ -11,13 +11,27 @@ use crate::error::{Error, Result};
 
 /// One rank's buffer of [`super::TensorComm::broadcast_tensor_from`].
 ///
-/// ```ignore
+/// ```no_run
+/// use dlpack_mpi::comm::{BroadcastBuffer, TensorComm};
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// use mpi::traits::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let universe = mpi::initialize().ok_or("MPI was already initialized")?;
+/// let world = universe.world();
+/// let root = 0;
+/// let weights = Owned::new(vec![0.5f32; 4]).read_only(); // shared: never written
+/// let received = Owned::new(vec![0.0f32; 4]);
+/// let shared = acquire(&weights, &AcquireOptions::default())?;
+/// let mut into = acquire(&received, &AcquireOptions::default())?;
 /// let buffer = if world.rank() == root {
-///     BroadcastBuffer::Send(&weights)        // shared, may be READ_ONLY
+///     BroadcastBuffer::Send(&shared) // READ_ONLY is fine at the root
 /// } else {
-///     BroadcastBuffer::Recv(&mut received)   // every element is written
+///     BroadcastBuffer::Recv(&mut into) // every element is written
 /// };
 /// world.broadcast_tensor_from(buffer, root)?;
+/// # Ok(())
+/// # }
 /// ```
 pub enum BroadcastBuffer<'b> {
     /// At the root: the tensor to send, only read (it may be `READ_ONLY`). Refused at any

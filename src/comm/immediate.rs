@@ -3,7 +3,7 @@
 //! the request type they return, [`TensorRequest`].
 //!
 //! **The pack buffer lives in the request.** When the policy packs a strided tensor, the
-//! packed copy (a buffer of the bounded scratch pool, see [`crate::spec::pool_cap_bytes`])
+//! packed copy (a buffer of the bounded scratch pool, see [`crate::spec::scratch::pool_cap_bytes`])
 //! is owned by the [`TensorRequest`]: MPI reads it (send) or writes it (receive) until the
 //! request completes. At completion ([`TensorRequest::wait`], [`TensorRequest::test`]) a
 //! receive's copy is unpacked into the strided tensor, and the buffer goes back to the pool.
@@ -43,9 +43,47 @@ use crate::spec::{RecvSpec, SendSpec};
 /// made by [`super::TensorComm::immediate_send_tensor`],
 /// [`super::TensorComm::immediate_recv_tensor`] and their windowed forms.
 ///
-/// It borrows the tensor for `'a` and owns the packed copy when the packing policy packs
-/// the tensor (see the [module docs](self)). Complete it with [`TensorRequest::wait`] or
-/// [`TensorRequest::test`]; dropping it uncompleted waits (see the module docs).
+/// It borrows the tensor for `'a` and, when the packing policy ([`super::Packing`]) packs
+/// the tensor, owns the packed copy: a buffer of the bounded scratch pool
+/// ([`crate::spec::scratch::pool_cap_bytes`]) that MPI reads (send) or writes (receive)
+/// until the request completes. Completion ([`TensorRequest::wait`],
+/// [`TensorRequest::test`]) unpacks a receive's copy into the strided tensor and hands the
+/// buffer back to the pool. Contiguous tensors and derived-datatype layouts go without a
+/// copy.
+///
+/// **Dropping a request waits**: a request dropped before completion waits for the
+/// operation in its `Drop` (`MPI_Wait`, MPI-4.1 §3.7.3), unpacks a receive as `wait` would
+/// (errors are dropped: use `wait` to see them), and only then frees its buffer; nothing
+/// panics. A request leaked with `std::mem::forget` is never completed: its buffer is
+/// leaked with it (never freed under MPI) and the rsmpi scope aborts the process at its
+/// end, before the tensors' borrows end (rsmpi's rule for uncompleted requests).
+///
+/// ```no_run
+/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// use mpi::traits::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let universe = mpi::initialize().ok_or("MPI was already initialized")?;
+/// let world = universe.world();
+/// let (next, prev) = ((world.rank() + 1) % world.size(), (world.rank() + world.size() - 1) % world.size());
+/// // A 4 × 6 f32 tensor in Fortran order: strided, packed under the default policy.
+/// let send = Owned::new(vec![1.0f32; 24]).with_layout(&[4, 6], Some(&[1, 4]), 0)?;
+/// let recv = Owned::new(vec![0.0f32; 24]);
+/// {
+///     let s = acquire(&send, &AcquireOptions::default())?;
+///     let mut r = acquire(&recv, &AcquireOptions::default())?;
+///     mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
+///         let rr = world.immediate_recv_tensor(scope, &mut r, prev, 0)?;
+///         let sr = world.immediate_send_tensor(scope, &s, next, 0)?;
+///         sr.wait()?;
+///         rr.wait()?; // the elements in logical row-major order
+///         Ok(())
+///     })?;
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a request is completed by wait() or test(); dropping it blocks until it completes"]
 pub struct TensorRequest<'a, Sc: Scope<'a>> {
     /// The MPI request; `None` once completed.
