@@ -362,7 +362,7 @@ fn short(w: &SimpleCommunicator) -> Outcome {
 }
 
 /// Elements `[2, 5)` of an 8-element tensor into elements `[4, 7)` of another, blocking
-/// and nonblocking; bounds and strided windows refused with typed errors.
+/// and nonblocking; a window past the end is refused with a typed error.
 fn windowed_transfers(w: &SimpleCommunicator) -> Outcome {
     let (next, prev) = ring(w);
     let base = |r: i32| (0..8).map(|i| r * 10 + i).collect::<Vec<i32>>();
@@ -405,17 +405,71 @@ fn windowed_transfers(w: &SimpleCommunicator) -> Outcome {
     let p = base(prev);
     ensure_eq!(dst.into_vec(), vec![-1, -1, -1, -1, p[2], p[3], p[4], -1]);
     ensure_eq!(dst2.into_vec(), vec![p[5], p[6], p[7], -1, -1, -1, -1, -1]);
-    let strided_src = Owned::new(vec![0i32; 8])
+    Ok(())
+}
+
+/// Windows of strided tensors, in logical order: elements `[1, 4)` of a step-2 view go into
+/// elements `[2, 5)` of a transposed 3 × 2 tensor (blocking) and into `[0, 3)` of another
+/// (nonblocking); the elements outside the windows keep their values.
+fn strided_windows(w: &SimpleCommunicator) -> Outcome {
+    let (next, prev) = ring(w);
+    let base = |r: i32| (0..8).map(|i| r * 10 + i).collect::<Vec<i32>>();
+    // Logical elements of the step-2 view of rank r: [r0, r2, r4, r6].
+    let src = Owned::new(base(w.rank()))
         .with_layout(&[4], Some(&[2]), 0)
         .map_err(s)?;
-    let t = acquire(&strided_src, &opts()).map_err(s)?;
-    ensure!(
-        matches!(
-            w.send_tensor_range(&t, 0..2, next, 63),
-            Err(Error::StridedNotSupported { .. })
-        ),
-        "a strided window is refused"
-    );
+    // Transposed 3 × 2 (strides [1, 3]): logical index k = 2i + j lives at storage i + 3j.
+    let transposed = || {
+        Owned::new(vec![-1i32; 6])
+            .with_layout(&[3, 2], Some(&[1, 3]), 0)
+            .map_err(s)
+    };
+    let (dst, dst2) = (transposed()?, transposed()?);
+    {
+        let st = acquire(&src, &opts()).map_err(s)?;
+        let mut dt = acquire(&dst, &opts()).map_err(s)?;
+        let mut dt2 = acquire(&dst2, &opts()).map_err(s)?;
+        mpi::request::scope(|scope| -> Outcome {
+            let sr = w
+                .immediate_send_tensor_range(scope, &st, 1..4, next, 64)
+                .map_err(s)?;
+            ensure!(
+                sr.is_packed(),
+                "a strided window goes through a packed copy"
+            );
+            w.recv_tensor_range(&mut dt, 2..5, prev, 64).map_err(s)?;
+            sr.wait().map_err(s)?;
+            let rr = w
+                .immediate_recv_tensor_range(scope, &mut dt2, 0..3, prev, 65)
+                .map_err(s)?;
+            w.send_tensor_range(&st, 1..4, next, 65).map_err(s)?;
+            rr.wait().map_err(s)?;
+            Ok(())
+        })?;
+        match w.send_tensor_range(&st, 2..5, next, 66) {
+            Err(Error::OutOfBounds {
+                displacement,
+                count,
+                len,
+                ..
+            }) => ensure_eq!((displacement, count, len), (2, 3, 4)),
+            other => return Err(format!("expected OutOfBounds, got {other:?}")),
+        }
+    }
+    let p = base(prev);
+    let window = [p[2], p[4], p[6]];
+    // Logical k → storage: 0→0, 1→3, 2→1, 3→4, 4→2, 5→5.
+    let storage_of = [0usize, 3, 1, 4, 2, 5];
+    let mut want = vec![-1i32; 6];
+    for (k, v) in (2..5).zip(window) {
+        want[storage_of[k]] = v;
+    }
+    ensure_eq!(dst.into_vec(), want);
+    let mut want2 = vec![-1i32; 6];
+    for (k, v) in (0..3).zip(window) {
+        want2[storage_of[k]] = v;
+    }
+    ensure_eq!(dst2.into_vec(), want2);
     Ok(())
 }
 
@@ -515,6 +569,7 @@ const CASES: &[(&str, Case)] = &[
         short_message_is_count_mismatch,
     ),
     ("windowed_transfers", windowed_transfers),
+    ("strided_windows", strided_windows),
     (
         "broadcast_from_a_shared_root_tensor",
         broadcast_from_a_shared_root_tensor,

@@ -238,19 +238,25 @@ fn units(count: Count) -> usize {
     usize::try_from(count).unwrap_or(0)
 }
 
-/// Posts `side` to `dest` and returns the request that owns it.
+/// `(first byte, count, datatype)` of a posted buffer.
+pub(super) type Posted<P> = (P, Count, DatatypeRef<'static>);
+
+/// Posts `side` to `dest` (the whole of it, or the part `window` of its packed copy) and
+/// returns the request that owns it.
 pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
     side: SendSide<'a>,
+    window: Option<Posted<*const u8>>,
     dest: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
-    let (ptr, count, datatype) = parts(&side);
+    let (ptr, count, datatype) = window.unwrap_or_else(|| parts(&side));
     // SAFETY: `ptr` holds `count` readable units of `datatype`: the tensor's validated
-    // elements (borrowed for 'a by `side`) or the packed copy `side` owns, whose heap buffer
-    // does not move when `side` moves into the request; neither is written or freed before
-    // the request completes (wait, test or Drop) or is leaked with it.
+    // elements (borrowed for 'a by `side`) or (a window of) the packed copy `side` owns,
+    // whose heap buffer does not move when `side` moves into the request; neither is
+    // written or freed before the request completes (wait, test or Drop) or is leaked
+    // with it.
     let posted = unsafe {
         raw::isend(
             ptr,
@@ -270,27 +276,26 @@ pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     })
 }
 
-/// Posts a receive into `tensor`: into `packed` when given (a ready scratch of the
-/// tensor's packed size), else into `(ptr, count, datatype)`, the validated spec's parts.
+/// Posts a receive into `posted`: the validated receive spec's parts (then `packed` is
+/// `None`), or (a window of) `packed`, a ready scratch of the tensor's packed size that
+/// completion unpacks into `tensor`. `expected_elems`: (elements posted, bytes each).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
-    mut packed: Option<FlatSpec>,
-    direct: (*mut u8, Count, DatatypeRef<'static>),
+    packed: Option<FlatSpec>,
+    posted: Posted<*mut u8>,
     expected_elems: (i64, i64),
     source: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
-    let (ptr, count, datatype) = match packed.as_mut() {
-        Some(flat) => (flat.pointer_mut().cast(), flat.count(), flat.as_datatype()),
-        None => direct,
-    };
+    let (ptr, count, datatype) = posted;
     // SAFETY: `ptr` has room for `count` units of `datatype`: the tensor's validated,
-    // writable, disjoint elements (borrowed exclusively for 'a by the request) or the
-    // scratch the request owns (its heap buffer does not move); nothing else touches either
-    // before the request completes or is leaked with it.
+    // writable, disjoint elements (borrowed exclusively for 'a by the request) or (a window
+    // of) the scratch the request owns (its heap buffer does not move when `packed` moves
+    // into the request); nothing else touches either before the request completes or is
+    // leaked with it.
     let posted = unsafe {
         raw::irecv(
             ptr,
@@ -329,7 +334,7 @@ pub(super) fn send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
     let side = SendSide::new(tensor, SendSpec::new(tensor)?)?;
-    post_send(comm, scope, side, dest, tag)
+    post_send(comm, scope, side, None, dest, tag)
 }
 
 /// [`super::TensorComm::immediate_recv_tensor`].
@@ -347,15 +352,18 @@ pub(super) fn recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     let elem_bytes = spec.element_type().size_bytes_i64();
     let len_elems = spec.len_elems();
     let packed = packs_run(spec.is_contiguous(), run, spec.element_type().size_bytes())?;
-    let (direct, packed) = if packed {
+    let (posted, packed) = if packed {
         let recv_flat = FlatSpec::recv(&mut spec)?;
-        let flat = recv_flat.ready(&*tensor, false)?.counted()?;
-        let null = (std::ptr::null_mut(), 0, flat.as_datatype());
-        (null, Some(flat))
+        let mut flat = recv_flat.ready(&*tensor, false)?.counted()?;
+        let (count, datatype) = (flat.count(), flat.as_datatype());
+        (
+            (flat.pointer_mut().cast::<u8>(), count, datatype),
+            Some(flat),
+        )
     } else {
         let (count, datatype) = (spec.count(), spec.as_datatype());
         ((spec.pointer_mut().cast::<u8>(), count, datatype), None)
     };
     let expected = (len_elems, elem_bytes);
-    post_recv(comm, scope, tensor, packed, direct, expected, source, tag)
+    post_recv(comm, scope, tensor, packed, posted, expected, source, tag)
 }

@@ -206,14 +206,15 @@ pub trait TensorComm: Communicator {
 
     /// Blocking send of the window `elems` = `[start, end)` of `tensor` (in elements,
     /// logical row-major order) to `dest`: mpi4py's `[buf, count, displacement]` with
-    /// `displacement = start`, `count = end - start`. The message is `end - start`
-    /// elements.
+    /// `displacement = start`, `count = end - start`. The message is those `end - start`
+    /// elements in logical order, for any layout: a contiguous tensor's window goes without
+    /// a copy, a strided tensor's through a packed copy of the whole tensor.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`] naming the displacement, count and tensor length when the
-    /// window leaves the tensor (also for `end < start`); [`Error::StridedNotSupported`]
-    /// for a strided tensor; [`Error::InvalidRank`]; [`Error::InvalidTag`]; the errors of
-    /// [`SendSpec::range`]. All before any MPI call.
+    /// window leaves the tensor (also for `end < start`); [`Error::InvalidRank`];
+    /// [`Error::InvalidTag`]; the errors of [`SendSpec::new`] and of packing
+    /// ([`Error::Allocation`], ...). All before any MPI call.
     fn send_tensor_range(
         &self,
         tensor: &dyn Tensor,
@@ -226,7 +227,8 @@ pub trait TensorComm: Communicator {
 
     /// Blocking receive into the window `elems` = `[start, end)` of `tensor` (elements),
     /// probed first as in [`TensorComm::recv_tensor`]: the message must be exactly
-    /// `end - start` elements. Elements outside the window are not touched.
+    /// `end - start` elements. Elements outside the window keep their values (a strided
+    /// tensor is packed whole, received into, and unpacked whole).
     ///
     /// # Errors
     /// As [`TensorComm::send_tensor_range`], plus [`Error::CountMismatch`] (the message is
@@ -242,7 +244,7 @@ pub trait TensorComm: Communicator {
     }
 
     /// Nonblocking [`TensorComm::send_tensor_range`] (`MPI_Isend`, §3.7.2) inside an
-    /// rsmpi scope; the request is a [`TensorRequest`] (a window is contiguous: no copy).
+    /// rsmpi scope; the [`TensorRequest`] owns the packed copy of a strided tensor.
     ///
     /// # Errors
     /// As [`TensorComm::send_tensor_range`], before anything is posted.
@@ -259,7 +261,8 @@ pub trait TensorComm: Communicator {
 
     /// Nonblocking receive into the window `elems` of `tensor` (`MPI_Irecv`, §3.7.2);
     /// sizes as in [`TensorComm::immediate_recv_tensor`] (not probed: a shorter message is
-    /// [`Error::CountMismatch`] from [`TensorRequest::wait`]).
+    /// [`Error::CountMismatch`] from [`TensorRequest::wait`]). A strided tensor is packed
+    /// whole when posted and unpacked whole at completion.
     ///
     /// # Errors
     /// As [`TensorComm::recv_tensor_range`] without the probe, before anything is posted.
