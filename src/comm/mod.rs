@@ -16,8 +16,10 @@
 //! All counts and displacements are in DLPack elements.
 //!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
-//! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
-//! the half-precision operations of `halfops`, public as [`crate::halfops`]); `checks`
+//! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
+//! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
+//! `reduce` (reductions, with the half-precision operations of `halfops`, public as
+//! [`crate::halfops`]); `checks`
 //! holds the argument checks and `packing` the packing policy ([`Packing`]). Raw MPI calls
 //! go through the crate's private `raw` module.
 
