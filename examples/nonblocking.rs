@@ -52,8 +52,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut t_from_right = acquire(&from_right, &opts)?;
         mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
             // Post the receives first, then the sends; the requests borrow the guards. All
-            // checks happen before each post; a request dropped by a later `?` waits for
-            // its message in its `Drop` (no panic, no buffer freed under MPI).
+            // checks happen before each post, and `left`/`right` are valid, so no `?` below
+            // fails after a post (a request dropped by one would wait for its message in
+            // its `Drop`: no panic and no buffer freed under MPI, but a message that never
+            // comes would block there).
             let recvs = [
                 world.immediate_recv_tensor(scope, &mut t_from_left, left, RIGHTWARD)?,
                 world.immediate_recv_tensor(scope, &mut t_from_right, right, LEFTWARD)?,

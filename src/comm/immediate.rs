@@ -14,7 +14,9 @@
 //! **Dropping a request waits.** A [`TensorRequest`] dropped before completion waits for
 //! the operation in its `Drop` (`MPI_Wait`), unpacks a receive as `wait` would (errors are
 //! dropped with it: use `wait` to see them), and only then frees its buffer, so a buffer
-//! MPI still uses is never freed and nothing panics in this crate. The rsmpi scope the
+//! MPI still uses is never freed and nothing panics in this crate. (Chosen over cancelling:
+//! a dropped matched pair completes on both sides whatever the timing; the price is that a
+//! dropped receive whose message never comes blocks, see [`TensorRequest`].) The rsmpi scope the
 //! request is registered with guards the one case `Drop` cannot: a request leaked with
 //! `std::mem::forget` is never completed, its buffer is leaked with it (never freed), and
 //! the scope aborts the process at its end (rsmpi's rule for uncompleted requests), before
@@ -54,7 +56,11 @@ use crate::spec::{RecvSpec, SendSpec};
 /// **Dropping a request waits**: a request dropped before completion waits for the
 /// operation in its `Drop` (`MPI_Wait`, MPI-4.1 §3.7.3), unpacks a receive as `wait` would
 /// (errors are dropped: use `wait` to see them), and only then frees its buffer; nothing
-/// panics. A request leaked with `std::mem::forget` is never completed: its buffer is
+/// panics. So a dropped request completes exactly as a waited one would, and a dropped
+/// receive whose message is never sent (or a send whose receive is never posted, beyond
+/// MPI's eager size) blocks in `Drop`, as `MPI_Wait` would: when a `?` between posts can
+/// leave the scope early on every rank, make the fallible calls (all these operations'
+/// errors come before posting) before posting the first request. A request leaked with `std::mem::forget` is never completed: its buffer is
 /// leaked with it (never freed under MPI) and the rsmpi scope aborts the process at its
 /// end, before the tensors' borrows end (rsmpi's rule for uncompleted requests).
 ///
