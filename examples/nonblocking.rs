@@ -2,10 +2,12 @@
 //! neighbours and receives one from each with [`TensorComm::immediate_send_tensor`] and
 //! [`TensorComm::immediate_recv_tensor`].
 //!
-//! The order of declarations is the point: exporters, then DLPack guards, then specs, then
-//! the scope. A request borrows its spec, which borrows its guard, which borrows its
-//! exporter; so the borrow checker proves that the producer's memory outlives every request
-//! (moving `acquire` inside the scope, or dropping a guard before `wait`, does not compile).
+//! The order of declarations is the point: exporters, then DLPack guards, then the scope. A
+//! request borrows its guard, which borrows its exporter; so the borrow checker proves that
+//! the producer's memory outlives every request (moving `acquire` inside the scope, or
+//! dropping a guard before `wait`, does not compile). The operations take tensors, as the
+//! blocking ones do: a strided tensor would be packed per the packing policy, its pack
+//! buffer owned by the request until `wait`.
 //! Tags tell the directions apart, so 1 and 2 ranks (where both neighbours coincide) work.
 //!
 //! ```text
@@ -15,7 +17,6 @@
 
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
-use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use mpi::traits::*;
 
 const N: usize = 4;
@@ -49,33 +50,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t_left = acquire(&to_left, &opts)?;
         let mut t_from_left = acquire(&from_left, &opts)?;
         let mut t_from_right = acquire(&from_right, &opts)?;
-        // Specs: all checks happen here, before any MPI call.
-        let s_right = SendSpec::new(&t_right)?;
-        let s_left = SendSpec::new(&t_left)?;
-        let mut r_from_left = RecvSpec::new(&mut t_from_left)?;
-        let mut r_from_right = RecvSpec::new(&mut t_from_right)?;
-
         mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
-            // Post the receives first, then the sends; the requests borrow the specs.
-            // `?` only fails on an invalid rank, and `left`/`right` are valid: a `?` after a
-            // request is posted would drop that request pending, which rsmpi turns into a panic.
+            // Post the receives first, then the sends; the requests borrow the guards. All
+            // checks happen before each post, and `left`/`right` are valid, so no `?` below
+            // fails after a post (a request dropped by one would wait for its message in
+            // its `Drop`: no panic and no buffer freed under MPI, but a message that never
+            // comes would block there).
             let recvs = [
-                world.immediate_recv_tensor(scope, &mut r_from_left, left, RIGHTWARD)?,
-                world.immediate_recv_tensor(scope, &mut r_from_right, right, LEFTWARD)?,
+                world.immediate_recv_tensor(scope, &mut t_from_left, left, RIGHTWARD)?,
+                world.immediate_recv_tensor(scope, &mut t_from_right, right, LEFTWARD)?,
             ];
             let sends = [
-                world.immediate_send_tensor(scope, &s_right, right, RIGHTWARD)?,
-                world.immediate_send_tensor(scope, &s_left, left, LEFTWARD)?,
+                world.immediate_send_tensor(scope, &t_right, right, RIGHTWARD)?,
+                world.immediate_send_tensor(scope, &t_left, left, LEFTWARD)?,
             ];
             for request in recvs {
-                request.wait();
+                request.wait()?;
             }
             for request in sends {
-                request.wait();
+                request.wait()?;
             }
             Ok(())
         })?;
-    } // Specs, then guards, are dropped here: the deleters run after every request is done.
+    } // The guards are dropped here: the deleters run after every request is done.
 
     assert_eq!(
         from_left.into_vec(),

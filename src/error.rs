@@ -288,6 +288,20 @@ pub enum Error {
     #[error("exporter does not implement the device query (`dlpack_device`), which DeviceQuery::Required demands")]
     MissingDeviceQuery,
 
+    /// A rank other than the root passed a send-only buffer
+    /// ([`crate::comm::BroadcastBuffer::Send`]) to a broadcast: only the root sends; the
+    /// other ranks pass a tensor to receive into.
+    #[error(
+        "rank {rank} passed a send-only tensor to a broadcast from root {root}: only the root \
+         sends; other ranks pass BroadcastBuffer::Recv"
+    )]
+    BroadcastNotRoot {
+        /// This rank.
+        rank: i32,
+        /// The broadcast's root.
+        root: i32,
+    },
+
     /// A rank argument is outside the communicator.
     #[error("rank {rank} is outside the communicator of size {size}")]
     InvalidRank {

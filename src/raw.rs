@@ -111,6 +111,14 @@ pub(crate) unsafe fn reduce_scatter_block(
 /// make one).
 pub(crate) struct Request(MPI_Request);
 
+impl Request {
+    /// The MPI handle, for a caller that completes it itself (`comm::immediate` hands it
+    /// to an rsmpi request registered with a scope).
+    pub(crate) fn into_raw(self) -> MPI_Request {
+        self.0
+    }
+}
+
 fn count(units: usize) -> Result<c_int> {
     c_int::try_from(units).map_err(|_| Error::CountTooLarge {
         count: u64::try_from(units).unwrap_or(u64::MAX),

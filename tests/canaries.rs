@@ -24,7 +24,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dlpack_mpi::comm::{Packing, TensorComm};
+use dlpack_mpi::comm::{BroadcastBuffer, Packing, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
     FLAG_IS_COPIED, FLAG_READ_ONLY,
@@ -465,8 +465,8 @@ fn nonblocking_ring(w: &SimpleCommunicator, kind: Kind) -> Outcome {
         let ss = call!(SendSpec::new(&st));
         let mut rs = call!(RecvSpec::new(&mut rt));
         mpi::request::scope(|scope| -> Outcome {
-            let rreq = call!(w.immediate_recv_tensor(scope, &mut rs, prev, 13));
-            let sreq = call!(w.immediate_send_tensor(scope, &ss, next, 13));
+            let rreq = call!(w.immediate_recv_spec(scope, &mut rs, prev, 13));
+            let sreq = call!(w.immediate_send_spec(scope, &ss, next, 13));
             rreq.wait();
             sreq.wait();
             Ok(())
@@ -474,6 +474,46 @@ fn nonblocking_ring(w: &SimpleCommunicator, kind: Kind) -> Outcome {
     }
     s.untouched()?;
     r.received(|i| value(prev, i))
+}
+
+/// The tensor-taking nonblocking forms: packed per policy, the request owns the copy and
+/// unpacks at completion; the guards show nothing is written outside the elements.
+fn nonblocking_tensor_ring(w: &SimpleCommunicator, kind: Kind) -> Outcome {
+    let (next, prev) = ring(w);
+    let n = kind.block();
+    let me = w.rank();
+    let mut s = Canary::new(I32, kind, n, |i| value(me, i));
+    let mut r = Canary::new(I32, kind, n, |_| STALE);
+    {
+        let st = s.tensor(FLAG_READ_ONLY);
+        let mut rt = r.tensor(0);
+        mpi::request::scope(|scope| -> Outcome {
+            let rreq = call!(w.immediate_recv_tensor(scope, &mut rt, prev, 14));
+            let sreq = call!(w.immediate_send_tensor(scope, &st, next, 14));
+            call!(rreq.wait());
+            call!(sreq.wait());
+            Ok(())
+        })?;
+    }
+    s.untouched()?;
+    r.received(|i| value(prev, i))
+}
+
+/// `broadcast_tensor_from` with the root's tensor passed shared (`BroadcastBuffer::Send`).
+fn broadcast_from_shared(w: &SimpleCommunicator, kind: Kind) -> Outcome {
+    let n = kind.block();
+    let root = w.size() - 1;
+    if w.rank() == root {
+        let mut c = Canary::new(I32, kind, n, |i| value(root, i));
+        let t = c.tensor(FLAG_READ_ONLY);
+        call!(w.broadcast_tensor_from(BroadcastBuffer::Send(&t), root));
+        drop(t);
+        c.untouched()
+    } else {
+        let mut c = Canary::new(I32, kind, n, |_| STALE);
+        call!(w.broadcast_tensor_from(BroadcastBuffer::Recv(&mut c.tensor(0)), root));
+        c.received(|i| value(root, i))
+    }
 }
 
 fn broadcast(w: &SimpleCommunicator, dt: Dt, kind: Kind) -> Outcome {
@@ -1088,7 +1128,7 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
         let st = s.tensor(FLAG_READ_ONLY);
         let spec = call!(SendSpec::new(&st));
         let res = mpi::request::scope(|scope| -> Outcome {
-            let req = call!(w.immediate_send_tensor(scope, &spec, next, 43));
+            let req = call!(w.immediate_send_spec(scope, &spec, next, 43));
             let e = w.recv_tensor(&mut small.tensor(0), prev, 43).err();
             let got = w.recv_tensor(&mut fits.tensor(0), prev, 43).map(|_| ());
             req.wait();
@@ -1187,9 +1227,11 @@ fn cases() -> Vec<(String, Case)> {
                 Box::new(move |w| all_reduce_in_place(w, dt, kind)),
             ));
         }
-        let ops: [(&str, KindOp); 12] = [
+        let ops: [(&str, KindOp); 14] = [
             ("send/recv", blocking_pair),
             ("nonblocking", nonblocking_ring),
+            ("nonblocking tensors", nonblocking_tensor_ring),
+            ("broadcast_tensor_from", broadcast_from_shared),
             ("gather", gather),
             ("gatherv", gatherv),
             ("scatter", scatter),

@@ -4,8 +4,9 @@
 //! its arrays and its storage), exports a receive tensor from an [`Owned`], exchanges them
 //! around the ring with `sendrecv_tensor`, checks the values, and drops both; every odd cycle
 //! the tensors are strided (step-2 views), under the packing policies auto, copy and derived
-//! in turn (pooled pack buffers, cached derived datatypes), and every 16th goes through an
-//! all-reduce. After a warm-up (MPI's and the allocator's own pools), the resident set size
+//! in turn (pooled pack buffers, cached derived datatypes), every 4th goes through the
+//! nonblocking `immediate_send_tensor`/`immediate_recv_tensor` instead (requests that own
+//! their pack buffers), and every 16th goes through an all-reduce. After a warm-up (MPI's and the allocator's own pools), the resident set size
 //! is read before and after the measured cycles; the growth must stay below
 //! `MAX_GROWTH_BYTES`, 256 KiB (one leaked 8-byte allocation per cycle would be 800 KB over
 //! 100 000 cycles; one leaked tensor struct per cycle, several MB).
@@ -54,8 +55,21 @@ fn cycle(w: &SimpleCommunicator, c: usize) -> Result<(), String> {
     };
     {
         let mut r = acquire(&out, &AcquireOptions::default()).map_err(|e| e.to_string())?;
-        w.sendrecv_tensor(&t, next, 5, &mut r, prev, 5)
-            .map_err(|e| e.to_string())?;
+        if c % 4 == 3 {
+            // Strided, through the nonblocking tensor forms: each request owns its pack
+            // buffer until `wait`, which hands it back to the pool.
+            mpi::request::scope(|scope| -> Result<(), String> {
+                let e = |e: dlpack_mpi::Error| e.to_string();
+                let rr = w.immediate_recv_tensor(scope, &mut r, prev, 6).map_err(e)?;
+                let sr = w.immediate_send_tensor(scope, &t, next, 6).map_err(e)?;
+                sr.wait().map_err(e)?;
+                rr.wait().map_err(e)?;
+                Ok(())
+            })?;
+        } else {
+            w.sendrecv_tensor(&t, next, 5, &mut r, prev, 5)
+                .map_err(|e| e.to_string())?;
+        }
         if c % 16 == 15 {
             w.all_reduce_tensor(&t, &mut r, ReduceOp::Max)
                 .map_err(|e| e.to_string())?;

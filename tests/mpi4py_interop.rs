@@ -207,27 +207,65 @@ fn run(w: &SimpleCommunicator, c: &mut Checker) -> dlpack_mpi::Result<()> {
     }
     for policy in [Packing::Auto, Packing::Copy, Packing::DerivedDatatype] {
         set_packing(policy);
-        strided(w, c, &format!("{policy:?}"))?;
+        strided(w, c, &format!("{policy:?}, blocking"), false)?;
+        strided(w, c, &format!("{policy:?}, nonblocking"), true)?;
     }
     Ok(())
 }
 
 /// Strided float32 tensors to and from the mpi4py peer (tags 10–13): a Fortran-order 3 × 4
 /// and a transposed 4 × 5 tensor go out as elements in logical row-major order, and the
-/// peer's contiguous messages land in such tensors.
-fn strided(w: &SimpleCommunicator, c: &mut Checker, policy: &str) -> dlpack_mpi::Result<()> {
+/// peer's contiguous messages land in such tensors. `nonblocking`: through
+/// `immediate_send_tensor`/`immediate_recv_tensor` (both messages of a direction posted at
+/// once), else the blocking operations.
+fn strided(
+    w: &SimpleCommunicator,
+    c: &mut Checker,
+    policy: &str,
+    nonblocking: bool,
+) -> dlpack_mpi::Result<()> {
     let o = AcquireOptions::default();
     let offset = 100.0 * w.rank() as f32;
     // (shape, strides, storage elements): Fortran-order 3 × 4, then the transpose of 4 × 5.
     let layouts: [(&[i64], &[i64], usize); 2] = [(&[3, 4], &[1, 3], 12), (&[5, 4], &[1, 5], 20)];
-    for (tag, (shape, strides, n)) in (10..).zip(layouts) {
+    let mut sends = Vec::new();
+    for (shape, strides, n) in layouts {
         let storage: Vec<f32> = (0..n).map(|k| k as f32 + offset).collect();
-        let t = Owned::new(storage).with_layout(shape, Some(strides), 0)?;
-        w.send_tensor(&acquire(&t, &o)?, 0, tag)?;
+        sends.push(Owned::new(storage).with_layout(shape, Some(strides), 0)?);
     }
-    for (tag, (shape, strides, n)) in (12..).zip(layouts) {
-        let t = Owned::new(vec![0f32; n]).with_layout(shape, Some(strides), 0)?;
-        w.recv_tensor(&mut acquire(&t, &o)?, 0, tag)?;
+    let sends: Vec<_> = sends
+        .iter()
+        .map(|t| acquire(t, &o))
+        .collect::<Result<_, _>>()?;
+    let recvs = layouts
+        .iter()
+        .map(|&(shape, strides, n)| Owned::new(vec![0f32; n]).with_layout(shape, Some(strides), 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    {
+        let mut rts: Vec<_> = recvs
+            .iter()
+            .map(|t| acquire(t, &o))
+            .collect::<Result<_, _>>()?;
+        if nonblocking {
+            mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
+                let s0 = w.immediate_send_tensor(scope, &sends[0], 0, 10)?;
+                let s1 = w.immediate_send_tensor(scope, &sends[1], 0, 11)?;
+                let (r0, r1) = rts.split_at_mut(1);
+                let q0 = w.immediate_recv_tensor(scope, &mut r0[0], 0, 12)?;
+                let q1 = w.immediate_recv_tensor(scope, &mut r1[0], 0, 13)?;
+                for request in [s0, s1, q0, q1] {
+                    request.wait()?;
+                }
+                Ok(())
+            })?;
+        } else {
+            w.send_tensor(&sends[0], 0, 10)?;
+            w.send_tensor(&sends[1], 0, 11)?;
+            w.recv_tensor(&mut rts[0], 0, 12)?;
+            w.recv_tensor(&mut rts[1], 0, 13)?;
+        }
+    }
+    for ((shape, _, n), t) in layouts.into_iter().zip(recvs) {
         let got = t.into_vec();
         // Logical (i, j) is storage i + rows × j and holds the peer's row-major i × cols + j.
         let (rows, cols) = (shape[0] as usize, shape[1] as usize);

@@ -401,7 +401,7 @@ fn c43_receive_size_mismatch_is_an_error_and_loses_nothing(w: &SimpleCommunicato
     let fit = Owned::new(vec![0i32; 6]);
     let result: Outcome = mpi::request::scope(|scope| {
         let req = w
-            .immediate_send_tensor(scope, &spec, next, 43)
+            .immediate_send_spec(scope, &spec, next, 43)
             .map_err(|e| e.to_string())?;
         let mut small = acquire(&four, &opts()).map_err(|e| e.to_string())?;
         let err = w.recv_tensor(&mut small, prev, 43).unwrap_err();
@@ -675,10 +675,10 @@ fn op_nonblocking_scope(w: &SimpleCommunicator) -> Outcome {
         let mut recv = RecvSpec::new(&mut d).map_err(|e| e.to_string())?;
         mpi::request::scope(|scope| -> Outcome {
             let rr = w
-                .immediate_recv_tensor(scope, &mut recv, prev, 9)
+                .immediate_recv_spec(scope, &mut recv, prev, 9)
                 .map_err(|e| e.to_string())?;
             let sr = w
-                .immediate_send_tensor(scope, &send, next, 9)
+                .immediate_send_spec(scope, &send, next, 9)
                 .map_err(|e| e.to_string())?;
             sr.wait();
             rr.wait();

@@ -81,10 +81,10 @@ fn worker(thread: i32) -> Result<(), String> {
             let mut rs = RecvSpec::new(&mut r).map_err(e)?;
             mpi::request::scope(|scope| -> Result<(), String> {
                 let rq = w
-                    .immediate_recv_tensor(scope, &mut rs, prev, tag + THREADS)
+                    .immediate_recv_spec(scope, &mut rs, prev, tag + THREADS)
                     .map_err(e)?;
                 let sq = w
-                    .immediate_send_tensor(scope, &ss, next, tag + THREADS)
+                    .immediate_send_spec(scope, &ss, next, tag + THREADS)
                     .map_err(e)?;
                 rq.wait();
                 sq.wait();

@@ -10,6 +10,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
+use super::bcast::BroadcastBuffer;
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
@@ -33,17 +34,18 @@ macro_rules! recv_side {
     };
 }
 
-/// [`super::TensorComm::broadcast_tensor`].
+/// [`super::TensorComm::broadcast_tensor_from`] and [`super::TensorComm::broadcast_tensor`].
 pub(super) fn broadcast<C: Communicator + ?Sized>(
     comm: &C,
-    tensor: &mut dyn Tensor,
+    buffer: BroadcastBuffer<'_>,
     root: Rank,
 ) -> Result<()> {
     check_intra(comm)?;
     check_rank(root, comm.size())?;
     let process = comm.process_at_rank(root);
     if comm.rank() == root {
-        let side = SendSide::new(&*tensor, SendSpec::new(&*tensor)?)?;
+        let tensor = buffer.sent();
+        let side = SendSide::new(tensor, SendSpec::new(tensor)?)?;
         let (ptr, count, datatype) = (
             side.pointer() as *mut std::ffi::c_void,
             side.count(),
@@ -53,6 +55,7 @@ pub(super) fn broadcast<C: Communicator + ?Sized>(
         // `count` readable units of `datatype` (the tensor, or its packed copy).
         unsafe { raw::bcast(ptr, count, datatype, root, comm.as_raw()) };
     } else {
+        let tensor = buffer.received(comm.rank(), root)?;
         let run = inner_run_elems(&*tensor);
         let mut spec = RecvSpec::new(&mut *tensor)?;
         if packs_run(spec.is_contiguous(), run, spec.element_type().size_bytes())? {

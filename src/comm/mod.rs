@@ -16,17 +16,24 @@
 //! All counts and displacements are in DLPack elements.
 //!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
-//! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
-//! the half-precision operations of `halfops`, public as [`crate::halfops`]); `checks`
+//! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
+//! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
+//! `reduce` (reductions, with the half-precision operations of `halfops`, public as
+//! [`crate::halfops`]); `checks`
 //! holds the argument checks and `packing` the packing policy ([`Packing`]). Raw MPI calls
 //! go through the crate's private `raw` module.
 
+mod bcast;
 mod checks;
 mod collective;
+mod immediate;
 mod p2p;
 mod packing;
 pub(crate) mod reduce;
 mod sides;
+mod window;
+
+use std::ops::Range;
 
 use mpi::point_to_point::Status;
 use mpi::request::{Request, Scope};
@@ -34,7 +41,9 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
+pub use bcast::BroadcastBuffer;
 pub(crate) use checks::{check_rank, check_tag};
+pub use immediate::TensorRequest;
 pub use packing::{
     inner_block_bytes, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
     set_pack_threshold_bytes, set_packing, Packing, DEFAULT_PACK_THRESHOLD_BYTES, PACKING_ENV,
@@ -101,16 +110,68 @@ pub trait TensorComm: Communicator {
         p2p::sendrecv(self, send, dest, send_tag, recv, source, recv_tag)
     }
 
-    /// Nonblocking send inside an rsmpi scope (`MPI_Isend`, §3.7.2). Build the spec before
-    /// the scope; the request borrows it, so the tensor outlives the request.
+    /// Nonblocking send of all elements of `tensor` to `dest` inside an rsmpi scope
+    /// (`MPI_Isend`, MPI-4.1 §3.7.2): the nonblocking form of [`TensorComm::send_tensor`],
+    /// with the same argument, packing policy ([`Packing`]) and wire format (the elements
+    /// in logical row-major order).
     ///
-    /// The only error is a bad rank, returned before anything is posted; check ranks before
-    /// posting several requests, because a request dropped uncompleted when `?` leaves the
-    /// scope makes rsmpi panic.
+    /// The returned [`TensorRequest`] borrows `tensor` for `'a` and owns the packed copy
+    /// when the policy packs the layout (a pool buffer, handed back at completion);
+    /// contiguous tensors and derived-datatype layouts go without a copy. Complete it with
+    /// [`TensorRequest::wait`]; dropping it uncompleted waits (see [`TensorRequest`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`] and the errors of [`SendSpec::new`]
+    /// and of packing ([`Error::InvalidSetting`], [`Error::Allocation`],
+    /// [`Error::CountTooLarge`]), all before anything is posted.
+    fn immediate_send_tensor<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        tensor: &'a dyn Tensor,
+        dest: Rank,
+        tag: Tag,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        immediate::send(self, scope, tensor, dest, tag)
+    }
+
+    /// Nonblocking receive into all elements of `tensor` from `source` inside an rsmpi
+    /// scope (`MPI_Irecv`, MPI-4.1 §3.7.2): the nonblocking form of
+    /// [`TensorComm::recv_tensor`], same argument and packing policy. A strided tensor the
+    /// policy packs is received into a pool buffer the [`TensorRequest`] owns and unpacked
+    /// into `tensor` at completion ([`TensorRequest::wait`]).
+    ///
+    /// The size cannot be probed before posting: a longer message is MPI's truncation
+    /// error (fatal under the default error handler), a shorter one is
+    /// [`Error::CountMismatch`] from [`TensorRequest::wait`]; use it where sizes are agreed
+    /// (or use [`TensorComm::recv_tensor`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRank`], [`Error::InvalidTag`] and the errors of [`RecvSpec::new`]
+    /// (e.g. [`Error::ReadOnly`], [`Error::Immutable`]) and of packing, before anything is
+    /// posted.
+    fn immediate_recv_tensor<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        tensor: &'a mut dyn Tensor,
+        source: Rank,
+        tag: Tag,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        immediate::recv(self, scope, tensor, source, tag)
+    }
+
+    /// Nonblocking send of a prebuilt spec inside an rsmpi scope (`MPI_Isend`, §3.7.2),
+    /// used as given: a strided spec goes as its derived datatype, never packed (the
+    /// [`Packing`] policy is not consulted). Build the spec before the scope; the request
+    /// borrows it, so the tensor outlives the request. (Named `immediate_send_tensor`
+    /// before; that name now takes a tensor.)
+    ///
+    /// A request dropped uncompleted (e.g. when `?` leaves the scope after a later error)
+    /// makes rsmpi panic: check arguments before posting several requests, or use
+    /// [`TensorComm::immediate_send_tensor`], whose requests wait when dropped.
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`].
-    fn immediate_send_tensor<'a, 't: 'a, Sc: Scope<'a>>(
+    fn immediate_send_spec<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
         spec: &'a SendSpec<'t>,
@@ -124,13 +185,14 @@ pub trait TensorComm: Communicator {
             .immediate_send_with_tag(scope, spec, tag))
     }
 
-    /// Nonblocking receive inside an rsmpi scope (`MPI_Irecv`, §3.7.2). The size cannot be
-    /// probed before posting; a longer message is an MPI truncation error, so use it where
-    /// sizes are agreed (or use [`TensorComm::recv_tensor`]).
+    /// Nonblocking receive into a prebuilt spec inside an rsmpi scope (`MPI_Irecv`,
+    /// §3.7.2), used as given (never packed). The size cannot be probed before posting; a
+    /// longer message is an MPI truncation error, so use it where sizes are agreed. (Named
+    /// `immediate_recv_tensor` before; that name now takes a tensor.)
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`].
-    fn immediate_recv_tensor<'a, 't: 'a, Sc: Scope<'a>>(
+    fn immediate_recv_spec<'a, 't: 'a, Sc: Scope<'a>>(
         &self,
         scope: Sc,
         spec: &'a mut RecvSpec<'t>,
@@ -144,14 +206,104 @@ pub trait TensorComm: Communicator {
             .immediate_receive_into_with_tag(scope, spec, tag))
     }
 
+    /// Blocking send of the window `elems` = `[start, end)` of `tensor` (in elements,
+    /// logical row-major order) to `dest`: mpi4py's `[buf, count, displacement]` with
+    /// `displacement = start`, `count = end - start`. The message is those `end - start`
+    /// elements in logical order, for any layout: a contiguous tensor's window goes without
+    /// a copy, a strided tensor's through a packed copy of the whole tensor.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] naming the displacement, count and tensor length when the
+    /// window leaves the tensor (also for `end < start`); [`Error::InvalidRank`];
+    /// [`Error::InvalidTag`]; the errors of [`SendSpec::new`] and of packing
+    /// ([`Error::Allocation`], ...). All before any MPI call.
+    fn send_tensor_range(
+        &self,
+        tensor: &dyn Tensor,
+        elems: Range<i64>,
+        dest: Rank,
+        tag: Tag,
+    ) -> Result<()> {
+        window::send(self, tensor, elems, dest, tag)
+    }
+
+    /// Blocking receive into the window `elems` = `[start, end)` of `tensor` (elements),
+    /// probed first as in [`TensorComm::recv_tensor`]: the message must be exactly
+    /// `end - start` elements. Elements outside the window keep their values (a strided
+    /// tensor is packed whole, received into, and unpacked whole).
+    ///
+    /// # Errors
+    /// As [`TensorComm::send_tensor_range`], plus [`Error::CountMismatch`] (the message is
+    /// left unreceived) and the errors of [`RecvSpec::range`] ([`Error::ReadOnly`], ...).
+    fn recv_tensor_range(
+        &self,
+        tensor: &mut dyn Tensor,
+        elems: Range<i64>,
+        source: Rank,
+        tag: Tag,
+    ) -> Result<Status> {
+        window::recv(self, tensor, elems, source, tag)
+    }
+
+    /// Nonblocking [`TensorComm::send_tensor_range`] (`MPI_Isend`, §3.7.2) inside an
+    /// rsmpi scope; the [`TensorRequest`] owns the packed copy of a strided tensor.
+    ///
+    /// # Errors
+    /// As [`TensorComm::send_tensor_range`], before anything is posted.
+    fn immediate_send_tensor_range<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        tensor: &'a dyn Tensor,
+        elems: Range<i64>,
+        dest: Rank,
+        tag: Tag,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        window::immediate_send(self, scope, tensor, elems, dest, tag)
+    }
+
+    /// Nonblocking receive into the window `elems` of `tensor` (`MPI_Irecv`, §3.7.2);
+    /// sizes as in [`TensorComm::immediate_recv_tensor`] (not probed: a shorter message is
+    /// [`Error::CountMismatch`] from [`TensorRequest::wait`]). A strided tensor is packed
+    /// whole when posted and unpacked whole at completion.
+    ///
+    /// # Errors
+    /// As [`TensorComm::recv_tensor_range`] without the probe, before anything is posted.
+    fn immediate_recv_tensor_range<'a, Sc: Scope<'a>>(
+        &self,
+        scope: Sc,
+        tensor: &'a mut dyn Tensor,
+        elems: Range<i64>,
+        source: Rank,
+        tag: Tag,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        window::immediate_recv(self, scope, tensor, elems, source, tag)
+    }
+
+    /// Broadcast from `root` where each rank says what it holds (`MPI_Bcast`, §6.4): the
+    /// root passes [`BroadcastBuffer::Send`] with a shared tensor (only read; it may be
+    /// `READ_ONLY`) or [`BroadcastBuffer::Recv`]; every other rank passes
+    /// [`BroadcastBuffer::Recv`] with a tensor of the root's count and dtype, which is
+    /// written. Same wire format and packing policy as [`TensorComm::broadcast_tensor`].
+    ///
+    /// # Errors
+    /// [`Error::BroadcastNotRoot`] when a rank other than `root` passes
+    /// [`BroadcastBuffer::Send`]; [`Error::InvalidRank`]; [`Error::Intercommunicator`]; the
+    /// errors of [`SendSpec::new`] at the root and of [`RecvSpec::new`] elsewhere. Like
+    /// every local error of a collective, it is returned before this rank's MPI call, and
+    /// the other ranks' calls then wait for it.
+    fn broadcast_tensor_from(&self, buffer: BroadcastBuffer<'_>, root: Rank) -> Result<()> {
+        collective::broadcast(self, buffer, root)
+    }
+
     /// Broadcast `tensor` from `root` (`MPI_Bcast`, §6.4). At the root the tensor is only
-    /// read (it may be `READ_ONLY`); elsewhere it is received into.
+    /// read (it may be `READ_ONLY`); elsewhere it is received into. A root that holds only
+    /// a shared `&dyn Tensor` uses [`TensorComm::broadcast_tensor_from`].
     ///
     /// # Errors
     /// [`Error::InvalidRank`]; the errors of [`SendSpec::new`] at the root and of
     /// [`RecvSpec::new`] elsewhere.
     fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
-        collective::broadcast(self, tensor, root)
+        collective::broadcast(self, BroadcastBuffer::Recv(tensor), root)
     }
 
     /// Reduce `send` from every rank into `recv` at `root` (`MPI_Reduce`, §6.9.1).

@@ -34,8 +34,9 @@ use crate::layout;
 /// so the ranks of a job may choose differently. Reductions and the per-rank blocks of
 /// gathers, scatters and all-to-alls always use packed copies (MPI's predefined reductions
 /// take predefined datatypes only; blocks must split into equal units). The nonblocking
-/// `immediate_*_tensor` operations take a spec the caller built and use it as given (a
-/// derived datatype for a strided tensor); they do not consult the policy.
+/// `immediate_*_tensor` operations follow the policy too (the request owns the packed
+/// copy); `immediate_send_spec`/`immediate_recv_spec` take a spec the caller built and use
+/// it as given (a derived datatype for a strided tensor), without consulting the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Packing {
     /// Per tensor: pack short inner blocks, derived datatype for long ones (the default; see

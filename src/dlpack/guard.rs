@@ -362,8 +362,15 @@ impl fmt::Debug for ManagedTensor<'_> {
 /// fn to_another_thread<T: Send>() {}
 /// to_another_thread::<dlpack_mpi::dlpack::TensorView<'static>>();
 /// ```
+///
+/// A view is writable unless marked read-only ([`TensorView::from_raw_read_only`],
+/// [`TensorView::read_only`], [`TensorView::immutable`]): a `DLTensor` carries no flags
+/// (only `DLManagedTensorVersioned` does, DLPack v1.0), so the caller says what it knows.
 pub struct TensorView<'a> {
     tensor: NonNull<DLTensor>,
+    /// `None`: writable; `Some(None)`: `READ_ONLY` ([`Error::ReadOnly`]); `Some(Some(p))`:
+    /// the arrays of producer `p` are immutable ([`Error::Immutable`]).
+    read_only: Option<Option<&'static str>>,
     _owner: PhantomData<&'a mut DLTensor>,
 }
 
@@ -383,8 +390,45 @@ impl<'a> TensorView<'a> {
         unsafe { validate(tensor.as_ref()) }?;
         Ok(TensorView {
             tensor,
+            read_only: None,
             _owner: PhantomData,
         })
+    }
+
+    /// Validates a borrowed `DLTensor*` that must never be written: the view reports
+    /// `READ_ONLY` in [`Tensor::flags`], and using it as a receive buffer (or through
+    /// `as_mut_slice`) is [`Error::ReadOnly`], before any MPI call. Sending it is allowed.
+    ///
+    /// # Safety
+    /// `ptr` must be NULL or point to a valid `DLTensor` whose `shape`, `strides` and data
+    /// stay valid and unchanged (by anyone else) for `'a`. Nothing is written through the
+    /// view, so the data may be shared with other readers.
+    ///
+    /// # Errors
+    /// As [`TensorView::from_raw`].
+    pub unsafe fn from_raw_read_only(ptr: *const DLTensor) -> Result<Self> {
+        // SAFETY: the caller's contract, which is `from_raw`'s for readers; the view is
+        // marked read-only before it is returned, so it is never written through.
+        unsafe { Self::from_raw(ptr.cast_mut()) }.map(TensorView::read_only)
+    }
+
+    /// Marks this view `READ_ONLY` (DLPack `DLPACK_FLAG_BITMASK_READ_ONLY`): receiving into
+    /// it is [`Error::ReadOnly`] from then on; sending it is unchanged.
+    #[must_use]
+    pub fn read_only(mut self) -> Self {
+        if self.read_only.is_none() {
+            self.read_only = Some(None);
+        }
+        self
+    }
+
+    /// Marks this view read-only because `producer`'s arrays are immutable (e.g.
+    /// `"jax.Array"`): receiving into it is [`Error::Immutable`] naming the producer, as
+    /// for an imported tensor of such a producer.
+    #[must_use]
+    pub fn immutable(mut self, producer: &'static str) -> Self {
+        self.read_only = Some(Some(producer));
+        self
     }
 }
 
@@ -399,7 +443,15 @@ impl Tensor for TensorView<'_> {
 
     #[inline]
     fn flags(&self) -> u64 {
-        0
+        if self.read_only.is_some() {
+            FLAG_READ_ONLY
+        } else {
+            0
+        }
+    }
+
+    fn immutable_producer(&self) -> Option<&'static str> {
+        self.read_only.flatten()
     }
 }
 
@@ -411,6 +463,7 @@ impl fmt::Debug for TensorView<'_> {
             .field("strides_elems", &self.strides_elems())
             .field("byte_offset_bytes", &self.byte_offset_bytes())
             .field("device", &self.device().to_string())
+            .field("read_only", &self.read_only)
             .finish()
     }
 }
@@ -644,6 +697,25 @@ mod tests {
             let mut v = unsafe { TensorView::from_raw(&mut t) }.unwrap();
             assert_eq!(v.as_slice::<f64>().unwrap(), &[2.5]);
             v.as_mut_slice::<f64>().unwrap()[0] = 4.0;
+        }
+        assert_eq!(storage, [1.5, 4.0]);
+        {
+            // SAFETY: as above; nothing is written through the read-only views.
+            let mut v = unsafe { TensorView::from_raw_read_only(&t) }.unwrap();
+            assert!(v.is_read_only());
+            assert_eq!(v.as_slice::<f64>().unwrap(), &[4.0]);
+            assert_eq!(v.as_mut_slice::<f64>(), Err(Error::ReadOnly));
+            // SAFETY: as above.
+            let mut v = unsafe { TensorView::from_raw(&mut t) }
+                .unwrap()
+                .immutable("jax.Array");
+            assert!(v.is_read_only());
+            assert_eq!(
+                v.as_mut_slice::<f64>(),
+                Err(Error::Immutable {
+                    producer: "jax.Array"
+                })
+            );
         }
         assert_eq!(storage, [1.5, 4.0]);
         t.ndim = -1;

@@ -114,10 +114,12 @@ for dt in DTYPES:
           np.concatenate([make(dt, (r + 1,), r) for r in range(size)]))
 
 # Strided dlpack-mpi tensors on the wire (the Rust side runs this under the packing
-# policies auto, copy and derived in turn): a Fortran-order 3 x 4 and a transposed 4 x 5
-# float32 tensor arrive as their elements in logical row-major order, and contiguous
-# messages from here land in such tensors element by element.
-for policy in ("auto", "copy", "derived"):
+# policies auto, copy and derived in turn, each with the blocking and then the nonblocking
+# operations): a Fortran-order 3 x 4 and a transposed 4 x 5 float32 tensor arrive as their
+# elements in logical row-major order, and contiguous messages from here land in such
+# tensors element by element.
+for policy in (f"{p}, {form}" for p in ("auto", "copy", "derived")
+               for form in ("blocking", "nonblocking")):
     for r in range(1, size):
         got = np.zeros((3, 4), dtype=np.float32)
         comm.Recv(got, source=r, tag=10)

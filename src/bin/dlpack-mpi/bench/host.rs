@@ -169,7 +169,7 @@ fn recv_window(
         let mut failed = None;
         for spec in specs.iter_mut() {
             if checked {
-                match world.immediate_recv_tensor(sc, spec, 0, tag) {
+                match world.immediate_recv_spec(sc, spec, 0, tag) {
                     Ok(r) => reqs.push(r),
                     Err(e) => {
                         failed = Some(e);
@@ -202,7 +202,7 @@ fn send_window(
         for i in 0..window {
             let spec = specs.get(i).unwrap_or(reused);
             if checked {
-                match world.immediate_send_tensor(sc, spec, 1, tag) {
+                match world.immediate_send_spec(sc, spec, 1, tag) {
                     Ok(r) => reqs.push(r),
                     Err(e) => {
                         failed = Some(e);

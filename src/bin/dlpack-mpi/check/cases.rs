@@ -203,8 +203,8 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             let send = SendSpec::new(s)?;
             let mut recv = RecvSpec::new(d)?;
             mpi::request::scope(|scope| -> Result<(), Error> {
-                let rr = w.immediate_recv_tensor(scope, &mut recv, prev, 13)?;
-                let sr = w.immediate_send_tensor(scope, &send, next, 13)?;
+                let rr = w.immediate_recv_spec(scope, &mut recv, prev, 13)?;
+                let sr = w.immediate_send_spec(scope, &send, next, 13)?;
                 sr.wait();
                 rr.wait();
                 Ok(())
