@@ -167,8 +167,9 @@ pub trait Tensor: sealed::Sealed {
     }
 
     /// The producer's array type when the consumer knows its arrays are immutable although
-    /// the tensor carries no `READ_ONLY` flag (a JAX array's legacy capsule, see
-    /// [`crate::python`]); such a tensor reports `READ_ONLY` in [`Tensor::flags`].
+    /// the tensor carries no `READ_ONLY` flag (a JAX array's legacy capsule, see the
+    /// `python` module, feature `python`); such a tensor reports `READ_ONLY` in
+    /// [`Tensor::flags`].
     fn immutable_producer(&self) -> Option<&'static str> {
         None
     }
