@@ -39,6 +39,9 @@ macro_rules! call {
     };
 }
 
+#[path = "device_cases/strided.rs"]
+mod strided;
+
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
 }
@@ -762,8 +765,13 @@ fn direct_route_and_its_exceptions(w: &SimpleCommunicator) -> Outcome {
     {
         let s = take(&strided, &rt)?;
         let mut d = take(&four, &rt)?;
+        rt.clear_calls();
         call!(dc.all_reduce_tensor(&s, &mut d, ReduceOp::Sum));
-        ensure_eq!(dc.last_route(), Some(Route::Staged));
+        // Packed on the device into a scratch buffer, sent contiguous (no derived datatype
+        // over device memory), nothing copied to the host.
+        ensure_eq!(dc.last_route(), Some(Route::Direct));
+        ensure_eq!(copies(&rt), (0, 0));
+        ensure_eq!(rt.bytes_copied(), 16);
     }
     ensure_eq!(four.as_slice(), &[w.size() as f32; 4][..]);
     let h = Owned::new(vec![f16::ONE; 4]).labelled(CUDA0);
@@ -886,6 +894,19 @@ const CASES: &[(&str, Case)] = &[
     ),
     ("c64_staged_every_collective", c64_staged_every_collective),
     ("c64_strided_staged", c64_strided_staged),
+    (
+        "strided_staged_packs_only_the_elements",
+        strided::strided_staged_packs_only_the_elements,
+    ),
+    (
+        "strided_direct_packs_on_the_device",
+        strided::strided_direct_packs_on_the_device,
+    ),
+    (
+        "strided_unpack_and_in_place",
+        strided::strided_unpack_and_in_place,
+    ),
+    ("strided_fallbacks", strided::strided_fallbacks),
     (
         "c65_empty_tensor_makes_no_runtime_call",
         c65_empty_tensor_makes_no_runtime_call,
