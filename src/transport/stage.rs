@@ -283,8 +283,8 @@ impl<'p, 'r> Stage<'p, 'r> {
             });
         }
         let runtime = runtime.ok_or_else(no_runtime_error)?;
-        let buf = if packs {
-            Self::pack(&placement, access, pool, runtime)?
+        let buf = if let Some(plan) = placement.packed.as_ref().filter(|_| packs) {
+            Self::pack(&placement, plan, access, pool, runtime)?
         } else {
             Self::copy_span(&placement, access, pool, runtime)?
         };
@@ -331,13 +331,12 @@ impl<'p, 'r> Stage<'p, 'r> {
     /// is written back from the buffer, and nothing else of the span is touched).
     fn pack(
         placement: &Placement,
+        plan: &StridedCopy,
         access: Access,
         pool: &'p PinnedPool<'r>,
         runtime: &'r dyn DeviceRuntime,
     ) -> Result<PinnedBuf<'p, 'r>> {
-        let (Some(plan), kind) = (&placement.packed, Self::pack_kind(placement.route)) else {
-            return Err(no_runtime_error());
-        };
+        let kind = Self::pack_kind(placement.route);
         let buf = match placement.route {
             Route::Direct => pool.take_device(placement.device, plan.packed_bytes())?,
             _ => pool.take(plan.packed_bytes())?,
