@@ -8,6 +8,48 @@ use super::*;
 use dlpack_mpi::layout;
 use dlpack_mpi::runtime::CopyKind;
 
+/// Strided device tensors keep their layout through staging: a step-2 and a negative-stride
+/// send, received into a step-2 tensor whose gap elements must keep their values.
+fn c64_strided_staged(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let dc = staged(w, &rt);
+    let (rank, size) = (w.rank(), w.size());
+    let next = (rank + 1) % size;
+    let prev = (rank + size - 1) % size;
+    let base: Vec<f32> = (0..10).map(|i| (rank * 100 + i) as f32).collect();
+    let step2 = Owned::new(base.clone())
+        .with_layout(&[5], Some(&[2]), 0)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    let mut into = Owned::new(vec![-7.0f32; 10])
+        .with_layout(&[5], Some(&[2]), 4)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    {
+        let s = take(&step2, &rt)?;
+        let mut d = take(&into, &rt)?;
+        call!(dc.sendrecv_tensor(&s, next, 3, &mut d, prev, 3));
+    }
+    let got = into.as_slice().to_vec();
+    for i in 0..5 {
+        ensure_eq!(got[2 * i], -7.0);
+        ensure_eq!(got[2 * i + 1], (prev * 100 + 2 * i as i32) as f32);
+    }
+    let reversed = Owned::new(base)
+        .with_layout(&[10], Some(&[-1]), 36)
+        .map_err(|e| e.to_string())?
+        .labelled(CUDA0);
+    let mut plain = on(CUDA0, vec![0.0; 10]);
+    {
+        let s = take(&reversed, &rt)?;
+        let mut d = take(&plain, &rt)?;
+        call!(dc.sendrecv_tensor(&s, next, 4, &mut d, prev, 4));
+    }
+    let want: Vec<f32> = (0..10).rev().map(|i| (prev * 100 + i) as f32).collect();
+    ensure_eq!(plain.as_slice(), &want[..]);
+    Ok(())
+}
+
 /// A layout over a storage of `storage` f32 elements.
 struct Layout {
     name: &'static str,
@@ -250,3 +292,18 @@ pub(super) fn strided_fallbacks(w: &SimpleCommunicator) -> Outcome {
     }
     Ok(())
 }
+
+/// The cases of this file, run after `device_cases.rs`'s own.
+pub(super) const CASES: &[(&str, Case)] = &[
+    ("c64_strided_staged", c64_strided_staged),
+    (
+        "strided_staged_packs_only_the_elements",
+        strided_staged_packs_only_the_elements,
+    ),
+    (
+        "strided_direct_packs_on_the_device",
+        strided_direct_packs_on_the_device,
+    ),
+    ("strided_unpack_and_in_place", strided_unpack_and_in_place),
+    ("strided_fallbacks", strided_fallbacks),
+];
