@@ -16,7 +16,8 @@
 #      LD_LIBRARY_PATH, /dev/shm, locked-memory limit, preset OMPI_/OPAL_/PMIX_/PRTE_/UCX_/
 #      CUDA_ variables, and the MPI settings this script chose;
 #   3. `dlpack-mpi info`: stops here (exit 3, one line saying why) without a CUDA runtime;
-#   4. the GPU cases (tests/gpu.rs) at 2 ranks, with DLPACK_MPI_REQUIRE_GPU=1: stops here
+#   4. the GPU cases (tests/gpu.rs) at 2 ranks, with DLPACK_MPI_REQUIRE_GPU=1 (among them
+#      strided device tensors packed by cuMemcpy2DAsync, staged and direct): stops here
 #      (exit 3) when a rank cannot use the GPU (e.g. an EXCLUSIVE_PROCESS compute mode);
 #   5. the simulated-device cases at 2 ranks;
 #   6. `dlpack-mpi check` on CUDA tensors at 2 ranks, staged;

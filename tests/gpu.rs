@@ -1,6 +1,8 @@
 //! GPU cases against the real CUDA driver (feature `cuda`): C61 with a real asynchronous
 //! kernel, C64 staged (and direct when MPI is CUDA-aware), C65, a pipelined 64 MiB send,
-//! C51 through the cudarc exporter, and a host pointer labelled CUDA (DeviceMismatch).
+//! strided device tensors packed by `cuMemcpy2DAsync` (step 2, transposed, Fortran order, a
+//! 3-D permutation; issue 13, item 4), C51 through the cudarc exporter, and a host pointer
+//! labelled CUDA (DeviceMismatch).
 //! scripts/gpu-check.sh runs it at 2 ranks on a GPU machine.
 //!
 //! **Skipping.** The ranks agree before any case whether every one of them has a CUDA
@@ -374,6 +376,77 @@ fn c64_pipelined(
     )
 }
 
+/// A strided layout over `storage` f32 elements: name, shape, strides (elements).
+type StridedLayout = (&'static str, &'static [i64], &'static [i64], usize);
+
+/// Step 2 (1 Mi elements: 4 MiB packed, 8 MiB span), transposed, Fortran order, a 3-D
+/// permutation, and rows of a wider matrix (one 2-D copy of wide rows).
+const STRIDED: &[StridedLayout] = &[
+    ("step-2", &[1 << 20], &[2], 2 << 20),
+    ("transposed 96x80", &[96, 80], &[1, 96], 96 * 80),
+    ("Fortran 5x6x7", &[5, 6, 7], &[1, 5, 30], 210),
+    ("permuted 3x4x5", &[3, 4, 5], &[1, 15, 3], 60),
+    ("rows 64x100 of 64x128", &[64, 100], &[128, 1], 64 * 128),
+];
+
+/// Strided device tensors in a ring (issue 13, item 4): the sender's elements are packed by
+/// 2-D copies (device → pinned host staged, device → device scratch direct) and unpacked into
+/// a strided receive tensor of the same layout; the bytes between its elements keep their
+/// sentinel.
+fn strided_ring(w: &SimpleCommunicator, gpu: &Gpu, rt: &CudaRuntime, t: Transport) -> Outcome {
+    let (rank, size) = (w.rank(), w.size());
+    let comm = agreed(w, dc(w, rt, t))?;
+    let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
+    for (k, &(name, shape, strides, storage)) in STRIDED.iter().enumerate() {
+        let values: Vec<f32> = (0..storage)
+            .map(|i| (rank * 4_000_000) as f32 + i as f32)
+            .collect();
+        let src = step!(w, gpu.stream.clone_htod(&values));
+        let mut dst = step!(w, gpu.stream.clone_htod(&vec![-7.0f32; storage]));
+        {
+            let e = step!(
+                w,
+                CudaExport::new(&src).with_layout(shape, Some(strides), 0)
+            );
+            let s = step!(w, acquire(&e, &AcquireOptions::default()));
+            let mut o = step!(
+                w,
+                CudaExport::new_mut(&mut dst).with_layout(shape, Some(strides), 0)
+            );
+            let mut r = step!(w, acquire(&o, &AcquireOptions::default()));
+            let tag = 30 + k as i32;
+            step!(w, comm.sendrecv_tensor(&s, next, tag, &mut r, prev, tag));
+            let route = comm.last_route();
+            let want = if comm.is_direct() {
+                Route::Direct
+            } else {
+                Route::Staged
+            };
+            agreed(
+                w,
+                check(route == Some(want), || format!("{name}: route {route:?}")),
+            )?;
+            drop(r);
+            let _ = &mut o;
+        }
+        let got = step!(w, gpu.stream.clone_dtoh(&dst));
+        let plan = step!(w, dlpack_mpi::layout::plan(shape, Some(strides)));
+        let mut want = vec![-7.0f32; storage];
+        for o in plan.offsets() {
+            want[o as usize] = (prev * 4_000_000) as f32 + o as f32;
+        }
+        let first_bad = got.iter().zip(&want).position(|(g, w)| g != w);
+        agreed(
+            w,
+            check(first_bad.is_none(), || {
+                let i = first_bad.unwrap_or(0);
+                format!("{name}: storage[{i}] = {}, want {}", got[i], want[i])
+            }),
+        )?;
+    }
+    Ok(())
+}
+
 /// C65: an empty device tensor. One-element allocations exported with shape `[0]`: a
 /// zero-byte cudarc allocation is a 0-byte `cuMemAllocAsync` whose failing free would
 /// surface later, in an unrelated call. The output's element must stay as it was.
@@ -527,6 +600,10 @@ fn main() {
         cases.push((
             format!("c64_c65_ring_pipeline_empty_{t}"),
             Box::new(move || c64_ring_and_pipeline(ww, g, r, t)),
+        ));
+        cases.push((
+            format!("strided_2d_copies_{t}"),
+            Box::new(move || strided_ring(ww, g, r, t)),
         ));
     }
     cases.push((

@@ -23,6 +23,7 @@ use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
+use super::strided::{Copy2d, CopyKind};
 use super::{check_placement, DeviceRuntime};
 use crate::device::{
     device_type, Device, CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM,
@@ -404,6 +405,96 @@ impl DeviceRuntime for CudaRuntime {
                 .map_err(cu("cuMemcpyHtoDAsync"))?;
             result::stream::synchronize(stream).map_err(cu("cuStreamSynchronize"))
         }
+    }
+
+    /// One `cuMemcpy2DAsync` per copy on the device's consumer stream, then one
+    /// `cuStreamSynchronize` (also after a failed submission, so no copy is left running).
+    unsafe fn copy_2d(&self, device: Device, kind: CopyKind, copies: &[Copy2d]) -> Result<()> {
+        let _ctx = self.enter(device)?;
+        let stream = self.stream(device)?;
+        let mut submitted = Ok(());
+        for c in copies.iter().filter(|c| c.bytes() > 0) {
+            let params = memcpy2d(kind, c);
+            // SAFETY: caller's contract (every row valid on its side, disjoint); the
+            // parameters live until the call returns (the driver copies them).
+            submitted = unsafe { sys::cuMemcpy2DAsync_v2(&params, stream) }
+                .result()
+                .map_err(cu("cuMemcpy2DAsync"));
+            if submitted.is_err() {
+                break;
+            }
+        }
+        // SAFETY: the runtime's own stream.
+        let synced =
+            unsafe { result::stream::synchronize(stream) }.map_err(cu("cuStreamSynchronize"));
+        submitted.and(synced)
+    }
+
+    /// `cuMemAlloc` in `device`'s primary context.
+    fn alloc_device(&self, device: Device, bytes: usize) -> Result<std::ptr::NonNull<u8>> {
+        let _ctx = self.enter(device)?;
+        // SAFETY: allocates; the context is current.
+        let p = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(cu("cuMemAlloc"))?;
+        std::ptr::NonNull::new(p as *mut u8).ok_or(Error::Cuda {
+            call: "cuMemAlloc",
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        })
+    }
+
+    unsafe fn free_device(&self, device: Device, ptr: std::ptr::NonNull<u8>, _bytes: usize) {
+        if let Ok(_ctx) = self.enter(device) {
+            // SAFETY: from alloc_device on this device (caller's contract), no copy pending
+            // (every copy of this runtime is synchronized before it returns).
+            let _ = unsafe { result::free_sync(ptr.as_ptr() as sys::CUdeviceptr) };
+        }
+    }
+}
+
+/// The `CUDA_MEMCPY2D` of one [`Copy2d`] of `kind` (host sides as host pointers, device
+/// sides as device pointers).
+fn memcpy2d(kind: CopyKind, c: &Copy2d) -> sys::CUDA_MEMCPY2D {
+    let (src_device, dst_device) = match kind {
+        CopyKind::DeviceToHost => (true, false),
+        CopyKind::HostToDevice => (false, true),
+        CopyKind::DeviceToDevice => (true, true),
+    };
+    let memory = |device: bool| {
+        if device {
+            sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+        } else {
+            sys::CUmemorytype::CU_MEMORYTYPE_HOST
+        }
+    };
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: memory(src_device),
+        srcHost: if src_device { std::ptr::null() } else { c.src },
+        srcDevice: if src_device {
+            c.src as sys::CUdeviceptr
+        } else {
+            0
+        },
+        srcArray: std::ptr::null_mut(),
+        srcPitch: c.src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: memory(dst_device),
+        dstHost: if dst_device {
+            std::ptr::null_mut()
+        } else {
+            c.dst
+        },
+        dstDevice: if dst_device {
+            c.dst as sys::CUdeviceptr
+        } else {
+            0
+        },
+        dstArray: std::ptr::null_mut(),
+        dstPitch: c.dst_pitch,
+        WidthInBytes: c.width_bytes,
+        Height: c.height,
     }
 }
 

@@ -22,8 +22,10 @@ use crate::error::{Error, Result};
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod simulated;
+pub mod strided;
 
 pub use simulated::{RuntimeCall, SimulatedDevice};
+pub use strided::{Copy2d, CopyKind, Direction, StridedCopy};
 
 /// What acquisition and the transport ask of a GPU runtime. Every method that names a `device` runs with
 /// that device current and restores the caller's current device before it returns
@@ -123,6 +125,51 @@ pub trait DeviceRuntime: Send + Sync {
         src: *const u8,
         bytes: usize,
     ) -> Result<()>;
+
+    /// Runs `copies`, pitched 2-D copies of `kind` between memory of `device` and host
+    /// memory (or within `device`'s memory), all complete on return. For CUDA: one
+    /// `cuMemcpy2DAsync` each on the device's consumer stream, then one synchronization.
+    /// [`StridedCopy`] makes such copies from a strided tensor's layout. The default copies
+    /// row by row with [`DeviceRuntime::copy_to_host`]/[`DeviceRuntime::copy_to_device`].
+    ///
+    /// # Safety
+    /// For every copy, each source row (`src + r × src_pitch`, `width_bytes` bytes, `r <
+    /// height`) is readable memory of its side, each destination row writable; the device
+    /// side is memory of `device`; sources and destinations do not overlap, and nobody else
+    /// writes them meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`]; with the default, [`Error::UnsupportedDevice`] for
+    /// [`CopyKind::DeviceToDevice`].
+    unsafe fn copy_2d(&self, device: Device, kind: CopyKind, copies: &[Copy2d]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { strided::copy_2d_by_rows(self, device, kind, copies) }
+    }
+
+    /// Allocates `bytes` (> 0) of memory on `device` (for CUDA `cuMemAlloc`, in the device's
+    /// primary context): the direct route's scratch buffers for strided tensors.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] (out of device memory); the default, for runtimes without device
+    /// allocation, is [`Error::UnsupportedDevice`].
+    fn alloc_device(&self, device: Device, bytes: usize) -> Result<NonNull<u8>> {
+        let _ = bytes;
+        Err(Error::UnsupportedDevice {
+            device_type: device.device_type,
+            device_id: device.device_id,
+            reason: "this GPU runtime cannot allocate device memory",
+        })
+    }
+
+    /// Frees a buffer from [`DeviceRuntime::alloc_device`]. The default does nothing (its
+    /// `alloc_device` never allocates).
+    ///
+    /// # Safety
+    /// `ptr` and `bytes` come from one `alloc_device(device, bytes)` call of this runtime,
+    /// freed once, with no copy using it pending.
+    unsafe fn free_device(&self, device: Device, ptr: NonNull<u8>, bytes: usize) {
+        let _ = (device, ptr, bytes);
+    }
 }
 
 /// The runtime that `acquire` and the transport use when the caller names none: the CUDA

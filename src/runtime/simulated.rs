@@ -6,6 +6,7 @@ use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
+use super::strided::{Copy2d, CopyKind};
 use super::{check_placement, DeviceRuntime};
 use crate::device::{Device, NO_SYNC_STREAM};
 use crate::error::{Error, Result};
@@ -74,6 +75,34 @@ pub enum RuntimeCall {
         /// Its size.
         bytes: usize,
     },
+    /// A batch of pitched 2-D copies (`copy_2d`): what a packed copy of a strided tensor
+    /// costs.
+    Copy2d {
+        /// The device named with the call.
+        device: Device,
+        /// The device that was current while copying.
+        current: i32,
+        /// Which memories.
+        kind: CopyKind,
+        /// Number of 2-D copies in the batch.
+        copies: usize,
+        /// Bytes copied, all copies together (`width × height` each).
+        bytes: usize,
+    },
+    /// A device buffer was allocated (`alloc_device`).
+    AllocDevice {
+        /// The device.
+        device: Device,
+        /// Its size.
+        bytes: usize,
+    },
+    /// A device buffer was freed (`free_device`).
+    FreeDevice {
+        /// The device.
+        device: Device,
+        /// Its size.
+        bytes: usize,
+    },
 }
 
 type Work = Box<dyn FnOnce() + Send>;
@@ -85,6 +114,7 @@ struct SimState {
     placements: Vec<(usize, usize, Device)>,
     current: i32,
     pinned_live: usize,
+    device_live: usize,
     devices: usize,
     selected: Option<i32>,
 }
@@ -190,6 +220,26 @@ impl SimulatedDevice {
         self.state().pinned_live
     }
 
+    /// Bytes of device memory (`alloc_device`) allocated and not yet freed.
+    pub fn device_live_bytes(&self) -> usize {
+        self.state().device_live
+    }
+
+    /// Bytes moved by every copy so far (1-D and 2-D, either direction), from the recorded
+    /// calls: what the staging of a tensor cost.
+    pub fn bytes_copied(&self) -> usize {
+        self.state()
+            .calls
+            .iter()
+            .map(|c| match c {
+                RuntimeCall::CopyToHost { bytes, .. }
+                | RuntimeCall::CopyToDevice { bytes, .. }
+                | RuntimeCall::Copy2d { bytes, .. } => *bytes,
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// Work items still queued on `stream`.
     pub fn pending(&self, stream: isize) -> usize {
         self.state().pending.get(&stream).map_or(0, Vec::len)
@@ -215,6 +265,17 @@ impl SimulatedDevice {
         });
         f();
         s.current = saved;
+    }
+
+    fn buffer(&self, bytes: usize, call: &'static str) -> Result<NonNull<u8>> {
+        let layout = Self::pinned_layout(bytes.max(1))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        NonNull::new(ptr).ok_or(Error::Cuda {
+            call,
+            code: 2,
+            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
+        })
     }
 
     fn pinned_layout(bytes: usize) -> Result<std::alloc::Layout> {
@@ -293,14 +354,7 @@ impl DeviceRuntime for SimulatedDevice {
     }
 
     fn alloc_pinned(&self, bytes: usize) -> Result<NonNull<u8>> {
-        let layout = Self::pinned_layout(bytes.max(1))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        let ptr = NonNull::new(ptr).ok_or(Error::Cuda {
-            call: "simulated alloc_pinned",
-            code: 2,
-            name: "CUDA_ERROR_OUT_OF_MEMORY".into(),
-        })?;
+        let ptr = self.buffer(bytes, "simulated alloc_pinned")?;
         let mut s = self.state();
         s.pinned_live += bytes;
         s.calls.push(RuntimeCall::AllocPinned { bytes });
@@ -343,6 +397,70 @@ impl DeviceRuntime for SimulatedDevice {
             unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), bytes) }
         });
         Ok(())
+    }
+
+    /// Copies row by row with `memcpy` and records one [`RuntimeCall::Copy2d`] for the batch.
+    /// Checks what `cuMemcpy2D` checks: each pitch at least the width (else the call is
+    /// refused as CUDA refuses it, `CUDA_ERROR_INVALID_VALUE`, and nothing is copied).
+    unsafe fn copy_2d(&self, device: Device, kind: CopyKind, copies: &[Copy2d]) -> Result<()> {
+        if copies
+            .iter()
+            .any(|c| c.height > 1 && (c.src_pitch < c.width_bytes || c.dst_pitch < c.width_bytes))
+        {
+            return Err(Error::Cuda {
+                call: "simulated cuMemcpy2DAsync",
+                code: 1,
+                name: "CUDA_ERROR_INVALID_VALUE".into(),
+            });
+        }
+        let mut s = self.state();
+        let saved = s.current;
+        s.current = device.device_id;
+        let bytes = copies.iter().map(Copy2d::bytes).sum();
+        s.calls.push(RuntimeCall::Copy2d {
+            device,
+            current: device.device_id,
+            kind,
+            copies: copies.len(),
+            bytes,
+        });
+        for c in copies {
+            for r in 0..c.height {
+                // SAFETY: caller's contract (rows valid, disjoint); simulated device memory
+                // is host memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        c.src.cast::<u8>().add(r * c.src_pitch),
+                        c.dst.cast::<u8>().add(r * c.dst_pitch),
+                        c.width_bytes,
+                    );
+                }
+            }
+        }
+        s.current = saved;
+        Ok(())
+    }
+
+    /// Host memory, placed as memory of `device` ([`SimulatedDevice::place`]).
+    fn alloc_device(&self, device: Device, bytes: usize) -> Result<NonNull<u8>> {
+        let ptr = self.buffer(bytes, "simulated alloc_device")?;
+        self.place(ptr.as_ptr().cast(), bytes.max(1), device);
+        let mut s = self.state();
+        s.device_live += bytes;
+        s.calls.push(RuntimeCall::AllocDevice { device, bytes });
+        Ok(ptr)
+    }
+
+    unsafe fn free_device(&self, device: Device, ptr: NonNull<u8>, bytes: usize) {
+        if let Ok(layout) = Self::pinned_layout(bytes.max(1)) {
+            // SAFETY: allocated by alloc_device with this layout (caller's contract).
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        }
+        let mut s = self.state();
+        let start = ptr.as_ptr() as usize;
+        s.placements.retain(|p| p.0 != start);
+        s.device_live = s.device_live.saturating_sub(bytes);
+        s.calls.push(RuntimeCall::FreeDevice { device, bytes });
     }
 }
 

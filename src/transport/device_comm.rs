@@ -21,12 +21,19 @@ use crate::runtime::DeviceRuntime;
 /// Tensor operations for tensors on any device: [`TensorComm`]'s operations, with each
 /// tensor routed as [`Route`] says. Host tensors pass straight through.
 ///
-/// **Staging.** Before an operation the bytes a tensor touches (its *span*: from its lowest
-/// to one past its highest element, so strided views keep their layout and are described by
-/// the same derived datatype) are copied device → pinned host for tensors MPI reads; the
-/// operation runs on host memory; then the span is copied pinned host → device for tensors
-/// MPI wrote. A receive span with gaps (a step slice) is first read from the device, so the
-/// bytes between elements keep their values. Pinned buffers (sizes rounded up to a power of
+/// **Staging.** Before an operation a contiguous tensor's bytes are copied device → pinned
+/// host for tensors MPI reads; the operation runs on host memory; then they are copied pinned
+/// host → device for tensors MPI wrote. A strided tensor's elements alone are copied, packed
+/// in logical row-major order by pitched 2-D copies ([`crate::runtime::StridedCopy`]), and
+/// unpacked into its elements after a receive (the bytes between them are never touched).
+/// A layout that needs more than
+/// [`MAX_STRIDED_COPIES`](crate::runtime::strided::MAX_STRIDED_COPIES) 2-D copies (a long
+/// reversed axis, say) is staged by its *span* (lowest to one past its highest element,
+/// keeping its layout for `TensorComm`); such a receive span with gaps is first read from
+/// the device, so the bytes between elements keep their values. On the direct route a
+/// strided tensor is packed into a device scratch buffer (device → device), sent contiguous,
+/// and unpacked; scratch buffers come from the same pool, which keeps at most
+/// [`MAX_POOLED_DEVICE_BYTES`](super::MAX_POOLED_DEVICE_BYTES) of them. Pinned buffers (sizes rounded up to a power of
 /// two, at least 64 KiB) come from a pool owned by the `DeviceComm` and are reused; the pool
 /// keeps at most [`MAX_POOLED_BYTES`](super::MAX_POOLED_BYTES) and frees the rest. A send
 /// and a receive tensor whose device spans overlap are [`Error::BuffersAlias`], as on host

@@ -34,7 +34,7 @@ pub use device::{
 };
 pub use device_comm::DeviceComm;
 pub use pipeline::{DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
-pub use pool::MAX_POOLED_BYTES;
+pub use pool::{MAX_POOLED_BYTES, MAX_POOLED_DEVICE_BYTES};
 pub use route::{Route, Transport};
 
 /// The environment variable that overrides the library's own answer.

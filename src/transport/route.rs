@@ -37,12 +37,20 @@ impl std::fmt::Display for Transport {
 /// | `kDLCPU`, `kDLCUDAHost`, `kDLROCMHost` | [`Route::Host`] | the tensor itself |
 /// | `kDLCUDAManaged` | [`Route::Managed`] | the managed pointer (host-accessible once the producer is synchronized, which `acquire` did) |
 /// | `kDLCUDA`, MPI CUDA-aware, contiguous, no user-defined reduction | [`Route::Direct`] | the device pointer |
-/// | any other `kDLCUDA` | [`Route::Staged`] | a pinned host copy of the tensor's byte span |
+/// | `kDLCUDA`, MPI CUDA-aware, strided with a 2-D copy plan, no user-defined reduction | [`Route::Direct`] | a device scratch buffer holding the elements packed |
+/// | any other `kDLCUDA` | [`Route::Staged`] | a pinned host copy of the tensor's elements, packed (strided, with a 2-D copy plan), or of its byte span |
 /// | `kDLROCM` and the rest | — | [`Error::UnsupportedDevice`] |
 ///
-/// **Direct exceptions.** Strided device tensors are staged even when MPI is CUDA-aware
-/// (derived datatypes over device memory are packed element by element by Open MPI's and
-/// MPICH's CUDA paths, and are where CUDA-aware stacks have had bugs); float16/bfloat16
+/// **Strided device tensors** never reach MPI as a derived datatype over device memory
+/// (Open MPI's and MPICH's CUDA paths pack those element by element, and are where
+/// CUDA-aware stacks have had bugs). Their elements are copied packed
+/// ([`crate::runtime::StridedCopy`]: pitched 2-D copies) into a device scratch buffer that
+/// goes to MPI contiguous (direct) or into a pinned buffer (staged), and unpacked after a
+/// receive; a layout the 2-D copies cannot express within
+/// [`MAX_STRIDED_COPIES`](crate::runtime::strided::MAX_STRIDED_COPIES) copies is staged
+/// whole span, as a strided host tensor.
+///
+/// **Direct exceptions.** float16/bfloat16
 /// reductions are staged because their MPI operation is a host function (`halfops`) that
 /// cannot read device memory. `DeviceComm` offers no nonblocking collectives, so Open MPI's
 /// unreliable nonblocking reductions on device memory are never reached.
@@ -73,18 +81,19 @@ impl Route {
     }
 
     /// The route of a CUDA or CUDA-managed tensor (the table above): `direct` says whether
-    /// the `DeviceComm` hands contiguous device tensors to MPI, `reduce` is the dtype of the
+    /// the `DeviceComm` hands device tensors to MPI, `contiguous_or_packed` whether the
+    /// tensor is contiguous or packed by a 2-D copy plan, `reduce` is the dtype of the
     /// reduction the tensor takes part in, if any.
     pub(super) fn of_device_tensor(
         kind: MemoryKind,
         direct: bool,
-        contiguous: bool,
+        contiguous_or_packed: bool,
         reduce: Option<DType>,
     ) -> Route {
         let user_op = reduce.is_some_and(halfops::is_half);
         if kind == MemoryKind::CudaManaged {
             Route::Managed
-        } else if direct && contiguous && !user_op {
+        } else if direct && contiguous_or_packed && !user_op {
             Route::Direct
         } else {
             Route::Staged

@@ -10,7 +10,7 @@ use crate::dlpack::{DLTensor, Tensor, TensorView};
 use crate::dtype::{self, DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
-use crate::runtime::DeviceRuntime;
+use crate::runtime::{CopyKind, DeviceRuntime, Direction, StridedCopy};
 
 /// What an operation does with a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,11 +112,17 @@ impl Extent {
 }
 
 /// A validated device tensor with its route decided; nothing allocated or copied yet.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Placement {
     pub(super) route: Route,
     pub(super) device: Device,
     pub(super) extent: Extent,
+    /// For a strided `kDLCUDA` tensor: how its elements are copied packed (staged: to and
+    /// from a pinned buffer; direct: to and from a device scratch buffer). `None`: contiguous,
+    /// managed, or a layout the 2-D copies cannot express within
+    /// [`MAX_STRIDED_COPIES`](crate::runtime::strided::MAX_STRIDED_COPIES) copies (then the
+    /// whole span is staged).
+    pub(super) packed: Option<StridedCopy>,
 }
 
 impl Placement {
@@ -155,7 +161,15 @@ impl Placement {
         if access.writes() {
             layout::check_no_overlap(t.shape(), t.strides_elems())?;
         }
-        let route = Route::of_device_tensor(kind, direct, extent.contiguous, reduce);
+        let packed = match kind {
+            MemoryKind::Cuda if !extent.contiguous && extent.len_elems > 0 => {
+                let plan = layout::plan(t.shape(), t.strides_elems())?;
+                StridedCopy::plan(&plan.axes, extent.element.size_bytes())
+            }
+            _ => None,
+        };
+        let goes_direct = extent.contiguous || packed.is_some();
+        let route = Route::of_device_tensor(kind, direct, goes_direct, reduce);
         if extent.len_elems > 0 {
             // Empty tensors (C65) make no runtime call: their pointer may be NULL.
             runtime.check_pointer(device, extent.first as *const c_void)?;
@@ -164,6 +178,7 @@ impl Placement {
             route,
             device,
             extent,
+            packed,
         }))
     }
 
@@ -195,7 +210,8 @@ struct Placed {
 pub(super) struct Stage<'p, 'r> {
     placed: Option<Placed>,
     buf: Option<PinnedBuf<'p, 'r>>,
-    /// Set when the span is copied back to the device after the operation.
+    /// Set when the span (or the packed elements) is copied back to the device after the
+    /// operation.
     runtime: Option<&'r dyn DeviceRuntime>,
 }
 
@@ -240,8 +256,11 @@ impl<'p, 'r> Stage<'p, 'r> {
     }
 
     /// Stages `t` as placed: for the staged route, a pinned copy of its span (read from the
-    /// device when MPI reads it or when the span has gaps). Builds the host `DLTensor` the
-    /// operation's views are made from (the one relabelling of the caller's tensor).
+    /// device when MPI reads it or when the span has gaps), or of its elements alone, packed,
+    /// when the placement has a [`StridedCopy`]; for the direct route with a `StridedCopy`, a
+    /// packed copy in a device scratch buffer. Builds the host `DLTensor` the operation's
+    /// views are made from (the one relabelling of the caller's tensor; compact row-major
+    /// over the buffer when packed).
     pub(super) fn new(
         t: &dyn Tensor,
         placement: Option<Placement>,
@@ -255,7 +274,8 @@ impl<'p, 'r> Stage<'p, 'r> {
         let mut host = Box::new(*t.dl_tensor());
         host.device = Device::CPU.into();
         let x = placement.extent;
-        if placement.route != Route::Staged || x.len_elems == 0 {
+        let packs = placement.packed.is_some() && placement.route != Route::Managed;
+        if (placement.route != Route::Staged && !packs) || x.len_elems == 0 {
             return Ok(Stage {
                 placed: Some(Placed { placement, host }),
                 buf: None,
@@ -263,6 +283,33 @@ impl<'p, 'r> Stage<'p, 'r> {
             });
         }
         let runtime = runtime.ok_or_else(no_runtime_error)?;
+        let buf = if let Some(plan) = placement.packed.as_ref().filter(|_| packs) {
+            Self::pack(&placement, plan, access, pool, runtime)?
+        } else {
+            Self::copy_span(&placement, access, pool, runtime)?
+        };
+        if packs {
+            host.data = buf.ptr().cast();
+            host.strides = std::ptr::null_mut();
+        } else {
+            host.data = buf.ptr().wrapping_add(x.first - x.start).cast();
+        }
+        host.byte_offset = 0;
+        Ok(Stage {
+            placed: Some(Placed { placement, host }),
+            buf: Some(buf),
+            runtime: access.writes().then_some(runtime),
+        })
+    }
+
+    /// The staged route without a plan: a pinned copy of the whole span.
+    fn copy_span(
+        placement: &Placement,
+        access: Access,
+        pool: &'p PinnedPool<'r>,
+        runtime: &'r dyn DeviceRuntime,
+    ) -> Result<PinnedBuf<'p, 'r>> {
+        let x = placement.extent;
         let buf = pool.take(x.span_bytes)?;
         if access != Access::Write || !x.is_dense() {
             // SAFETY: the span is the device memory the tensor's elements occupy (layout
@@ -276,13 +323,49 @@ impl<'p, 'r> Stage<'p, 'r> {
                 )
             }?;
         }
-        host.data = buf.ptr().wrapping_add(x.first - x.start).cast();
-        host.byte_offset = 0;
-        Ok(Stage {
-            placed: Some(Placed { placement, host }),
-            buf: Some(buf),
-            runtime: access.writes().then_some(runtime),
-        })
+        Ok(buf)
+    }
+
+    /// A strided tensor's elements, packed: in a pinned buffer (staged) or a device scratch
+    /// buffer (direct), read from the tensor unless MPI only writes them (then every element
+    /// is written back from the buffer, and nothing else of the span is touched).
+    fn pack(
+        placement: &Placement,
+        plan: &StridedCopy,
+        access: Access,
+        pool: &'p PinnedPool<'r>,
+        runtime: &'r dyn DeviceRuntime,
+    ) -> Result<PinnedBuf<'p, 'r>> {
+        let kind = Self::pack_kind(placement.route);
+        let buf = match placement.route {
+            Route::Direct => pool.take_device(placement.device, plan.packed_bytes())?,
+            _ => pool.take(plan.packed_bytes())?,
+        };
+        if access != Access::Write {
+            // SAFETY: the plan is the tensor's own (its merged axes and element size); its
+            // elements are device memory of `placement.device` (pointer checked, layout
+            // arithmetic); the buffer holds at least `packed_bytes` bytes of the other memory
+            // and is fresh from the pool (no overlap, no other user).
+            unsafe {
+                plan.run(
+                    runtime,
+                    placement.device,
+                    kind,
+                    placement.extent.first as *const c_void,
+                    buf.ptr().cast(),
+                    Direction::Pack,
+                )
+            }?;
+        }
+        Ok(buf)
+    }
+
+    /// The copy kind of packing on `route` (its reverse unpacks).
+    fn pack_kind(route: Route) -> CopyKind {
+        match route {
+            Route::Direct => CopyKind::DeviceToDevice,
+            _ => CopyKind::DeviceToHost,
+        }
     }
 
     pub(super) fn route(&self) -> Route {
@@ -320,10 +403,28 @@ impl<'p, 'r> Stage<'p, 'r> {
         })
     }
 
-    /// After MPI wrote the host copy: copies it back to the device.
+    /// After MPI wrote the host copy (or the device scratch): copies it back to the device.
     pub(super) fn finish(&self) -> Result<()> {
         if let (Some(placed), Some(buf), Some(rt)) = (&self.placed, &self.buf, self.runtime) {
             let p = &placed.placement;
+            if let Some(plan) = &p.packed {
+                let kind = match p.route {
+                    Route::Direct => CopyKind::DeviceToDevice,
+                    _ => CopyKind::HostToDevice,
+                };
+                // SAFETY: as in `pack`, the other way round: the tensor's elements are
+                // writable (a receive tensor: checked writable and free of overlap).
+                return unsafe {
+                    plan.run(
+                        rt,
+                        p.device,
+                        kind,
+                        p.extent.first as *const c_void,
+                        buf.ptr().cast(),
+                        Direction::Unpack,
+                    )
+                };
+            }
             // SAFETY: the span is device memory of p.device (checked by check_pointer and
             // the layout arithmetic); the buffer holds at least `span_bytes` bytes.
             unsafe {
