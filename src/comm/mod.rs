@@ -21,6 +21,8 @@
 //! holds the argument checks and `packing` the packing policy ([`Packing`]). Raw MPI calls
 //! go through the crate's private `raw` module.
 
+#[macro_use]
+mod agree;
 mod checks;
 mod collective;
 mod p2p;
@@ -34,6 +36,9 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
+pub use agree::{
+    agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
+};
 pub(crate) use checks::{check_rank, check_tag};
 pub use packing::{
     inner_block_bytes, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
