@@ -30,6 +30,9 @@
 //! The setting is per process, and **every rank of a communicator must use the same one**:
 //! a rank that agrees and a rank that does not make different sequences of collective
 //! calls (MPI-4.1 §6.13 requires the same order on every rank), which is itself a hang.
+//! For the same reason a collective shared with ranks that do not use dlpack-mpi (mpi4py,
+//! C or Fortran MPI code in an MPMD job) needs [`Agreement::Local`] on the dlpack-mpi ranks:
+//! the others would not join the agreement all-reduce.
 //!
 //! Not detected by agreement: arguments each rank finds valid but that do not match
 //! across ranks (different roots, counts or dtypes; MPI-4.1 §6.1 makes matching signatures

@@ -17,7 +17,8 @@
 //! [`Error::PeerRefused`] naming the lowest refusing rank and its error text. Root-only
 //! arguments a non-root rank passes anyway are checked there as at the root.
 //! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
-//! price of that hang (see [`set_agreement`]; every rank must use the same setting).
+//! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
+//! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
 //!
 //! What cannot be checked locally, nor by agreement: that every rank passes matching roots,
 //! counts and dtypes to a collective (MPI-4.1 §6.1 makes that the caller's obligation; each
