@@ -153,41 +153,41 @@ fn gatherv(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
 
 fn scatter(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
     let (me, p) = (w.rank(), w.size() as usize);
-    let send = f32s(p * M);
-    let recv = if me == refuser {
-        f32s(M).read_only()
-    } else {
-        f32s(M)
-    };
-    let s = t(&send)?;
+    let (send, wrong) = (f32s(p * M), f64s(p * M));
+    let recv = f32s(M);
+    let (s, x) = (t(&send)?, t(&wrong)?);
     let mut r = t(&recv)?;
-    // A refusing root gives no send buffer at all.
-    let send_arg = (me == root && me != refuser).then_some(&s as &dyn Tensor);
+    // A refusing root gives no send buffer at all; a refusing non-root gives a float64 send
+    // buffer it need not give (root-only arguments are checked wherever given).
+    let send_arg = if me == refuser && me != root {
+        Some(&x as &dyn Tensor)
+    } else {
+        (me == root && me != refuser).then_some(&s as &dyn Tensor)
+    };
     let got = w.scatter_tensor(send_arg, &mut r, root);
     verdict(w, refuser, got, |e| {
-        matches!(e, Error::CountMismatch { .. } | Error::ReadOnly)
+        matches!(e, Error::CountMismatch { .. } | Error::DtypeMismatch { .. })
     })
 }
 
 fn scatterv(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
     let (me, p) = (w.rank(), w.size() as usize);
     let send = f32s(p * M);
-    let recv = if me == refuser && me != root {
-        f32s(M).read_only()
-    } else {
-        f32s(M)
-    };
-    let counts = vec![M as i64; p];
+    let recv = f32s(M);
+    let mut counts = vec![M as i64; p];
     let mut displs: Vec<i64> = (0..p).map(|i| (i * M) as i64).collect();
     if me == refuser && me == root {
         displs[0] = (p * M) as i64; // the first block lies past the tensor
+    } else if me == refuser {
+        counts.pop(); // a non-root's unneeded send arguments: one count short
     }
     let s = t(&send)?;
     let mut r = t(&recv)?;
-    let send_arg = (me == root).then_some((&s as &dyn Tensor, &counts[..], &displs[..]));
+    let send_arg =
+        (me == root || me == refuser).then_some((&s as &dyn Tensor, &counts[..], &displs[..]));
     let got = w.scatterv_tensor(send_arg, &mut r, root);
     verdict(w, refuser, got, |e| {
-        matches!(e, Error::OutOfBounds { .. } | Error::ReadOnly)
+        matches!(e, Error::OutOfBounds { .. } | Error::LengthMismatch { .. })
     })
 }
 
