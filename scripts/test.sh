@@ -2,7 +2,8 @@
 # Every test: setup.sh's libclang detection, formatting, lints (the library alone and with
 # features cli, python, cuda), rustdoc with warnings denied, unit and doc tests, the behaviour
 # cases, the multi-rank cases under mpirun at 1-4 ranks, the nonblocking/window/broadcast cases
-# (tests/immediate.rs) at 2 ranks, the checked protocol at 2 ranks, the
+# (tests/immediate.rs) at 2 ranks, agreement before collectives (one refusing rank, every
+# rooted and vector collective) at 2-4 ranks, the checked protocol at 2 ranks, the
 # GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
 # without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
 # JAX, Paddle, the C exchange API) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), the
@@ -146,6 +147,16 @@ for n in 2 3 4; do
 done
 stage "nonblocking tensor operations, windows, shared-root broadcast at 2 ranks (tests/immediate.rs)" \
     test_binary_at immediate 2
+# Agreement before collectives (tests/agreement.rs): one refusing rank per case; broken
+# agreement hangs, so a short timeout (the run takes seconds) fails the stage.
+agreement_at() {
+    local bin
+    bin=$(test_binary agreement)
+    timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
+}
+for n in 2 3 4; do
+    stage "agreement: every collective with one refusing rank at $n ranks" agreement_at "$n"
+done
 stage "checked protocol at 2 ranks" test_binary_at checked 2
 for n in 2 3; do
     stage "GPU transport on a simulated device (C51, C53, C60-C65, staging) at $n ranks" \

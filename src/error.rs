@@ -344,6 +344,21 @@ pub enum Error {
     )]
     Intercommunicator,
 
+    /// Another rank of the communicator refused its arguments to a collective of
+    /// [`crate::comm::TensorComm`], so no rank entered the data operation (the agreement of
+    /// [`crate::comm::Agreement::Collective`]). `rank` is the lowest rank that refused (in
+    /// the communicator the collective was called on); `reason` is that rank's own error
+    /// message, cut to at most [`crate::comm::AGREEMENT_REASON_BYTES`] bytes.
+    #[error(
+        "rank {rank} refused its arguments to this collective, so no rank entered it: {reason}"
+    )]
+    PeerRefused {
+        /// The lowest rank whose local checks failed.
+        rank: i32,
+        /// That rank's error, as its `Display` text (bounded length).
+        reason: String,
+    },
+
     /// The first element is not aligned for the Rust type asked for (DLPack does not promise
     /// alignment: `byte_offset` may be any number of bytes).
     #[error("first element at address {address:#x} is not aligned to {align} bytes")]

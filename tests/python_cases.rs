@@ -498,21 +498,32 @@ fn c58_read_only_numpy_never_receives(w: &SimpleCommunicator, c: &Ctx) -> Outcom
         matches!(r, Err(Error::ReadOnly)),
         "in-place all-reduce: {r:?}"
     );
-    // A broadcast receives everywhere but at the root (where the buffer is only read).
+    // A broadcast receives everywhere but at the root (where the buffer is only read): the
+    // other ranks refuse it, and agreement makes the root return too (rank 0, the lowest
+    // refusing rank, named), so that no rank entered MPI_Bcast.
     let root = w.size() - 1;
     let r = w.broadcast_tensor(&mut t, root);
-    if w.rank() == root {
-        ensure!(r.is_ok(), "bcast root: {r:?}");
+    if w.size() == 1 {
+        ensure!(r.is_ok(), "bcast root at 1 rank: {r:?}");
+    } else if w.rank() == root {
+        ensure!(
+            matches!(&r, Err(Error::PeerRefused { rank: 0, reason })
+                if *reason == Error::ReadOnly.to_string()),
+            "bcast root: {r:?}"
+        );
     } else {
         ensure!(matches!(r, Err(Error::ReadOnly)), "bcast: {r:?}");
     }
-    // The root's broadcast went out; the other ranks refused theirs before any MPI call,
-    // so they take the root's message into a writable array.
-    if w.rank() != root {
+    // Again with a writable array at the other ranks: the root's read-only array goes out.
+    if w.size() > 1 {
         c.exec("sink = np.zeros(4, dtype=np.int64)")?;
         let mut sink = c.acquire("sink")?;
-        w.broadcast_tensor(&mut sink, root).map_err(s)?;
-        ensure!(c.truth("list(sink) == [0, 1, 2, 3]")?, "{}", c.ev("sink")?);
+        if w.rank() == root {
+            w.broadcast_tensor(&mut t, root).map_err(s)?;
+        } else {
+            w.broadcast_tensor(&mut sink, root).map_err(s)?;
+            ensure!(c.truth("list(sink) == [0, 1, 2, 3]")?, "{}", c.ev("sink")?);
+        }
     }
     // As a send buffer it works.
     c.exec("got = np.zeros(4, dtype=np.int64)")?;

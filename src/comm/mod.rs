@@ -7,11 +7,25 @@
 //! mismatch is an `Err` on the rank that sees it; no MPI call has been made with the bad
 //! arguments, so MPI never aborts the job over them.
 //!
-//! What cannot be checked locally: that every rank passes matching counts and dtypes to a
-//! collective (MPI-4.1 §6.1 makes that the caller's obligation). For point-to-point receives
-//! the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the message is
-//! probed, and a size mismatch is [`Error::CountMismatch`] naming both counts, with the
-//! message left unreceived so that the job goes on and nothing is lost (C43).
+//! **Agreement** ([`Agreement`]): a collective's local checks can fail on one rank only (a
+//! root's receive buffer too small or `READ_ONLY`, one rank's displacements, a count above
+//! `int` on one rank), and MPI cannot take back a collective that the other ranks have
+//! entered: they would wait forever. So every collective first runs its checks and builds
+//! its buffers on every rank, then the ranks agree with one `MPI_Allreduce` of one `int`
+//! (MPI-4.1 §6.9.6), and either all enter the data operation or all return an error without
+//! entering it: a rank that refused its own diagnosis, the others
+//! [`Error::PeerRefused`] naming the lowest refusing rank and its error text. Root-only
+//! arguments a non-root rank passes anyway are checked there as at the root.
+//! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
+//! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
+//! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
+//!
+//! What cannot be checked locally, nor by agreement: that every rank passes matching roots,
+//! counts and dtypes to a collective (MPI-4.1 §6.1 makes that the caller's obligation; each
+//! rank's arguments can be valid on their own and still not match). For point-to-point
+//! receives the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the
+//! message is probed, and a size mismatch is [`Error::CountMismatch`] naming both counts,
+//! with the message left unreceived so that the job goes on and nothing is lost (C43).
 //!
 //! All counts and displacements are in DLPack elements.
 //!
@@ -19,10 +33,12 @@
 //! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
 //! `reduce` (reductions, with the half-precision operations of `halfops`, public as
-//! [`crate::halfops`]); `checks`
-//! holds the argument checks and `packing` the packing policy ([`Packing`]). Raw MPI calls
-//! go through the crate's private `raw` module.
+//! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
+//! ([`Agreement`]) and `packing` the packing policy ([`Packing`]). Raw MPI calls go through
+//! the crate's private `raw` module.
 
+#[macro_use]
+mod agree;
 mod bcast;
 mod checks;
 mod collective;
@@ -42,6 +58,9 @@ use mpi::traits::*;
 use mpi::Tag;
 
 pub use bcast::BroadcastBuffer;
+pub use agree::{
+    agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
+};
 pub(crate) use checks::{check_rank, check_tag};
 pub use immediate::TensorRequest;
 pub use packing::{
@@ -61,7 +80,15 @@ use crate::spec::{RecvSpec, SendSpec};
 ///
 /// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
 /// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
-/// required at the root and ignored elsewhere.
+/// required at the root; at another rank they may be `None`, and when given they are
+/// checked as at the root (and not used).
+///
+/// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
+/// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,
+/// it returns [`Error::PeerRefused`] when another rank refused its arguments, and
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds a value other than
+/// `collective` or `local`. On any error no rank has entered the data operation (under
+/// [`Agreement::Local`]: only this rank).
 pub trait TensorComm: Communicator {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
     ///

@@ -7,6 +7,9 @@
 //! more than 2^30 units are reduced in chunks of at most 2^30 (an element-wise reduction may
 //! be cut anywhere); and half-precision dtypes use the user-defined operations of
 //! [`halfops`]. Those calls go through the raw wrappers of `crate::raw`.
+//!
+//! Each reduction runs every check and builds its buffers first, then agrees across the
+//! ranks (`agree`, see [`super::Agreement`]) before the first MPI call.
 
 pub mod halfops;
 
@@ -16,6 +19,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
+use super::agree::agree;
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
@@ -71,7 +75,47 @@ fn at(ptr: *mut std::ffi::c_void, offset_bytes: usize) -> *mut std::ffi::c_void 
     ptr.cast::<u8>().wrapping_add(offset_bytes).cast()
 }
 
-/// [`super::TensorComm::reduce_tensor`].
+/// The preparation of a reduction with a send and a receive tensor (`$pair` and `$count`
+/// name them in errors): every check, then the specs or the flat runs, as one `Result`
+/// (errors leave through `local!`, so that the ranks agree on them).
+macro_rules! prepare {
+    ($pair:expr, $count:expr, $send:expr, $recv:expr, $op:expr) => {
+        'prep: {
+            let s = local!('prep, SendSpec::new($send));
+            local!('prep, s.element_type().check_reduction($op));
+            let mop = local!('prep, op_handle($op, s.dtype()));
+            let mut r = local!('prep, RecvSpec::new(&mut *$recv));
+            local!('prep, check_pair($pair, &s, &r));
+            local!(
+                'prep,
+                check_count(|| $count.into(), s.len_elems(), r.len_elems())
+            );
+            if !needs_flat(&s, r.is_derived()) {
+                break 'prep Ok(Reduction::Specs(s, Some(r)));
+            }
+            let rf = local!(
+                'prep,
+                FlatSpec::recv(&mut r).and_then(|f| f.ready(&*$recv, false))
+            );
+            // `r` ends here (non-lexical lifetime): the tensor is used directly above.
+            let sf = local!('prep, FlatSpec::send($send, &s));
+            Ok(Reduction::Flat(sf, Some(rf), mop))
+        }
+    };
+}
+
+/// The buffers of a reduction after its preparation: the specs as built (rsmpi's safe
+/// call), or flat runs (the raw chunked call). The receive side is `None` at a non-root
+/// rank of a reduce.
+enum Reduction<'s, 'r> {
+    /// Contiguous sides of a predefined type, at most `int` units.
+    Specs(SendSpec<'s>, Option<RecvSpec<'r>>),
+    /// Flat runs (packed copies where strided), the operation's handle.
+    Flat(FlatSpec, Option<FlatSpec>, MPI_Op),
+}
+
+/// [`super::TensorComm::reduce_tensor`]. A `recv` given at a non-root rank is checked as at
+/// the root (and not used).
 pub(super) fn reduce<C: Communicator + ?Sized>(
     comm: &C,
     send: &dyn Tensor,
@@ -80,37 +124,68 @@ pub(super) fn reduce<C: Communicator + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     check_intra(comm)?;
-    check_rank(root, comm.size())?;
-    let s = SendSpec::new(send)?;
-    s.element_type().check_reduction(op)?;
-    let mop = op_handle(op, s.dtype())?;
-    if comm.rank() == root {
-        let recv = recv.ok_or_else(|| missing("reduce receive buffer"))?;
-        return reduce_at_root(comm, send, &s, recv, op, mop);
+    match recv {
+        Some(recv) if comm.rank() == root => reduce_at_root(comm, send, recv, op),
+        None if comm.rank() == root => agree(comm, Err(missing("reduce receive buffer"))),
+        recv => reduce_at_leaf(comm, send, recv, op, root),
     }
-    if !needs_flat(&s, false) {
-        comm.process_at_rank(root)
-            .reduce_into(&s, op.system_operation());
-        return Ok(());
-    }
-    let sf = FlatSpec::send(send, &s)?;
-    let datatype = sf.unit.datatype().as_raw();
-    in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-        // SAFETY: the send buffer holds `units` units of `datatype` and the chunk lies
-        // inside it; the receive buffer is not significant at non-root ranks (MPI-4.1
-        // §6.9.1); every rank makes the same chunked calls (`needs_flat`).
-        unsafe {
-            raw::reduce(
-                at(sf.ptr, offset),
-                std::ptr::null_mut(),
-                n,
-                datatype,
-                mop,
-                root,
-                comm.as_raw(),
+}
+
+/// A non-root rank's side of [`reduce`] (also a rank whose `root` is out of range).
+fn reduce_at_leaf<C: Communicator + ?Sized>(
+    comm: &C,
+    send: &dyn Tensor,
+    recv: Option<&mut dyn Tensor>,
+    op: ReduceOp,
+    root: Rank,
+) -> Result<()> {
+    let prepared = 'prep: {
+        local!('prep, check_rank(root, comm.size()));
+        let s = local!('prep, SendSpec::new(send));
+        local!('prep, s.element_type().check_reduction(op));
+        let mop = local!('prep, op_handle(op, s.dtype()));
+        if let Some(recv) = recv {
+            let r = local!('prep, RecvSpec::new(recv));
+            local!('prep, check_pair("reduce send vs receive", &s, &r));
+            local!(
+                'prep,
+                check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())
             );
         }
-    });
+        if !needs_flat(&s, false) {
+            break 'prep Ok(Reduction::Specs(s, None));
+        }
+        Ok(Reduction::Flat(
+            local!('prep, FlatSpec::send(send, &s)),
+            None,
+            mop,
+        ))
+    };
+    match agree(comm, prepared)? {
+        Reduction::Specs(s, _) => {
+            comm.process_at_rank(root)
+                .reduce_into(&s, op.system_operation());
+        }
+        Reduction::Flat(sf, _, mop) => {
+            let datatype = sf.unit.datatype().as_raw();
+            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
+                // SAFETY: the send buffer holds `units` units of `datatype` and the chunk
+                // lies inside it; the receive buffer is not significant at non-root ranks
+                // (MPI-4.1 §6.9.1); every rank makes the same chunked calls (`needs_flat`).
+                unsafe {
+                    raw::reduce(
+                        at(sf.ptr, offset),
+                        std::ptr::null_mut(),
+                        n,
+                        datatype,
+                        mop,
+                        root,
+                        comm.as_raw(),
+                    );
+                }
+            });
+        }
+    }
     Ok(())
 }
 
@@ -118,41 +193,40 @@ pub(super) fn reduce<C: Communicator + ?Sized>(
 fn reduce_at_root<C: Communicator + ?Sized>(
     comm: &C,
     send: &dyn Tensor,
-    s: &SendSpec<'_>,
     recv: &mut dyn Tensor,
     op: ReduceOp,
-    mop: MPI_Op,
 ) -> Result<()> {
     let root = comm.rank();
-    let mut r = RecvSpec::new(&mut *recv)?;
-    check_pair("reduce send vs receive", s, &r)?;
-    check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())?;
-    if !needs_flat(s, r.is_derived()) {
-        comm.process_at_rank(root)
-            .reduce_into_root(s, &mut r, op.system_operation());
-        return Ok(());
-    }
-    let recv_flat = FlatSpec::recv(&mut r)?;
-    // `r` ends here (non-lexical lifetime): the tensor is used directly below.
-    let sf = FlatSpec::send(send, s)?;
-    let rf = recv_flat.ready(&*recv, false)?;
-    let datatype = sf.unit.datatype().as_raw();
-    in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-        // SAFETY: both buffers hold `units` units of `datatype` (checked counts and spans);
-        // the chunk lies inside both; send and receive are disjoint (checked).
-        unsafe {
-            raw::reduce(
-                at(sf.ptr, offset),
-                at(rf.ptr, offset),
-                n,
-                datatype,
-                mop,
-                root,
-                comm.as_raw(),
-            );
+    let prepared = prepare!("reduce send vs receive", "reduce receive", send, recv, op);
+    match agree(comm, prepared)? {
+        Reduction::Specs(s, r) => {
+            if let Some(mut r) = r {
+                comm.process_at_rank(root)
+                    .reduce_into_root(&s, &mut r, op.system_operation());
+            }
+            Ok(())
         }
-    });
-    rf.finish(recv)
+        Reduction::Flat(sf, rf, mop) => {
+            let Some(rf) = rf else { return Ok(()) };
+            let datatype = sf.unit.datatype().as_raw();
+            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
+                // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
+                // spans); the chunk lies inside both; send and receive are disjoint (checked).
+                unsafe {
+                    raw::reduce(
+                        at(sf.ptr, offset),
+                        at(rf.ptr, offset),
+                        n,
+                        datatype,
+                        mop,
+                        root,
+                        comm.as_raw(),
+                    );
+                }
+            });
+            rf.finish(recv)
+        }
+    }
 }
 
 /// [`super::TensorComm::all_reduce_tensor`].
@@ -163,38 +237,43 @@ pub(super) fn all_reduce<C: Communicator + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     check_intra(comm)?;
-    let s = SendSpec::new(send)?;
-    s.element_type().check_reduction(op)?;
-    let mop = op_handle(op, s.dtype())?;
-    let mut r = RecvSpec::new(&mut *recv)?;
-    check_pair("all-reduce send vs receive", &s, &r)?;
-    check_count(|| "all-reduce receive".into(), s.len_elems(), r.len_elems())?;
-    if !needs_flat(&s, r.is_derived()) {
-        comm.all_reduce_into(&s, &mut r, op.system_operation());
-        return Ok(());
-    }
-    // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
-    // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
-    let recv_flat = FlatSpec::recv(&mut r)?;
-    // `r` ends here (non-lexical lifetime): the tensor is used directly below.
-    let sf = FlatSpec::send(send, &s)?;
-    let rf = recv_flat.ready(&*recv, false)?;
-    let datatype = sf.unit.datatype().as_raw();
-    in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-        // SAFETY: both buffers hold `units` units of `datatype` (checked counts and spans);
-        // the chunk lies inside both; send and receive are disjoint (checked).
-        unsafe {
-            raw::all_reduce(
-                at(sf.ptr, offset),
-                at(rf.ptr, offset),
-                n,
-                datatype,
-                mop,
-                comm.as_raw(),
-            );
+    let prepared = prepare!(
+        "all-reduce send vs receive",
+        "all-reduce receive",
+        send,
+        recv,
+        op
+    );
+    match agree(comm, prepared)? {
+        Reduction::Specs(s, r) => {
+            if let Some(mut r) = r {
+                comm.all_reduce_into(&s, &mut r, op.system_operation());
+            }
+            Ok(())
         }
-    });
-    rf.finish(recv)
+        Reduction::Flat(sf, rf, mop) => {
+            // Strided or beyond-int: predefined reductions need predefined datatypes, so
+            // reduce contiguous copies (or the tensors' own runs) in chunks of at most 2^30
+            // units.
+            let Some(rf) = rf else { return Ok(()) };
+            let datatype = sf.unit.datatype().as_raw();
+            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
+                // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
+                // spans); the chunk lies inside both; send and receive are disjoint (checked).
+                unsafe {
+                    raw::all_reduce(
+                        at(sf.ptr, offset),
+                        at(rf.ptr, offset),
+                        n,
+                        datatype,
+                        mop,
+                        comm.as_raw(),
+                    );
+                }
+            });
+            rf.finish(recv)
+        }
+    }
 }
 
 /// [`super::TensorComm::all_reduce_tensor_in_place`].
@@ -204,14 +283,21 @@ pub(super) fn all_reduce_in_place<C: Communicator + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     check_intra(comm)?;
-    let mut r = RecvSpec::new(&mut *tensor)?;
-    r.element_type().check_reduction(op)?;
-    let mop = op_handle(op, r.dtype())?;
-    let (derived, count) = (r.is_derived(), r.mpi_count());
-    let flat = FlatSpec::recv(&mut r)?;
-    // `r` ends here (non-lexical lifetime): the tensor is used directly below.
+    let prepared = 'prep: {
+        let mut r = local!('prep, RecvSpec::new(&mut *tensor));
+        local!('prep, r.element_type().check_reduction(op));
+        let mop = local!('prep, op_handle(op, r.dtype()));
+        let (derived, count) = (r.is_derived(), r.mpi_count());
+        let flat = local!('prep, FlatSpec::recv(&mut r));
+        // `r` ends here (non-lexical lifetime): the tensor is used directly below.
+        if !derived && flat.units <= REDUCE_CHUNK_UNITS {
+            break 'prep Ok((flat, Some(count), mop));
+        }
+        Ok((local!('prep, flat.ready(&*tensor, true)), None, mop))
+    };
+    let (flat, direct, mop) = agree(comm, prepared)?;
     let datatype = flat.unit.datatype().as_raw();
-    if !derived && flat.units <= REDUCE_CHUNK_UNITS {
+    if let Some(count) = direct {
         // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the tensor's
         // `count` units, which the receive spec proved writable and disjoint.
         unsafe {
@@ -226,7 +312,6 @@ pub(super) fn all_reduce_in_place<C: Communicator + ?Sized>(
         };
         return Ok(());
     }
-    let flat = flat.ready(&*tensor, true)?;
     in_chunks(flat.units, flat.unit.size_bytes(), |offset, n| {
         // SAFETY: the flat buffer holds `units` units of `datatype` (the tensor's own run or
         // a packed copy of its values); the chunk lies inside it.
@@ -252,20 +337,34 @@ pub(super) fn reduce_scatter_block<C: Communicator + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     check_intra(comm)?;
-    let s = SendSpec::new(send)?;
-    s.element_type().check_reduction(op)?;
-    let mop = op_handle(op, s.dtype())?;
-    let mut r = RecvSpec::new(&mut *recv)?;
-    check_pair("reduce-scatter-block send vs receive", &s, &r)?;
-    let size = comm.size();
-    check_count(
-        || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
-        r.len_elems() * i64::from(size),
-        s.len_elems(),
-    )?;
-    let recv_flat = FlatSpec::recv(&mut r)?;
-    let sf = FlatSpec::send(send, &s)?.counted()?;
-    let mut rf = recv_flat.ready(&*recv, false)?.counted()?;
+    let prepared = 'prep: {
+        let s = local!('prep, SendSpec::new(send));
+        local!('prep, s.element_type().check_reduction(op));
+        let mop = local!('prep, op_handle(op, s.dtype()));
+        let mut r = local!('prep, RecvSpec::new(&mut *recv));
+        local!(
+            'prep,
+            check_pair("reduce-scatter-block send vs receive", &s, &r)
+        );
+        let size = comm.size();
+        local!(
+            'prep,
+            check_count(
+                || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
+                r.len_elems() * i64::from(size),
+                s.len_elems(),
+            )
+        );
+        let rf = local!(
+            'prep,
+            FlatSpec::recv(&mut r)
+                .and_then(|f| f.ready(&*recv, false))
+                .and_then(FlatSpec::counted)
+        );
+        let sf = local!('prep, FlatSpec::send(send, &s).and_then(FlatSpec::counted));
+        Ok((sf, rf, mop))
+    };
+    let (sf, mut rf, mop) = agree(comm, prepared)?;
     // SAFETY: `rf` holds `count` units of `unit`, `sf` holds `size × count`; both are
     // contiguous runs of the predefined type and disjoint (checked).
     unsafe {

@@ -184,5 +184,12 @@ fn print_features() {
         Ok(p) => format!("{p:?}"),
         Err(e) => format!("refused: {e}"),
     };
-    println!("features: cli; {python}; {cuda}; packing: {packing} (DLPACK_MPI_PACKING)");
+    let agreement = match dlpack_mpi::comm::agreement() {
+        Ok(a) => format!("{a:?}"),
+        Err(e) => format!("refused: {e}"),
+    };
+    println!(
+        "features: cli; {python}; {cuda}; packing: {packing} (DLPACK_MPI_PACKING); \
+         agreement: {agreement} (DLPACK_MPI_AGREEMENT)"
+    );
 }

@@ -1,0 +1,229 @@
+//! Agreement before a collective: no rank is left waiting in MPI for a rank that refused its
+//! arguments.
+//!
+//! A collective of [`super::TensorComm`] first runs every local check (and builds its
+//! buffers: specs, packed copies, scratch), then — under [`Agreement::Collective`], the
+//! default — the ranks agree on whether every one of them can proceed, and only then enter
+//! the data operation. The local checks can differ between ranks (a root-only buffer that
+//! is `READ_ONLY` or too small, a count above `int` on one rank, one rank's bad
+//! displacements, a root outside the communicator on one rank), and MPI has no way to leave
+//! a collective that some ranks entered: without agreement those ranks wait forever
+//! (every rank calling `reduce_tensor(f32 send, Some(f64 recv))` hangs rank 1 inside
+//! `MPI_Reduce` at 4 MiB once the root refuses).
+//!
+//! **Mechanism.** One `MPI_Allreduce` (MPI-4.1 §6.9.6) of one `int` with `MPI_MIN`: each
+//! rank contributes its own rank when its local checks failed, else the communicator size.
+//! The minimum is the communicator size when every rank can proceed (the success path costs
+//! this one small all-reduce and nothing more), else the lowest rank that refused. Only on
+//! failure does that rank broadcast its error text (`MPI_Bcast`, §6.4) in a fixed buffer of
+//! [`AGREEMENT_REASON_BYTES`] bytes (UTF-8, cut at a character boundary, NUL-padded), so
+//! that the other ranks return [`Error::PeerRefused`] naming it and its diagnosis; each
+//! rank that refused returns its own error. The check cannot be folded into the data
+//! operation's own messages: a rank that has entered a collective cannot leave it, and
+//! MPI's collectives have no header a library could add a word to — only a separate step
+//! before the operation decides in time. At one rank no peer can wait, so nothing is sent.
+//!
+//! **Opt-out.** [`Agreement::Local`] skips the all-reduce: a rank whose checks fail returns
+//! its error at once and enters nothing, while its peers enter the collective and **hang**
+//! (or, for small eager messages, may return as if it had succeeded). Use it only where
+//! every rank is known to pass identical, valid arguments (the caller validates itself).
+//! The setting is per process, and **every rank of a communicator must use the same one**:
+//! a rank that agrees and a rank that does not make different sequences of collective
+//! calls (MPI-4.1 §6.13 requires the same order on every rank), which is itself a hang.
+//! For the same reason a collective shared with ranks that do not use dlpack-mpi (mpi4py,
+//! C or Fortran MPI code in an MPMD job) needs [`Agreement::Local`] on the dlpack-mpi ranks:
+//! the others would not join the agreement all-reduce.
+//!
+//! Not detected by agreement: arguments each rank finds valid but that do not match
+//! across ranks (different roots, counts or dtypes; MPI-4.1 §6.1 makes matching signatures
+//! the caller's obligation).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use mpi::collective::SystemOperation;
+use mpi::topology::{Communicator, Rank};
+use mpi::traits::*;
+
+use crate::error::{Error, Result};
+
+/// `$e?` inside a local-preparation block labelled `$l`: an error leaves the block with it
+/// (`break $l Err(e)`), so that every error of the preparation reaches [`agree`] instead of
+/// returning before the ranks have agreed.
+macro_rules! local {
+    ($l:lifetime, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => break $l Err(e),
+        }
+    };
+}
+
+/// Whether the collectives of [`super::TensorComm`] agree across ranks before moving data
+/// (see the module docs of `comm` and [`set_agreement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Agreement {
+    /// Every rank runs its local checks, then the ranks agree (one all-reduce of one `int`)
+    /// and either all enter the data operation or all return an error: the ranks that
+    /// refused their own diagnosis, the others [`Error::PeerRefused`]. The default.
+    #[default]
+    Collective,
+    /// No agreement: a rank whose checks fail returns its error at once while its peers
+    /// enter the collective and can **hang** there. For callers that validate every rank's
+    /// arguments themselves and cannot spare one small all-reduce per collective.
+    Local,
+}
+
+/// The environment variable that sets the agreement when [`set_agreement`] was not called.
+pub const AGREEMENT_ENV: &str = "DLPACK_MPI_AGREEMENT";
+
+/// The most bytes of a refusing rank's error text that reach the other ranks in
+/// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
+pub const AGREEMENT_REASON_BYTES: usize = 512;
+
+/// `u8::MAX`: not set yet.
+static AGREEMENT: AtomicU8 = AtomicU8::new(u8::MAX);
+
+/// Reads a `DLPACK_MPI_AGREEMENT` value: `collective` → [`Agreement::Collective`], `local`
+/// → [`Agreement::Local`] (any case), unset or empty → `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default).
+pub fn parse_agreement(value: Option<&str>) -> Result<Option<Agreement>> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) if v.eq_ignore_ascii_case("collective") => Ok(Some(Agreement::Collective)),
+        Some(v) if v.eq_ignore_ascii_case("local") => Ok(Some(Agreement::Local)),
+        Some(v) => Err(Error::InvalidSetting {
+            name: AGREEMENT_ENV,
+            value: v.to_string(),
+            expected: "collective or local",
+        }),
+    }
+}
+
+/// The process-wide agreement: [`set_agreement`], else `DLPACK_MPI_AGREEMENT=collective|
+/// local` in the environment, else [`Agreement::Collective`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds another value (also one that
+/// is not UTF-8). A collective then agrees (the safe choice) and returns this error on the
+/// rank that read it, [`Error::PeerRefused`] on the others.
+pub fn agreement() -> Result<Agreement> {
+    match AGREEMENT.load(Ordering::Relaxed) {
+        0 => Ok(Agreement::Collective),
+        1 => Ok(Agreement::Local),
+        _ => {
+            let value = std::env::var_os(AGREEMENT_ENV).map(|v| v.to_string_lossy().into_owned());
+            let from_env = parse_agreement(value.as_deref())?.unwrap_or_default();
+            set_agreement(from_env);
+            Ok(from_env)
+        }
+    }
+}
+
+/// Sets the process-wide agreement (see [`agreement`]). Every rank of a communicator must
+/// use the same setting: see [`Agreement`].
+pub fn set_agreement(agreement: Agreement) {
+    let v = match agreement {
+        Agreement::Collective => 0,
+        Agreement::Local => 1,
+    };
+    AGREEMENT.store(v, Ordering::Relaxed);
+}
+
+/// Agrees on `local` (this rank's checks and buffers) across the ranks of `comm`, an
+/// intra-communicator, before a collective; every rank calls it exactly once per
+/// collective. Returns `local` when every rank succeeded (or under [`Agreement::Local`]);
+/// this rank's own error when it failed; else [`Error::PeerRefused`] naming the lowest rank
+/// that failed and its error text.
+pub(super) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> Result<T> {
+    let local = match agreement() {
+        Ok(Agreement::Local) => return local,
+        Ok(Agreement::Collective) => local,
+        Err(e) => local.and(Err(e)),
+    };
+    let size = comm.size();
+    if size == 1 {
+        return local;
+    }
+    let mine: Rank = if local.is_err() { comm.rank() } else { size };
+    let mut lowest: Rank = size;
+    comm.all_reduce_into(&mine, &mut lowest, SystemOperation::min());
+    if lowest == size {
+        return local;
+    }
+    let mut text = [0u8; AGREEMENT_REASON_BYTES];
+    if let (Err(e), true) = (&local, comm.rank() == lowest) {
+        encode_reason(&e.to_string(), &mut text);
+    }
+    comm.process_at_rank(lowest).broadcast_into(&mut text[..]);
+    match local {
+        Err(e) => Err(e),
+        Ok(_) => Err(Error::PeerRefused {
+            rank: lowest,
+            reason: decode_reason(&text),
+        }),
+    }
+}
+
+/// Writes `reason` into `buf`: cut at a character boundary to fit, the rest NUL.
+fn encode_reason(reason: &str, buf: &mut [u8]) {
+    let mut end = reason.len().min(buf.len());
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    buf[..end].copy_from_slice(&reason.as_bytes()[..end]);
+    buf[end..].fill(0);
+}
+
+/// The text of a buffer [`encode_reason`] wrote (up to the first NUL; invalid UTF-8, which
+/// only a foreign peer could send, is replaced).
+fn decode_reason(buf: &[u8]) -> String {
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_values() {
+        assert_eq!(parse_agreement(None).unwrap(), None);
+        assert_eq!(parse_agreement(Some(" ")).unwrap(), None);
+        assert_eq!(
+            parse_agreement(Some("Collective")).unwrap(),
+            Some(Agreement::Collective)
+        );
+        assert_eq!(
+            parse_agreement(Some(" LOCAL ")).unwrap(),
+            Some(Agreement::Local)
+        );
+        assert_eq!(Agreement::default(), Agreement::Collective);
+        for bad in ["locale", "none", "0", "collective,local"] {
+            match parse_agreement(Some(bad)) {
+                Err(Error::InvalidSetting { name, value, .. }) => {
+                    assert_eq!((name, value.as_str()), (AGREEMENT_ENV, bad));
+                }
+                other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn reason_round_trip_and_cut() {
+        let mut buf = [0xffu8; 16];
+        encode_reason("dtype mismatch", &mut buf);
+        assert_eq!(decode_reason(&buf), "dtype mismatch");
+        assert_eq!(&buf[14..], &[0, 0]);
+        // 15 ASCII bytes then a 2-byte character: cut before it, not inside.
+        encode_reason("aaaaaaaaaaaaaaaé", &mut buf);
+        assert_eq!(decode_reason(&buf), "aaaaaaaaaaaaaaa");
+        // Exactly full: no NUL needed.
+        encode_reason("0123456789abcdef", &mut buf);
+        assert_eq!(decode_reason(&buf), "0123456789abcdef");
+        encode_reason("", &mut buf);
+        assert_eq!(decode_reason(&buf), "");
+        assert_eq!(decode_reason(&[0x66, 0xff, 0]), "f\u{fffd}");
+    }
+}
