@@ -498,12 +498,22 @@ fn broadcast_from_a_shared_root_tensor(w: &SimpleCommunicator) -> Outcome {
         };
         ensure_eq!(out.into_vec(), vec![want; 5]);
     }
-    if w.rank() != 0 {
+    // Every non-root passes the root's form: each refuses with BroadcastNotRoot, and through
+    // the agreement the root (which passed a valid buffer) gets PeerRefused naming rank 1;
+    // nobody enters MPI_Bcast. At 1 rank there is no non-root.
+    if w.size() > 1 {
         let data = Owned::new(vec![1i64; 5]);
         let t = acquire(&data, &opts()).map_err(s)?;
-        match w.broadcast_tensor_from(BroadcastBuffer::Send(&t), 0) {
-            Err(Error::BroadcastNotRoot { rank, root }) => ensure_eq!((rank, root), (w.rank(), 0)),
-            other => return Err(format!("expected BroadcastNotRoot, got {other:?}")),
+        match (
+            w.rank(),
+            w.broadcast_tensor_from(BroadcastBuffer::Send(&t), 0),
+        ) {
+            (0, Err(Error::PeerRefused { rank, .. })) => ensure_eq!(rank, 1),
+            (0, other) => return Err(format!("root: expected PeerRefused, got {other:?}")),
+            (_, Err(Error::BroadcastNotRoot { rank, root })) => {
+                ensure_eq!((rank, root), (w.rank(), 0))
+            }
+            (_, other) => return Err(format!("expected BroadcastNotRoot, got {other:?}")),
         }
     }
     Ok(())

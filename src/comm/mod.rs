@@ -57,10 +57,10 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-pub use bcast::BroadcastBuffer;
 pub use agree::{
     agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
 };
+pub use bcast::BroadcastBuffer;
 pub(crate) use checks::{check_rank, check_tag};
 pub use immediate::TensorRequest;
 pub use packing::{
