@@ -405,10 +405,14 @@ fn c43_receive_size_mismatch_is_an_error_and_loses_nothing(w: &SimpleCommunicato
             .map_err(|e| e.to_string())?;
         let mut small = acquire(&four, &opts()).map_err(|e| e.to_string())?;
         let err = w.recv_tensor(&mut small, prev, 43).unwrap_err();
+        // The matched message is held by the error: a right-sized tensor receives it.
         let mut right = acquire(&fit, &opts()).map_err(|e| e.to_string())?;
-        let ok = w.recv_tensor(&mut right, prev, 43);
+        let ok = match err.unreceived() {
+            Some(held) => held.recv_into(&mut right),
+            None => Err(err.clone()),
+        };
         req.wait();
-        match err {
+        match err.mismatch() {
             Error::CountMismatch {
                 expected: 4,
                 actual: 6,
