@@ -206,7 +206,8 @@ pub(crate) fn axis_form(extent: i64, stride_bytes: i128) -> Result<AxisForm> {
 /// The committed datatype of one strided tensor: `axes` outermost first (from a
 /// [`crate::layout::Plan`]), elements of `lanes` units of `unit`. An axis longer than
 /// MPI's `int` (a single long axis, or axes the plan merged, e.g. a broadcast
-/// `[65536, 32768]` with strides `[0, 0]`) is split into nested blocks ([`AxisForm`]).
+/// `[65536, 32768]` with strides `[0, 0]`) is split into nested blocks of 2^30 elements
+/// (see the module docs).
 ///
 /// # Errors
 /// [`Error::MpiNotInitialized`]; [`Error::CountTooLarge`] when an extent is 2^61 elements
