@@ -88,7 +88,10 @@ pub trait TensorComm: Communicator {
     /// Send `send` to `dest` and receive `recv` from `source` at once (`MPI_Sendrecv`
     /// semantics, deadlock-free in a ring). The incoming message is matched and its size
     /// checked as in [`TensorComm::recv_tensor`] while the send is in flight; one that
-    /// does not fit is returned held in [`Error::Unfit`] once the send is complete.
+    /// does not fit is returned held in [`Error::Unfit`] once the send is complete. The
+    /// send completes only when its receiver receives it (for messages beyond the MPI
+    /// library's eager limit): if every rank of a ring holds its incoming message this way,
+    /// their sends wait for each other forever, so size the receives to match.
     ///
     /// # Errors
     /// As [`TensorComm::send_tensor`] and [`TensorComm::recv_tensor`].
