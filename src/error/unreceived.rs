@@ -141,7 +141,12 @@ impl Matched {
         // expose) as elsewhere in this crate: the bytes are dropped unread.
         unsafe {
             mpi::ffi::MPI_Mrecv(
-                scratch.as_mut_ptr().cast::<c_void>(),
+                if count == 0 {
+                    // An empty Vec's dangling pointer (0x1) is Open MPI's MPI_IN_PLACE.
+                    std::ptr::null_mut()
+                } else {
+                    scratch.as_mut_ptr().cast::<c_void>()
+                },
                 count,
                 datatype,
                 &mut self.handle,
