@@ -180,7 +180,7 @@ if [[ $DLPACK_MPI_IMPL == openmpi ]]; then
 else
     echo "== SKIP: mpi4py wire interop (setup.sh installs mpi4py for Open MPI only)"
 fi
-stage "one transfer above 2^31 bytes at 2 ranks" test_binary_at large_transfer 2
+stage "transfers above 2^31 bytes (contiguous; strided packed and split) at 2 ranks" test_binary_at large_transfer 2
 for n in 2 3; do
     stage "canaries (guard bytes, every operation x layout) at $n ranks" test_binary_at canaries "$n"
 done

@@ -36,14 +36,31 @@
 //! [`recv_into`] compares the header with its tensor: dtype first
 //! ([`Error::DtypeMismatch`]), then the element count ([`Error::CountMismatch`]), then the
 //! shape ([`Error::ShapesDiffer`]; e.g. `[2, 3]` vs `[3, 2]`). On a mismatch the payload is
-//! **drained** — received into a scratch buffer of the sent dtype and shape and dropped —
-//! so the next message on that tag is the sender's next message and the job goes on. The
-//! receive tensor is left untouched. A payload whose size is not the header's is not drained
-//! (nothing is allocated for it): that is [`Error::CountMismatch`] (payload vs header) and
-//! the payload is left unreceived.
+//! matched (`MPI_Mprobe`, MPI-4.1 §3.8.2) and returned **held** in [`Error::Unfit`], with
+//! that diagnosis inside and the dtype and shape as sent ([`Unreceived::sent_dtype`],
+//! [`Unreceived::sent_shape`]): [`Unreceived::recv_new`] receives it into a new tensor of
+//! that dtype and shape, [`Unreceived::recv_into`] into a right-sized one; dropping the
+//! error receives and discards it. Either way the next message on that tag is the sender's
+//! next message and the job goes on; the receive tensor is left untouched. A payload whose
+//! size is not the header's is held the same way, with [`Error::CountMismatch`] (payload
+//! vs header) inside and no sent dtype or shape; nothing is allocated for it.
 //!
-//! A message that is not a header (wrong magic, version or length) is
-//! [`Error::BadHeader`]; what follows it is not touched, because its size is unknown.
+//! A message that is not a header's length is held in [`Error::Unfit`] with
+//! [`Error::BadHeader`] (field `"length"`) inside; one of a header's length with a wrong
+//! magic, version or word is received and refused ([`Error::BadHeader`]); what follows it
+//! is not touched, because its size is unknown.
+//!
+//! # Threads
+//!
+//! Under `MPI_THREAD_MULTIPLE`, threads of one process may send, or receive, checked
+//! messages on the same `(peer, tag)` at once: a lock per (communicator, peer, tag,
+//! direction) keeps each header and its payload together, and each part is matched by
+//! `MPI_Mprobe`, so every thread gets one whole message, never another thread's payload.
+//! A plain [`TensorComm::recv_tensor`] on the same `(source, tag)` at the same time takes
+//! no such lock and may take a header or a payload.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use mpi::datatype::Equivalence;
 use mpi::point_to_point::Status;
@@ -51,11 +68,11 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-use crate::comm::{check_rank, check_tag, TensorComm};
+use crate::comm::{check_rank, check_tag, recv_matched, unfit, TensorComm};
 use crate::device::Device;
 use crate::dlpack::{ExportRequest, Exporter, ManagedTensor, Owned, Tensor};
 use crate::dtype::{self, AnyBits, DType};
-use crate::error::{Error, Result};
+use crate::error::{Error, Matched, Result, Unreceived};
 use crate::layout;
 use crate::spec::{RecvSpec, SendSpec};
 
@@ -208,30 +225,58 @@ pub fn send<C: Communicator + ?Sized>(
     check_tag(tag)?;
     SendSpec::new(tensor)?;
     let words = Header::of(tensor).encode()?;
+    let lock = pair_lock(comm, dest, tag, true);
+    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     comm.process_at_rank(dest).send_with_tag(&words[..], tag);
     comm.send_tensor(tensor, dest, tag)
 }
 
-/// Receives the next header from `source` with `tag`. A message longer than a header is
-/// left unreceived.
+/// The lock that keeps one checked message's two parts together in this process: one per
+/// (communicator, peer, tag, direction). Two threads sending (or receiving) on one
+/// `(peer, tag)` under `MPI_THREAD_MULTIPLE` take turns for the header and payload pair, so
+/// that neither takes the other's payload. Other pairs never wait on it (a lock shared
+/// between pairs could deadlock, one receive waiting for a message that only another
+/// pair's progress makes the peer send).
+fn pair_lock<C: Communicator + ?Sized>(
+    comm: &C,
+    peer: Rank,
+    tag: Tag,
+    sending: bool,
+) -> Arc<Mutex<()>> {
+    type Key = (mpi::ffi::RSMPI_Fint, Rank, Tag, bool);
+    static LOCKS: OnceLock<Mutex<HashMap<Key, Arc<Mutex<()>>>>> = OnceLock::new();
+    // The communicator by its Fortran handle (`MPI_Comm_c2f`, MPI-4.1 §19.3.4): an
+    // integer, unique among live communicators, whatever the C handle's type.
+    // SAFETY: converts a valid communicator handle; no memory is touched.
+    let fortran = unsafe { mpi::ffi::RSMPI_Comm_c2f(comm.as_raw()) };
+    let key = (fortran, peer, tag, sending);
+    let mut map = LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Arc::clone(map.entry(key).or_default())
+}
+
+/// Receives the next header from `source` with `tag` (matched by `MPI_Mprobe`). A message
+/// that is not a header's length is returned held in [`Error::Unfit`] (with
+/// [`Error::BadHeader`] inside).
 fn recv_header<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Result<Header> {
-    let process = comm.process_at_rank(source);
-    let status = process.probe_with_tag(tag);
+    let matched = Matched::probe(&comm.process_at_rank(source), tag);
+    let status = matched.status();
     let words = usize::try_from(status.count(u64::equivalent_datatype()))
         .ok()
         .filter(|w| (FIXED_WORDS..=FIXED_WORDS + MAX_NDIM).contains(w));
     let Some(words) = words else {
-        let bytes = status.count(u8::equivalent_datatype());
-        return Err(Error::BadHeader {
+        let bad = Error::BadHeader {
             field: "length",
-            // MPI_UNDEFINED (negative) reads as 0, as before.
-            value: u64::try_from(bytes).unwrap_or(0),
+            value: matched.len_bytes(),
             reason: "the next message (length in bytes) is not a checked-protocol header \
-                     (32 + 8·ndim bytes, ndim ≤ 1024); it was left unreceived",
-        });
+                     (32 + 8·ndim bytes, ndim ≤ 1024); it is held unreceived by the error",
+        };
+        return Err(unfit(bad, matched, None));
     };
     let mut buf = vec![0u64; words];
-    process.receive_into_with_tag(&mut buf[..], tag);
+    matched.receive_into(&mut buf[..]);
     Header::decode(&buf)
 }
 
@@ -240,21 +285,22 @@ fn recv_header<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Re
 /// receives in logical row-major order).
 ///
 /// `tensor` is checked as a receive buffer before anything is received (those errors leave
-/// both messages unreceived). On a mismatch with the header the payload is drained (see the
-/// module docs) and `tensor` is untouched.
+/// both messages unreceived). On a mismatch with the header the payload is held in the
+/// error (see the module docs) and `tensor` is untouched.
 ///
 /// # Errors
 /// - [`Error::InvalidRank`], [`Error::InvalidTag`], the errors of [`RecvSpec::new`]:
 ///   nothing received.
-/// - [`Error::BadHeader`]: the next message is not a header.
-/// - [`Error::DtypeMismatch`] (`left` = sent, `right` = `tensor`'s),
-///   [`Error::CountMismatch`] (`expected` = `tensor`'s elements, `actual` = sent),
-///   [`Error::ShapesDiffer`] (both shapes): the payload was drained.
-/// - [`Error::UnsupportedDtype`]: the header names a dtype this build cannot receive (the
-///   payload is left unreceived).
-/// - [`Error::CountMismatch`] (`expected` = the header's elements, `actual` = the payload's)
-///   when a mismatching header's payload is not the size it gives: nothing is allocated for
-///   it and it is left unreceived.
+/// - [`Error::BadHeader`]: the next message is a header's length but not a header (it was
+///   received); [`Error::Unfit`] with [`Error::BadHeader`] inside: it is not a header's
+///   length (it is held).
+/// - [`Error::Unfit`], holding the payload with the sent dtype and shape, around
+///   [`Error::DtypeMismatch`] (`left` = sent, `right` = `tensor`'s),
+///   [`Error::CountMismatch`] (`expected` = `tensor`'s elements, `actual` = sent) or
+///   [`Error::ShapesDiffer`] (both shapes).
+/// - [`Error::Unfit`] around [`Error::UnsupportedDtype`] (a dtype this build cannot
+///   receive) or [`Error::CountMismatch`] (`expected` = the header's elements, `actual` =
+///   the payload's: the payload is not the size the header gives; nothing is allocated).
 pub fn recv_into<C: Communicator + ?Sized>(
     comm: &C,
     source: Rank,
@@ -264,12 +310,35 @@ pub fn recv_into<C: Communicator + ?Sized>(
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     RecvSpec::new(&mut *tensor)?;
+    let lock = pair_lock(comm, source, tag, false);
+    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let header = recv_header(comm, source, tag)?;
+    let payload = matched_payload(comm, source, tag, &header)?;
     if let Err(mismatch) = compare(&header, &*tensor) {
-        drain(comm, source, tag, &header)?;
-        return Err(mismatch);
+        return Err(unfit(mismatch, payload, Some(sent(&header))));
     }
-    comm.recv_tensor(tensor, source, tag)
+    recv_matched(tensor, payload, Some(sent(&header)))
+}
+
+/// The dtype and shape a header gives, as [`Unreceived`] keeps them.
+fn sent(header: &Header) -> (DType, Vec<i64>) {
+    (header.dtype, header.shape.clone())
+}
+
+/// Matches the payload that follows `header` (`MPI_Mprobe`) and compares its size with the
+/// header ([`check_payload`]); one that is not the header's size is returned held in
+/// [`Error::Unfit`], with no sent dtype and shape (the header did not describe it).
+fn matched_payload<C: Communicator + ?Sized>(
+    comm: &C,
+    source: Rank,
+    tag: Tag,
+    header: &Header,
+) -> Result<Matched> {
+    let matched = Matched::probe(&comm.process_at_rank(source), tag);
+    match check_payload(header, &matched) {
+        Ok(()) => Ok(matched),
+        Err(e) => Err(unfit(e, matched, None)),
+    }
 }
 
 /// Compares a header with the local tensor: dtype, element count, shape.
@@ -303,25 +372,20 @@ fn compare(header: &Header, tensor: &dyn Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Compares the size of the next message from `source` with `tag` (the payload) with what
-/// `header` describes, before any memory is allocated for it: a header that promises more
-/// (or less) than arrives allocates nothing, whatever the promised size (beyond an MPI `int`
-/// of units the comparison uses the large-count datatype). The payload is not received.
+/// Compares the size of the matched payload with what `header` describes, before any
+/// memory is allocated for it: a header that promises more (or less) than arrives
+/// allocates nothing, whatever the promised size (beyond an MPI `int` of units the
+/// comparison uses the large-count datatype). The payload is not received.
 ///
 /// # Errors
 /// [`Error::UnsupportedDtype`], [`Error::Overflow`], [`Error::CountTooLarge`] for headers
 /// this build cannot receive; [`Error::CountMismatch`] when the sizes differ.
-fn check_payload<C: Communicator + ?Sized>(
-    comm: &C,
-    source: Rank,
-    tag: Tag,
-    header: &Header,
-) -> Result<()> {
+fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
     let element = dtype::lookup(header.dtype)?;
     let elems = header.len_elems()?;
     let units = i128::from(elems) * element.units_per_element() as i128;
     let unit = element.row.unit;
-    let status = comm.process_at_rank(source).probe_with_tag(tag);
+    let status = payload.status();
     let matches = match i32::try_from(units) {
         Ok(units) => status.count(unit.datatype()) == units,
         Err(_) => {
@@ -334,46 +398,29 @@ fn check_payload<C: Communicator + ?Sized>(
     if matches {
         return Ok(());
     }
-    let bytes = status.count(u8::equivalent_datatype());
+    let bytes = payload.len_bytes();
     Err(Error::CountMismatch {
         what: format!(
             "checked message: payload ({bytes} bytes) vs its header (dtype {}, shape {:?})",
             header.dtype, header.shape
         ),
         expected: elems,
-        actual: if bytes >= 0 {
-            i64::from(bytes) / element.size_bytes_i64()
-        } else {
-            -1
-        },
+        actual: i64::try_from(bytes / element.size_bytes() as u64).unwrap_or(i64::MAX),
     })
-}
-
-/// Receives the payload described by `header` into scratch memory and drops it.
-fn drain<C: Communicator + ?Sized>(
-    comm: &C,
-    source: Rank,
-    tag: Tag,
-    header: &Header,
-) -> Result<()> {
-    check_payload(comm, source, tag, header)?;
-    let scratch = Received::allocate(header)?;
-    let mut t = scratch.export()?;
-    comm.recv_tensor(&mut t, source, tag)?;
-    Ok(())
 }
 
 /// Receives a checked message from `source` with `tag` into a new tensor of the dtype and
 /// shape its header describes.
 ///
-/// The payload's size is compared with the header (by `MPI_Probe`) before any memory is
-/// allocated, so a header that promises more than arrives allocates nothing.
+/// The payload is matched (`MPI_Mprobe`) and its size compared with the header before any
+/// memory is allocated, so a header that promises more than arrives allocates nothing.
 ///
 /// # Errors
 /// [`Error::InvalidRank`], [`Error::InvalidTag`]; [`Error::BadHeader`] (next message is not a
-/// header); [`Error::UnsupportedDtype`] (a dtype this build cannot receive, e.g. sub-byte);
-/// [`Error::CountMismatch`] when the payload is not the size the header gives (it is left
-/// unreceived); [`Error::Overflow`] for a shape whose byte size overflows.
+/// header; held in [`Error::Unfit`] when not a header's length); [`Error::Unfit`] holding
+/// the payload around [`Error::UnsupportedDtype`] (a dtype this build cannot receive, e.g.
+/// sub-byte), [`Error::CountMismatch`] (the payload is not the size the header gives) or
+/// [`Error::Overflow`] (a shape whose byte size overflows).
 ///
 /// # Examples
 /// ```no_run
@@ -395,14 +442,58 @@ fn drain<C: Communicator + ?Sized>(
 pub fn recv_new<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Result<Received> {
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
+    let lock = pair_lock(comm, source, tag, false);
+    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let header = recv_header(comm, source, tag)?;
-    check_payload(comm, source, tag, &header)?;
-    let received = Received::allocate(&header)?;
+    let payload = matched_payload(comm, source, tag, &header)?;
+    into_new(&header, payload)
+}
+
+/// Allocates the tensor `header` describes and receives the matched `payload` (whose size
+/// [`check_payload`] compared) into it; on an error the payload is held in
+/// [`Error::Unfit`].
+fn into_new(header: &Header, payload: Matched) -> Result<Received> {
+    let held = |e, m| unfit(e, m, Some(sent(header)));
+    let received = match Received::allocate(header) {
+        Ok(r) => r,
+        Err(e) => return Err(held(e, payload)),
+    };
     {
-        let mut t = received.export()?;
-        comm.recv_tensor(&mut t, source, tag)?;
+        let mut t = match received.export() {
+            Ok(t) => t,
+            Err(e) => return Err(held(e, payload)),
+        };
+        recv_matched(&mut t, payload, Some(sent(header)))?;
     }
     Ok(received)
+}
+
+impl Unreceived {
+    /// Receives a held payload of the checked protocol into a new tensor of the dtype and
+    /// shape its header gave ([`Unreceived::sent_dtype`], [`Unreceived::sent_shape`]), as
+    /// [`recv_new`] would have.
+    ///
+    /// # Errors
+    /// [`Error::BadHeader`] (field `"length"`, value 0) when the held message is not a
+    /// payload with a header (a plain message, or a header or payload the protocol
+    /// refused): use [`Unreceived::recv_into`]; [`Error::AlreadyReceived`]; the errors of
+    /// [`recv_new`]'s allocation, with the message held again in [`Error::Unfit`].
+    pub fn recv_new(&self) -> Result<Received> {
+        let (Some(dtype), Some(shape)) = (self.sent_dtype(), self.sent_shape()) else {
+            return Err(Error::BadHeader {
+                field: "length",
+                value: 0,
+                reason: "the held message has no checked-protocol header: receive it with \
+                         Unreceived::recv_into",
+            });
+        };
+        let header = Header {
+            dtype,
+            shape: shape.to_vec(),
+        };
+        let payload = self.take()?;
+        into_new(&header, payload).map_err(|e| self.hold_again(e))
+    }
 }
 
 /// A tensor allocated by [`recv_new`]: owned, host memory, C-contiguous, of the dtype and

@@ -16,6 +16,10 @@
 
 use crate::dtype::{DType, ReduceOp};
 
+mod unreceived;
+pub(crate) use unreceived::Matched;
+pub use unreceived::Unreceived;
+
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -516,6 +520,39 @@ pub enum Error {
         value: u64,
         /// Why it is refused.
         reason: &'static str,
+    },
+
+    /// An incoming message, matched by `MPI_Mprobe` (MPI-4.1 §3.8.2), does not fit the
+    /// receive tensor ([`crate::comm::TensorComm::recv_tensor`], `sendrecv_tensor`, the
+    /// [`crate::checked`] receives): `mismatch` is the diagnosis (e.g. a
+    /// [`Error::CountMismatch`] with both element counts), and `message` holds the message,
+    /// unreceived and taken by no other receive, to be received into a right-sized tensor
+    /// ([`Unreceived::recv_into`]); dropped, it is received and discarded. See
+    /// [`Error::mismatch`] to match on the diagnosis alone.
+    #[error(
+        "{mismatch} (the message, {} bytes from rank {} tag {}, is held unreceived by this \
+         error: receive it with Unreceived::recv_into)",
+        message.len_bytes(),
+        message.source_rank(),
+        message.tag()
+    )]
+    Unfit {
+        /// Why the message was not received.
+        mismatch: Box<Error>,
+        /// The held message.
+        message: Unreceived,
+    },
+
+    /// A held message ([`Unreceived`]) was already received or discarded (through another
+    /// clone of it).
+    #[error(
+        "the held message from rank {source_rank} tag {tag} was already received or discarded"
+    )]
+    AlreadyReceived {
+        /// The rank it came from.
+        source_rank: i32,
+        /// Its tag.
+        tag: i32,
     },
 
     /// The producer failed to export (its own message).

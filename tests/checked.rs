@@ -72,9 +72,12 @@ fn matching_header_delivers(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
-/// Three mismatches in a row (dtype, element count, shape), each drained, then an ordinary
-/// message and a matching checked one on the same tag arrive intact.
-fn mismatches_are_errors_and_drained(w: &SimpleCommunicator) -> Outcome {
+/// Three mismatches in a row (dtype, element count, shape), each holding its payload in
+/// `Error::Unfit`: the first received through `Unreceived::recv_new` (sent dtype and shape),
+/// the second discarded by dropping the error, the third received through
+/// `Unreceived::recv_into` a right-shaped tensor; then an ordinary message and a matching
+/// checked one on the same tag arrive intact.
+fn mismatches_are_errors_and_held(w: &SimpleCommunicator) -> Outcome {
     let (src, dst) = pair(w);
     let tag = 12;
     if w.rank() == src {
@@ -93,7 +96,7 @@ fn mismatches_are_errors_and_drained(w: &SimpleCommunicator) -> Outcome {
             let mut r = acquire(&target, &opts()).map_err(s)?;
             checked::recv_into(w, src, tag, &mut r).unwrap_err()
         };
-        match &err {
+        match err.mismatch() {
             Error::DtypeMismatch { left, right, .. }
                 if *left == DType::new(code::FLOAT, 32) && *right == DType::new(code::INT, 32) => {}
             other => {
@@ -103,12 +106,23 @@ fn mismatches_are_errors_and_drained(w: &SimpleCommunicator) -> Outcome {
             }
         }
         ensure_eq!(target.as_slice().to_vec(), vec![-5; 4]);
+        let held = err.unreceived().ok_or("no held payload")?;
+        ensure_eq!(held.sent_dtype(), Some(DType::new(code::FLOAT, 32)));
+        ensure_eq!(held.sent_shape(), Some(&[4i64][..]));
+        ensure_eq!(held.len_bytes(), 16);
+        let mut got = held.recv_new().map_err(s)?;
+        ensure_eq!(got.to_vec::<f32>().map_err(s)?, vec![1., 2., 3., 4.]);
+        ensure!(!held.is_held(), "received, yet still held");
+        ensure!(
+            matches!(held.recv_new(), Err(Error::AlreadyReceived { .. })),
+            "a second receive of one held message"
+        );
         // Element count: 6 sent, 4 here.
         let err = {
             let mut r = acquire(&target, &opts()).map_err(s)?;
             checked::recv_into(w, src, tag, &mut r).unwrap_err()
         };
-        match &err {
+        match err.mismatch() {
             Error::CountMismatch {
                 expected: 4,
                 actual: 6,
@@ -117,6 +131,8 @@ fn mismatches_are_errors_and_drained(w: &SimpleCommunicator) -> Outcome {
             other => return Err(format!("expected CountMismatch 4 vs 6, got {other:?}")),
         }
         ensure_eq!(target.as_slice().to_vec(), vec![-5; 4]);
+        // Dropped: the payload is received and discarded.
+        drop(err);
         // Shape: [2, 3] sent, [3, 2] here (same dtype and count).
         let t32 = Owned::new(vec![-5i32; 6]).with_shape(&[3, 2]).map_err(s)?;
         let err = {
@@ -124,14 +140,21 @@ fn mismatches_are_errors_and_drained(w: &SimpleCommunicator) -> Outcome {
             checked::recv_into(w, src, tag, &mut r).unwrap_err()
         };
         ensure_eq!(
-            err,
-            Error::ShapesDiffer {
+            err.mismatch(),
+            &Error::ShapesDiffer {
                 what: "checked message: sent vs receive tensor",
                 sent: vec![2, 3],
                 local: vec![3, 2],
             }
         );
         ensure_eq!(t32.into_vec(), vec![-5; 6]);
+        let t23 = Owned::new(vec![-5i32; 6]).with_shape(&[2, 3]).map_err(s)?;
+        {
+            let mut r = acquire(&t23, &opts()).map_err(s)?;
+            let held = err.unreceived().ok_or("no held payload")?;
+            held.recv_into(&mut r).map_err(s)?;
+        }
+        ensure_eq!(t23.into_vec(), (0..6).collect::<Vec<i32>>());
         // The ordinary message that follows is intact.
         let plain = Owned::new(vec![0i64; 3]);
         {
@@ -187,7 +210,8 @@ fn local_errors_receive_nothing(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
-/// Messages that are not headers: too short (left unreceived) and a wrong magic (consumed).
+/// Messages that are not headers: too short (held in the error, received through it) and a
+/// wrong magic (consumed).
 fn non_headers_are_bad_header(w: &SimpleCommunicator) -> Outcome {
     let (src, dst) = pair(w);
     let tag = 14;
@@ -201,19 +225,26 @@ fn non_headers_are_bad_header(w: &SimpleCommunicator) -> Outcome {
         send_checked(w, dst, tag, vec![6u8, 7], &[2])?;
     }
     if w.rank() == dst {
-        match checked::recv_new(w, src, tag) {
-            Err(Error::BadHeader {
+        let err = checked::recv_new(w, src, tag).unwrap_err();
+        match err.mismatch() {
+            Error::BadHeader {
                 field: "length",
                 value: 24,
                 ..
-            }) => {}
+            } => {}
             other => return Err(format!("expected BadHeader length 24, got {other:?}")),
         }
-        // Left unreceived: a plain receive gets it.
+        // Held by the error: received through it (no header: recv_new refuses).
+        let held = err.unreceived().ok_or("no held message")?;
+        ensure_eq!((held.sent_dtype(), held.len_bytes()), (None, 24));
+        ensure!(
+            matches!(held.recv_new(), Err(Error::BadHeader { value: 0, .. })),
+            "recv_new of a message without a header"
+        );
         let short = Owned::new(vec![0f64; 3]);
         {
             let mut r = acquire(&short, &opts()).map_err(s)?;
-            w.recv_tensor(&mut r, src, tag).map_err(s)?;
+            held.recv_into(&mut r).map_err(s)?;
         }
         ensure_eq!(short.into_vec(), vec![1.5, 2.5, 3.5]);
         match checked::recv_new(w, src, tag) {
@@ -384,7 +415,7 @@ fn header_on_the_wire(w: &SimpleCommunicator) -> Outcome {
 /// count did not fit an MPI `int` and `recv_into`'s drain never checked, so both allocated
 /// the promised 8 TiB and the process aborted ("memory allocation ... failed"). Now the
 /// payload is compared with the header before any allocation: a typed CountMismatch, the
-/// payload left unreceived, and the job goes on.
+/// payload held in the error (received through it here), and the job goes on.
 fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Outcome {
     let (src, dst) = pair(w);
     let tag = 17;
@@ -408,18 +439,20 @@ fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Out
         send_checked(w, dst, tag, vec![5i32, 6], &[2])?;
     }
     if w.rank() == dst {
-        match checked::recv_new(w, src, tag) {
-            Err(Error::CountMismatch {
+        let err = checked::recv_new(w, src, tag).unwrap_err();
+        match err.mismatch() {
+            Error::CountMismatch {
                 expected,
                 actual: 1,
                 ..
-            }) if expected == 1 << 40 => {}
+            } if *expected == 1 << 40 => {}
             other => return Err(format!("expected CountMismatch 2^40 vs 1, got {other:?}")),
         }
         let left = Owned::new(vec![0f32; 2]);
         {
             let mut r = acquire(&left, &opts()).map_err(s)?;
-            w.recv_tensor(&mut r, src, tag).map_err(s)?;
+            let held = err.unreceived().ok_or("no held payload")?;
+            held.recv_into(&mut r).map_err(s)?;
         }
         ensure_eq!(left.into_vec(), vec![1.5, 0.0]);
         let mut target = Owned::new(vec![-5f32; 4]);
@@ -427,7 +460,7 @@ fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Out
             let mut r = acquire(&target, &opts()).map_err(s)?;
             checked::recv_into(w, src, tag, &mut r).unwrap_err()
         };
-        match &err {
+        match err.mismatch() {
             Error::CountMismatch {
                 expected,
                 actual: 4,
@@ -439,7 +472,8 @@ fn regression_huge_header_claims_allocate_nothing(w: &SimpleCommunicator) -> Out
         let left = Owned::new(vec![0f32; 4]);
         {
             let mut r = acquire(&left, &opts()).map_err(s)?;
-            w.recv_tensor(&mut r, src, tag).map_err(s)?;
+            let held = err.unreceived().ok_or("no held payload")?;
+            held.recv_into(&mut r).map_err(s)?;
         }
         ensure_eq!(left.into_vec(), vec![1.0, 2.0, 3.0, 4.0]);
         let mut r = checked::recv_new(w, src, tag).map_err(s)?;
@@ -453,8 +487,8 @@ type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 const CASES: &[Case] = &[
     ("matching_header_delivers", matching_header_delivers),
     (
-        "mismatches_are_errors_and_drained",
-        mismatches_are_errors_and_drained,
+        "mismatches_are_errors_and_held",
+        mismatches_are_errors_and_held,
     ),
     ("local_errors_receive_nothing", local_errors_receive_nothing),
     ("non_headers_are_bad_header", non_headers_are_bad_header),

@@ -392,6 +392,45 @@ fn c42_is_copied(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// C43 through `sendrecv_tensor`: every rank sends 6 elements around the ring into a
+/// 4-element receive; each gets `Unfit` around `CountMismatch { 4, 6 }` holding its
+/// incoming message (eager-sized, so every send completes), which a 6-element tensor then
+/// receives through the error.
+fn c43_sendrecv_holds_a_message_that_does_not_fit(w: &SimpleCommunicator) -> Outcome {
+    let e = |e: Error| e.to_string();
+    let (next, prev) = ring(w);
+    let six = Owned::new((0..6).map(|i| i + 100 * w.rank()).collect::<Vec<i32>>());
+    let four = Owned::new(vec![0i32; 4]);
+    let err = {
+        let s = acquire(&six, &opts()).map_err(e)?;
+        let mut r = acquire(&four, &opts()).map_err(e)?;
+        w.sendrecv_tensor(&s, next, 44, &mut r, prev, 44)
+            .unwrap_err()
+    };
+    match err.mismatch() {
+        Error::CountMismatch {
+            expected: 4,
+            actual: 6,
+            ..
+        } => {}
+        other => return Err(format!("expected CountMismatch 4 vs 6, got {other:?}")),
+    }
+    let held = err.unreceived().ok_or("no held message")?;
+    ensure_eq!(
+        (held.source_rank(), held.tag(), held.len_bytes()),
+        (prev, 44, 24)
+    );
+    let mut fit = Owned::new(vec![0i32; 6]);
+    held.recv_into(&mut acquire(&fit, &opts()).map_err(e)?)
+        .map_err(e)?;
+    ensure_eq!(
+        fit.as_slice().to_vec(),
+        (0..6).map(|i| i + 100 * prev).collect::<Vec<_>>()
+    );
+    ensure_eq!(four.into_vec(), vec![0; 4]);
+    Ok(())
+}
+
 fn c43_receive_size_mismatch_is_an_error_and_loses_nothing(w: &SimpleCommunicator) -> Outcome {
     let (next, prev) = ring(w);
     let six = Owned::new((0..6).map(|i| i + 100 * w.rank()).collect::<Vec<i32>>());
@@ -405,10 +444,14 @@ fn c43_receive_size_mismatch_is_an_error_and_loses_nothing(w: &SimpleCommunicato
             .map_err(|e| e.to_string())?;
         let mut small = acquire(&four, &opts()).map_err(|e| e.to_string())?;
         let err = w.recv_tensor(&mut small, prev, 43).unwrap_err();
+        // The matched message is held by the error: a right-sized tensor receives it.
         let mut right = acquire(&fit, &opts()).map_err(|e| e.to_string())?;
-        let ok = w.recv_tensor(&mut right, prev, 43);
+        let ok = match err.unreceived() {
+            Some(held) => held.recv_into(&mut right),
+            None => Err(err.clone()),
+        };
         req.wait();
-        match err {
+        match err.mismatch() {
             Error::CountMismatch {
                 expected: 4,
                 actual: 6,
@@ -1361,6 +1404,10 @@ const CASES: &[Case] = &[
     (
         "c43_receive_size_mismatch_is_an_error_and_loses_nothing",
         c43_receive_size_mismatch_is_an_error_and_loses_nothing,
+    ),
+    (
+        "c43_sendrecv_holds_a_message_that_does_not_fit",
+        c43_sendrecv_holds_a_message_that_does_not_fit,
     ),
     (
         "c44_allgatherv_with_a_zero_count",

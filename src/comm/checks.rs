@@ -166,8 +166,14 @@ pub(super) fn rank_blocks<C: Communicator + ?Sized>(
 /// Compares a probed message with a flat receive buffer: the message must be exactly its
 /// units; the error reports elements.
 pub(super) fn check_incoming_flat(flat: &FlatSpec, status: &Status) -> Result<()> {
-    // A negative count (MPI_UNDEFINED) never matches.
-    if usize::try_from(status.count(flat.unit.datatype())).is_ok_and(|n| n == flat.units) {
+    // A negative count (MPI_UNDEFINED) never matches. A flat beyond `int` units is one
+    // large-count datatype (`FlatSpec::whole`): the message must be exactly one of it.
+    let matches = if flat.is_large() {
+        status.count(flat.as_datatype()) == 1
+    } else {
+        usize::try_from(status.count(flat.unit.datatype())).is_ok_and(|n| n == flat.units)
+    };
+    if matches {
         return Ok(());
     }
     let bytes = i64::from(status.count(u8::equivalent_datatype()));

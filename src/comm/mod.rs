@@ -24,8 +24,9 @@
 //! counts and dtypes to a collective (MPI-4.1 §6.1 makes that the caller's obligation; each
 //! rank's arguments can be valid on their own and still not match). For point-to-point
 //! receives the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the
-//! message is probed, and a size mismatch is [`Error::CountMismatch`] naming both counts,
-//! with the message left unreceived so that the job goes on and nothing is lost (C43).
+//! message is matched (`MPI_Mprobe`), and a size mismatch is [`Error::Unfit`] around an
+//! [`Error::CountMismatch`] naming both counts, holding the message so that the job goes
+//! on and nothing is lost: a right-sized tensor receives it through the error (C43).
 //!
 //! All counts and displacements are in DLPack elements.
 //!
@@ -63,6 +64,7 @@ pub use agree::{
 pub use bcast::BroadcastBuffer;
 pub(crate) use checks::{check_rank, check_tag};
 pub use immediate::TensorRequest;
+pub(crate) use p2p::{recv_matched, unfit};
 pub use packing::{
     inner_block_bytes, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
     set_pack_threshold_bytes, set_packing, Packing, DEFAULT_PACK_THRESHOLD_BYTES, PACKING_ENV,
@@ -99,28 +101,33 @@ pub trait TensorComm: Communicator {
     }
 
     /// Blocking receive into `tensor` from `source` with `tag`. The incoming message is
-    /// probed first (`MPI_Probe`, §3.8.1) and received only when its size is exactly the
-    /// tensor's.
+    /// matched first (`MPI_Mprobe`, MPI-4.1 §3.8.2: it is taken off the queue for this call
+    /// alone) and received (`MPI_Mrecv`, §3.8.3) only when its size is exactly the
+    /// tensor's. The tensor is checked, and a packing scratch allocated, before the probe.
     ///
-    /// **Threads** (`MPI_THREAD_MULTIPLE`): the probe and the receive are two calls, so two
-    /// threads receiving from the same `(source, tag)` at once may each probe one message
-    /// and receive the other's (MPI-4.1 §3.8.2). Give concurrent receivers distinct tags or
-    /// sources (then it is safe: a probe matches only its own messages). A matched probe
-    /// (`MPI_Mprobe`) would close the window but take the message off the queue, so that a
-    /// size mismatch could no longer leave it for a fitting receive (C43).
+    /// **Threads** (`MPI_THREAD_MULTIPLE`): two threads receiving from the same
+    /// `(source, tag)` at once each get one whole message, never the other's: the message
+    /// a thread matched is the message it receives or holds in its error.
     ///
     /// # Errors
-    /// [`Error::CountMismatch`] naming the expected and arriving element counts (the
-    /// message stays unreceived: a later receive with a fitting tensor gets it);
-    /// [`Error::InvalidRank`]; [`Error::InvalidTag`]; the errors of [`RecvSpec::new`].
+    /// [`Error::Unfit`] when the matched message is not the tensor's size: its `mismatch`
+    /// is [`Error::CountMismatch`] naming the expected and arriving element counts, and its
+    /// `message` ([`crate::error::Unreceived`]) holds the message, which no other receive
+    /// can take: receive it with [`crate::error::Unreceived::recv_into`] into a tensor of
+    /// the right size ([`crate::error::Unreceived::len_bytes`]); dropping the error
+    /// receives and discards it (C43). [`Error::InvalidRank`]; [`Error::InvalidTag`]; the
+    /// errors of [`RecvSpec::new`] (nothing matched).
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
         p2p::recv(self, tensor, source, tag)
     }
 
     /// Send `send` to `dest` and receive `recv` from `source` at once (`MPI_Sendrecv`
-    /// semantics, deadlock-free in a ring). The incoming size is checked as in
-    /// [`TensorComm::recv_tensor`] while the send is in flight (with the same rule for
-    /// threads: concurrent receivers use distinct `(source, tag)`).
+    /// semantics, deadlock-free in a ring). The incoming message is matched and its size
+    /// checked as in [`TensorComm::recv_tensor`] while the send is in flight; one that
+    /// does not fit is returned held in [`Error::Unfit`] once the send is complete. The
+    /// send completes only when its receiver receives it (for messages beyond the MPI
+    /// library's eager limit): if every rank of a ring holds its incoming message this way,
+    /// their sends wait for each other forever, so size the receives to match.
     ///
     /// # Errors
     /// As [`TensorComm::send_tensor`] and [`TensorComm::recv_tensor`].

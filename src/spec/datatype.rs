@@ -14,6 +14,13 @@
 //! axes and merged axes that are contiguous with each other, so a tensor costs as few levels
 //! as possible). Strides may be negative or zero (`MPI_Type_create_hvector` takes any
 //! stride); displacements are relative to the first element, which is the buffer address.
+//! An axis of more than `i32::MAX` elements (alone or merged, e.g. a stride-0 broadcast
+//! `[65536, 32768]`) is split into nested blocks of 2^30 elements:
+//!
+//! ```text
+//! axis k  = struct{ hvector(q, 1, 2^30 × stride bytes, <axis of 2^30>) at 0,
+//!                   <axis of r> at q × 2^30 × stride bytes }     (extent = q·2^30 + r)
+//! ```
 //!
 //! A contiguous message of more than `i32::MAX` units is described as
 //! `contiguous(q, contiguous(2^30, unit))` plus, when `r ≠ 0`, `r` units after it (one
@@ -140,28 +147,93 @@ impl Drop for Temp {
     }
 }
 
-/// The committed datatype of one strided tensor: `axes` outermost first (from a
-/// [`crate::layout::Plan`]), elements of `lanes` units of `unit`.
+/// How one axis is described: in one level (`Whole`: its extent fits MPI's `int`), or,
+/// beyond `int`, split into nested blocks of [`LARGE_BLOCK_UNITS`] elements:
+/// `hvector(blocks, 1, block_stride_bytes, <2^30 elements of the axis>)` plus, when
+/// `rest ≠ 0`, the last `rest` elements at `rest_at_bytes` (one `MPI_Type_create_struct`).
+/// `blocks × 2^30 + rest` is the extent, so the type map visits exactly the same elements
+/// in the same order as one level would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AxisForm {
+    /// `extent` elements in one level.
+    Whole(c_int),
+    /// `blocks` blocks of 2^30 elements, then `rest` elements.
+    Split {
+        /// Number of whole blocks (≥ 1).
+        blocks: c_int,
+        /// Elements after them (< 2^30).
+        rest: c_int,
+        /// Bytes from one block's first element to the next's (`2^30 × stride`).
+        block_stride_bytes: MPI_Aint,
+        /// Bytes from the axis's first element to the rest's first (`blocks × 2^30 ×
+        /// stride`).
+        rest_at_bytes: MPI_Aint,
+    },
+}
+
+/// The [`AxisForm`] of an axis of `extent` elements (≥ 0), `stride_bytes` apart (any
+/// sign; the caller has checked that it fits `MPI_Aint`).
 ///
 /// # Errors
-/// [`Error::MpiNotInitialized`]; [`Error::CountTooLarge`] when an extent exceeds MPI's
-/// `int`; [`Error::Overflow`] when a stride in bytes exceeds `MPI_Aint`.
+/// [`Error::CountTooLarge`] when even the number of 2^30-element blocks exceeds `int`
+/// (an extent of 2^61 or more); [`Error::Overflow`] when the blocks' byte distances
+/// exceed `MPI_Aint`.
+pub(crate) fn axis_form(extent: i64, stride_bytes: i128) -> Result<AxisForm> {
+    if let Ok(n) = c_int::try_from(extent) {
+        return Ok(AxisForm::Whole(n));
+    }
+    let block = i64::from(LARGE_BLOCK_INT);
+    let count = u64::try_from(extent).unwrap_or(0);
+    let blocks = int(extent / block, count)?;
+    // The remainder is below 2^30, so it fits an int.
+    let rest = int(extent % block, count)?;
+    let bytes = |elems: i128| {
+        MPI_Aint::try_from(elems * stride_bytes).map_err(|_| Error::Overflow {
+            quantity: "byte distance of a split axis (elements × stride in bytes)",
+            lhs: elems,
+            operator: "*",
+            rhs: stride_bytes,
+        })
+    };
+    Ok(AxisForm::Split {
+        blocks,
+        rest,
+        block_stride_bytes: bytes(i128::from(block))?,
+        rest_at_bytes: bytes(i128::from(blocks) * i128::from(block))?,
+    })
+}
+
+/// The committed datatype of one strided tensor: `axes` outermost first (from a
+/// [`crate::layout::Plan`]), elements of `lanes` units of `unit`. An axis longer than
+/// MPI's `int` (a single long axis, or axes the plan merged, e.g. a broadcast
+/// `[65536, 32768]` with strides `[0, 0]`) is split into nested blocks of 2^30 elements
+/// (see the module docs).
+///
+/// # Errors
+/// [`Error::MpiNotInitialized`]; [`Error::CountTooLarge`] when an extent is 2^61 elements
+/// or more; [`Error::Overflow`] when a stride in bytes exceeds `MPI_Aint`.
 pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype> {
     let elem_bytes = unit.size_bytes() as i128 * i128::from(lanes);
     let elem_bytes_is_one = elem_bytes == 1;
     // Validate before taking the lock or calling MPI.
-    let mut sizes = Vec::with_capacity(axes.len());
-    for a in axes {
-        // Plan extents are ≥ 0 (layout::num_elements); the u64 is only the error's report.
-        let extent = int(a.extent, u64::try_from(a.extent).unwrap_or(0))?;
-        let stride = i128::from(a.stride_elems) * elem_bytes;
-        let stride = MPI_Aint::try_from(stride).map_err(|_| Error::Overflow {
+    let mut levels = Vec::with_capacity(axes.len());
+    let innermost = axes.len().saturating_sub(1);
+    for (i, a) in axes.iter().enumerate() {
+        let stride_bytes = i128::from(a.stride_elems) * elem_bytes;
+        let stride = MPI_Aint::try_from(stride_bytes).map_err(|_| Error::Overflow {
             quantity: "stride in bytes",
             lhs: a.stride_elems.into(),
             operator: "*",
             rhs: elem_bytes,
         })?;
-        sizes.push((extent, stride, a.stride_elems == 1));
+        let kind = if i == innermost && a.stride_elems == 1 {
+            Level::Run
+        } else if i == innermost && stride == -1 && elem_bytes_is_one {
+            Level::ReversedBytes
+        } else {
+            Level::Strided(stride)
+        };
+        levels.push((axis_form(a.extent, stride_bytes)?, kind));
     }
     let key = Key::Strided {
         unit,
@@ -177,30 +249,84 @@ pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype>
             unsafe { mpi::ffi::MPI_Type_contiguous(c_int::from(lanes), unit_type, &mut t) };
             current = Temp(t, true);
         }
-        let innermost = sizes.len().saturating_sub(1);
-        for (i, &(extent, stride, unit_stride)) in sizes.iter().enumerate().rev() {
-            let mut t: MPI_Datatype = unit_type;
-            if i == innermost && unit_stride {
-                // SAFETY: valid old type; `t` receives the new handle.
-                unsafe { mpi::ffi::MPI_Type_contiguous(extent, current.0, &mut t) };
-            } else if i == innermost && stride == -1 && elem_bytes_is_one {
-                // Open MPI 4.1 builds hvector(n, 1, -1 byte, <1-byte type>) as a *forward*
-                // contiguous run (it reads and writes past the buffer); found by
-                // `dlpack-mpi check --layout negative`. Spell the reversed run out instead
-                // (MPICH 4.0 builds the hvector correctly; the spelled-out type is right in
-                // both, so it is used whatever the library).
-                t = reversed_bytes(extent, current.0)?;
-            } else {
-                // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
-                unsafe { mpi::ffi::MPI_Type_create_hvector(extent, 1, stride, current.0, &mut t) };
-            }
-            current = Temp(t, true);
+        for &(form, kind) in levels.iter().rev() {
+            current = Temp(axis_type(form, kind, current.0)?, true);
         }
         // SAFETY: `current` is a type built above.
         unsafe { mpi::ffi::MPI_Type_commit(&mut current.0) };
         current.1 = false; // kept: the cache owns it now
         Ok(current.0)
     })
+}
+
+/// How the elements of one level follow each other.
+#[derive(Debug, Clone, Copy)]
+enum Level {
+    /// One run (the innermost axis, stride 1 element): `MPI_Type_contiguous`.
+    Run,
+    /// One-byte elements going downwards (the innermost axis, stride −1 byte).
+    ReversedBytes,
+    /// `MPI_Type_create_hvector` with this stride in bytes (any sign, or 0).
+    Strided(MPI_Aint),
+}
+
+/// `n` elements of type `inner` in the form `kind` gives.
+fn level(n: c_int, kind: Level, inner: MPI_Datatype) -> Result<MPI_Datatype> {
+    let mut t: MPI_Datatype = inner;
+    match kind {
+        // SAFETY: valid old type; `t` receives the new handle.
+        Level::Run => unsafe { mpi::ffi::MPI_Type_contiguous(n, inner, &mut t) },
+        // Open MPI 4.1 builds hvector(n, 1, -1 byte, <1-byte type>) as a *forward*
+        // contiguous run (it reads and writes past the buffer); found by
+        // `dlpack-mpi check --layout negative`. Spell the reversed run out instead
+        // (MPICH 4.0 builds the hvector correctly; the spelled-out type is right in
+        // both, so it is used whatever the library).
+        Level::ReversedBytes => return reversed_bytes(n, inner),
+        // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
+        Level::Strided(stride) => unsafe {
+            mpi::ffi::MPI_Type_create_hvector(n, 1, stride, inner, &mut t)
+        },
+    };
+    Ok(t)
+}
+
+/// The type of one axis of elements of type `inner`: one [`level`], or for a split axis
+/// (MPI-4.1 §5.1.2, §5.1.7) `hvector(blocks, 1, block_stride, level(2^30))` and the rest
+/// at its displacement, in one struct.
+fn axis_type(form: AxisForm, kind: Level, inner: MPI_Datatype) -> Result<MPI_Datatype> {
+    let (blocks, rest, block_stride, rest_at) = match form {
+        AxisForm::Whole(n) => return level(n, kind, inner),
+        AxisForm::Split {
+            blocks,
+            rest,
+            block_stride_bytes,
+            rest_at_bytes,
+        } => (blocks, rest, block_stride_bytes, rest_at_bytes),
+    };
+    let block = Temp(level(LARGE_BLOCK_INT, kind, inner)?, true);
+    let mut body: MPI_Datatype = inner;
+    // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
+    unsafe { mpi::ffi::MPI_Type_create_hvector(blocks, 1, block_stride, block.0, &mut body) };
+    if rest == 0 {
+        return Ok(body);
+    }
+    let body = Temp(body, true);
+    let tail = Temp(level(rest, kind, inner)?, true);
+    let lengths: [c_int; 2] = [1, 1];
+    let displacements: [MPI_Aint; 2] = [0, rest_at];
+    let types: [MPI_Datatype; 2] = [body.0, tail.0];
+    let mut t: MPI_Datatype = inner;
+    // SAFETY: arrays of length 2 as the count says; valid old types.
+    unsafe {
+        mpi::ffi::MPI_Type_create_struct(
+            2,
+            lengths.as_ptr(),
+            displacements.as_ptr(),
+            types.as_ptr(),
+            &mut t,
+        )
+    };
+    Ok(t)
 }
 
 /// `n` one-byte elements going downwards from the first (displacements 0, −1, …), without
@@ -293,4 +419,123 @@ pub fn large_contiguous(unit: MpiUnit, units: u64) -> Result<MPI_Datatype> {
         result.1 = false;
         Ok(result.0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout;
+
+    const B: i64 = 1 << 30;
+
+    /// The elements a form describes, in order of its levels: `blocks × 2^30 + rest`.
+    fn elems(form: AxisForm) -> i64 {
+        match form {
+            AxisForm::Whole(n) => i64::from(n),
+            AxisForm::Split { blocks, rest, .. } => i64::from(blocks) * B + i64::from(rest),
+        }
+    }
+
+    #[test]
+    fn axes_up_to_int_stay_whole() {
+        for extent in [0, 1, 2, i32::MAX] {
+            assert_eq!(
+                axis_form(i64::from(extent), 2).unwrap(),
+                AxisForm::Whole(extent)
+            );
+        }
+    }
+
+    #[test]
+    fn long_axes_split_into_blocks_and_rest() {
+        // uint8 [2^31] stride 2: two blocks of 2^30, 2^31 bytes apart, no rest.
+        assert_eq!(
+            axis_form(1 << 31, 2).unwrap(),
+            AxisForm::Split {
+                blocks: 2,
+                rest: 0,
+                block_stride_bytes: 1 << 31,
+                rest_at_bytes: 1 << 32,
+            }
+        );
+        // A stride-0 broadcast of 2^31 + 2^15 elements: every distance is 0.
+        assert_eq!(
+            axis_form((1 << 31) + (1 << 15), 0).unwrap(),
+            AxisForm::Split {
+                blocks: 2,
+                rest: 1 << 15,
+                block_stride_bytes: 0,
+                rest_at_bytes: 0,
+            }
+        );
+        // i32::MAX + 1 elements of 8 bytes going backwards.
+        assert_eq!(
+            axis_form(1 << 31, -8).unwrap(),
+            AxisForm::Split {
+                blocks: 2,
+                rest: 0,
+                block_stride_bytes: -(8 << 30),
+                rest_at_bytes: -(16 << 30),
+            }
+        );
+        // The last extent that splits: (2^31 - 1) blocks and a rest of 2^30 - 1.
+        let max = i64::from(i32::MAX) * B + (B - 1);
+        let form = axis_form(max, 1).unwrap();
+        assert_eq!(elems(form), max);
+        for extent in [(1i64 << 31) + 1, 3 << 31, (1 << 40) + 12345, max] {
+            let form = axis_form(extent, 3).unwrap();
+            assert_eq!(elems(form), extent, "{form:?}");
+            let AxisForm::Split {
+                blocks,
+                rest,
+                block_stride_bytes,
+                rest_at_bytes,
+            } = form
+            else {
+                panic!("{extent} stays whole");
+            };
+            assert!((0..B).contains(&i64::from(rest)));
+            assert_eq!(block_stride_bytes as i128, i128::from(B) * 3);
+            assert_eq!(
+                rest_at_bytes as i128,
+                i128::from(blocks) * i128::from(B) * 3
+            );
+        }
+    }
+
+    #[test]
+    fn splits_beyond_reach_are_typed_errors() {
+        let max = i64::from(i32::MAX) * B + (B - 1);
+        assert_eq!(
+            axis_form(max + 1, 1),
+            Err(Error::CountTooLarge {
+                count: u64::try_from(max + 1).unwrap()
+            })
+        );
+        assert!(matches!(
+            axis_form(1 << 40, i128::from(i64::MAX)),
+            Err(Error::Overflow { .. })
+        ));
+    }
+
+    #[test]
+    fn merged_broadcast_axes_make_one_long_axis() {
+        // [65536, 32768] with strides [0, 0]: the plan merges them into 2^31 elements, 0 apart.
+        let plan = layout::plan(&[65536, 32768], Some(&[0, 0])).unwrap();
+        assert_eq!(
+            plan.axes,
+            vec![Axis {
+                extent: 1 << 31,
+                stride_elems: 0
+            }]
+        );
+        assert!(matches!(
+            axis_form(plan.axes[0].extent, 0).unwrap(),
+            AxisForm::Split {
+                blocks: 2,
+                rest: 0,
+                ..
+            }
+        ));
+    }
 }

@@ -12,6 +12,8 @@
 use std::ffi::c_void;
 
 use mpi::datatype::{AsDatatype, Buffer, BufferMut, Collection, DatatypeRef, Pointer, PointerMut};
+use mpi::ffi::MPI_Datatype;
+use mpi::raw::FromRaw;
 use mpi::Count;
 
 use super::kernels;
@@ -116,6 +118,9 @@ pub(crate) struct FlatSpec {
     pub(crate) contiguous: bool,
     /// The packed copy in logical order (strided tensors, after `send`/`ready`).
     scratch: Option<Scratch>,
+    /// The large-count datatype of all `units` (sent with count 1) when they exceed MPI's
+    /// `int` ([`FlatSpec::whole`]); `None`: `units` of `unit`.
+    large: Option<MPI_Datatype>,
 }
 
 impl FlatSpec {
@@ -134,6 +139,7 @@ impl FlatSpec {
             elem_bytes: e.size_bytes(),
             contiguous: s.is_contiguous(),
             scratch: None,
+            large: None,
         };
         if !flat.contiguous {
             flat.set_scratch(pack(send, flat.elem_bytes)?);
@@ -163,6 +169,7 @@ impl FlatSpec {
             elem_bytes: e.size_bytes(),
             contiguous,
             scratch: None,
+            large: None,
         })
     }
 
@@ -198,6 +205,28 @@ impl FlatSpec {
             });
         }
         Ok(self)
+    }
+
+    /// A flat used as one rsmpi buffer of any size: beyond MPI's `int` units it is one
+    /// large-count datatype (`contiguous(q, contiguous(2^30, unit))` plus the rest, see
+    /// [`crate::derived::large_contiguous`]) sent with count 1, so a packed copy of more
+    /// than `i32::MAX` units goes whole (point-to-point, where the receiver compares the
+    /// whole message).
+    ///
+    /// # Errors
+    /// As [`crate::derived::large_contiguous`].
+    pub(crate) fn whole(mut self) -> Result<Self> {
+        if self.units > i32::MAX as usize {
+            let units =
+                u64::try_from(self.units).map_err(|_| Error::CountTooLarge { count: u64::MAX })?;
+            self.large = Some(super::datatype::large_contiguous(self.unit, units)?);
+        }
+        Ok(self)
+    }
+
+    /// Whether [`FlatSpec::whole`] made this flat one large-count datatype (count 1).
+    pub(crate) fn is_large(&self) -> bool {
+        self.large.is_some()
     }
 
     /// Copies a receive scratch back into `recv` (nothing to do for a contiguous tensor).
@@ -256,18 +285,26 @@ unsafe impl PointerMut for FlatSpec {
     }
 }
 
-// SAFETY: `units` fits an int whenever a FlatSpec is used as an rsmpi buffer (`counted`).
+// SAFETY: `units` fits an int whenever a FlatSpec is used as an rsmpi buffer (`counted`),
+// or the large-count type describes them all with count 1 (`whole`).
 unsafe impl Collection for FlatSpec {
     fn count(&self) -> Count {
+        if self.large.is_some() {
+            return 1;
+        }
         Count::try_from(self.units).unwrap_or(Count::MAX)
     }
 }
 
-// SAFETY: the predefined unit type of the elements.
+// SAFETY: the predefined unit type of the elements, or the large-count type of all units.
 unsafe impl AsDatatype for FlatSpec {
     type Out = DatatypeRef<'static>;
     fn as_datatype(&self) -> Self::Out {
-        self.unit.datatype()
+        match self.large {
+            // SAFETY: a committed type the derived-type cache keeps for the whole process.
+            Some(t) => unsafe { DatatypeRef::from_raw(t) },
+            None => self.unit.datatype(),
+        }
     }
 }
 

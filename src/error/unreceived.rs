@@ -1,0 +1,304 @@
+//! [`Unreceived`]: an incoming message that a receive matched (`MPI_Mprobe`, MPI-4.1 §3.8.2)
+//! but did not receive, because it does not fit the receive tensor. It travels inside
+//! [`Error::Unfit`], so that the message is neither lost nor left for another thread.
+//!
+//! Why a matched probe: with `MPI_Probe` then `MPI_Recv` (two calls), two threads receiving
+//! from the same `(source, tag)` under `MPI_THREAD_MULTIPLE` can each probe one message and
+//! receive the other's. `MPI_Mprobe` takes the message off the queue and hands back a handle
+//! that only `MPI_Mrecv` on that handle receives (MPI-4.1 §3.8.2-3), so no other receive can
+//! take it. The price: a message that does not fit cannot go back on the queue; instead the
+//! error holds it, and [`Unreceived::recv_into`] (or `checked`'s
+//! [`Unreceived::recv_new`]) receives it into a right-sized tensor.
+//!
+//! This module makes its own MPI calls (`MPI_Mprobe`, `MPI_Mrecv`, `MPI_Get_elements_x`,
+//! and for a discard above `int` bytes `MPI_Type_contiguous`/`MPI_Type_free`): rsmpi's
+//! `Message` panics when dropped unreceived and its `Status` does not give the byte count of
+//! a message above `i32::MAX` bytes; both are needed here.
+
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use mpi::datatype::{BufferMut, Equivalence};
+use mpi::ffi::{MPI_Count, MPI_Message, MPI_Status};
+use mpi::point_to_point::{Source, Status};
+use mpi::raw::AsRaw;
+use mpi::topology::Rank;
+use mpi::Tag;
+
+use super::Error;
+use crate::dtype::DType;
+
+/// A message matched by `MPI_Mprobe` and not yet received: the raw handle and its status.
+/// Received at most once ([`Matched::receive_into`] consumes it); one dropped unreceived is
+/// received into scratch memory and discarded, so that nothing panics and the job goes on.
+pub(crate) struct Matched {
+    handle: MPI_Message,
+    status: MPI_Status,
+}
+
+// SAFETY: an MPI message handle is an opaque value that MPI lets any thread receive with
+// (under MPI_THREAD_MULTIPLE; below it, the caller already keeps MPI on one thread at a
+// time). `Matched` is received at most once: it is moved, never shared.
+unsafe impl Send for Matched {}
+
+impl Matched {
+    /// `MPI_Mprobe` for the next message from `source` (a process of a communicator) with
+    /// `tag`: blocks until one arrives and matches it to this handle alone.
+    pub(crate) fn probe<S: Source>(source: &S, tag: Tag) -> Self {
+        let mut handle = MaybeUninit::<MPI_Message>::uninit();
+        let mut status = MaybeUninit::<MPI_Status>::uninit();
+        // SAFETY: a valid rank and communicator (the caller checked the rank); both out
+        // parameters are written by MPI_Mprobe before it returns (errors are fatal).
+        unsafe {
+            mpi::ffi::MPI_Mprobe(
+                source.source_rank(),
+                tag,
+                source.as_communicator().as_raw(),
+                handle.as_mut_ptr(),
+                status.as_mut_ptr(),
+            );
+            Matched {
+                handle: handle.assume_init(),
+                status: status.assume_init(),
+            }
+        }
+    }
+
+    /// The status of the matched message (source, tag, size).
+    pub(crate) fn status(&self) -> Status {
+        Status::from_raw(self.status)
+    }
+
+    /// The message's length in bytes (`MPI_Get_elements_x` on bytes, exact above `int`).
+    pub(crate) fn len_bytes(&self) -> u64 {
+        let mut n: MPI_Count = 0;
+        // SAFETY: a status MPI_Mprobe wrote; the byte type is predefined.
+        unsafe {
+            mpi::ffi::MPI_Get_elements_x(&self.status, u8::equivalent_datatype().as_raw(), &mut n)
+        };
+        u64::try_from(n).unwrap_or(0)
+    }
+
+    /// `MPI_Mrecv` into `buf`: the caller has compared the message's size with `buf`
+    /// (a longer message would be MPI's truncation error).
+    pub(crate) fn receive_into<B: BufferMut + ?Sized>(mut self, buf: &mut B) -> Status {
+        let mut status = MaybeUninit::<MPI_Status>::uninit();
+        // SAFETY: `buf` is a BufferMut (writable `count` items of its datatype, by its
+        // unsafe impl); the handle is a matched message not yet received (MPI_Mrecv sets it
+        // to MPI_MESSAGE_NULL, so Drop does nothing after it).
+        unsafe {
+            mpi::ffi::MPI_Mrecv(
+                buf.pointer_mut(),
+                buf.count(),
+                buf.as_datatype().as_raw(),
+                &mut self.handle,
+                status.as_mut_ptr(),
+            );
+            Status::from_raw(status.assume_init())
+        }
+    }
+
+    /// Receives the message into scratch bytes and drops them (what an unreceived handle
+    /// comes to). Without MPI (finalized) or memory for the scratch, the handle is leaked:
+    /// nothing else can be done without a panic.
+    fn discard(&mut self) {
+        // SAFETY: reading a handle value.
+        let null = unsafe { mpi::ffi::RSMPI_MESSAGE_NULL };
+        if self.handle == null || mpi::environment::is_finalized() {
+            return;
+        }
+        const BLOCK: u64 = 1 << 30;
+        let bytes = self.len_bytes();
+        // Up to int bytes: that many bytes; beyond: whole 2^30-byte blocks (a receive buffer
+        // may be longer than the message, MPI-4.1 §3.2.4).
+        let (count, block) = match c_int::try_from(bytes) {
+            Ok(n) => (n, None),
+            Err(_) => match c_int::try_from(bytes.div_ceil(BLOCK)) {
+                Ok(n) => (n, Some(BLOCK)),
+                Err(_) => return,
+            },
+        };
+        let len = usize::try_from(u64::try_from(count).unwrap_or(0) * block.unwrap_or(1));
+        let mut scratch = Vec::<u8>::new();
+        if len.map_or(true, |len| scratch.try_reserve_exact(len).is_err()) {
+            return;
+        }
+        let byte = u8::equivalent_datatype().as_raw();
+        let mut datatype = byte;
+        if block.is_some() {
+            // SAFETY: a predefined old type; `datatype` receives the new handle.
+            unsafe {
+                mpi::ffi::MPI_Type_contiguous(1 << 30, byte, &mut datatype);
+                mpi::ffi::MPI_Type_commit(&mut datatype);
+            }
+        }
+        let mut status = MaybeUninit::<MPI_Status>::uninit();
+        // SAFETY: the scratch has capacity for `count` items of `datatype` (MPI writes
+        // bytes only, into reserved capacity the Vec never reads); the handle is matched
+        // and not yet received. MPI_UINT8_T stands for MPI_BYTE (which rsmpi does not
+        // expose) as elsewhere in this crate: the bytes are dropped unread.
+        unsafe {
+            mpi::ffi::MPI_Mrecv(
+                if count == 0 {
+                    // An empty Vec's dangling pointer (0x1) is Open MPI's MPI_IN_PLACE.
+                    std::ptr::null_mut()
+                } else {
+                    scratch.as_mut_ptr().cast::<c_void>()
+                },
+                count,
+                datatype,
+                &mut self.handle,
+                status.as_mut_ptr(),
+            );
+            if block.is_some() {
+                mpi::ffi::MPI_Type_free(&mut datatype);
+            }
+        }
+    }
+}
+
+impl Drop for Matched {
+    fn drop(&mut self) {
+        self.discard();
+    }
+}
+
+/// An incoming message that a receive matched but did not receive because it does not fit
+/// (carried by [`Error::Unfit`]). It is held here, off MPI's queue: no other receive can
+/// take it, and it is not lost.
+///
+/// - Receive it with [`Unreceived::recv_into`] into a tensor of the right size (its
+///   element count is [`Unreceived::len_bytes`] over the element size), or, for a payload
+///   of the checked protocol, with [`Unreceived::recv_new`] (a new tensor of the sent dtype
+///   and shape, [`Unreceived::sent_dtype`], [`Unreceived::sent_shape`]).
+/// - Clones share the one message: the first receive takes it, later ones get
+///   [`Error::AlreadyReceived`].
+/// - When the last clone is dropped with the message still held, it is received into
+///   scratch memory and discarded (`MPI_Mrecv`, blocking until the sender's data is in),
+///   so that ignoring the error never hangs the sender nor panics; after `MPI_Finalize`
+///   the handle is simply forgotten.
+///
+/// Equality is identity: two values are equal when they hold the same message.
+#[derive(Clone)]
+pub struct Unreceived(Arc<Held>);
+
+struct Held {
+    message: Mutex<Option<Matched>>,
+    source_rank: Rank,
+    tag: Tag,
+    len_bytes: u64,
+    sent: Option<(DType, Vec<i64>)>,
+}
+
+impl Unreceived {
+    /// Holds `matched`; `sent` is the dtype and shape the checked protocol's header gave
+    /// (`None` for a plain message).
+    pub(crate) fn new(matched: Matched, sent: Option<(DType, Vec<i64>)>) -> Self {
+        let status = matched.status();
+        Unreceived(Arc::new(Held {
+            source_rank: status.source_rank(),
+            tag: status.tag(),
+            len_bytes: matched.len_bytes(),
+            message: Mutex::new(Some(matched)),
+            sent,
+        }))
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Matched>> {
+        self.0
+            .message
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the message out to receive it, or [`Error::AlreadyReceived`].
+    pub(crate) fn take(&self) -> Result<Matched, Error> {
+        self.slot().take().ok_or(Error::AlreadyReceived {
+            source_rank: self.0.source_rank,
+            tag: self.0.tag,
+        })
+    }
+
+    /// Puts back a message taken with [`Unreceived::take`] that still did not fit.
+    pub(crate) fn put_back(&self, matched: Matched) {
+        *self.slot() = Some(matched);
+    }
+
+    /// The rank the message came from (in the communicator it was received on).
+    pub fn source_rank(&self) -> Rank {
+        self.0.source_rank
+    }
+
+    /// The message's tag.
+    pub fn tag(&self) -> Tag {
+        self.0.tag
+    }
+
+    /// The message's length in bytes (exact, also above `i32::MAX`).
+    pub fn len_bytes(&self) -> u64 {
+        self.0.len_bytes
+    }
+
+    /// The dtype the sender's header gave (checked protocol only; `None` for a plain
+    /// message, whose dtype only the sender knows).
+    pub fn sent_dtype(&self) -> Option<DType> {
+        self.0.sent.as_ref().map(|(dtype, _)| *dtype)
+    }
+
+    /// The shape the sender's header gave, in elements (checked protocol only).
+    pub fn sent_shape(&self) -> Option<&[i64]> {
+        self.0.sent.as_ref().map(|(_, shape)| &shape[..])
+    }
+
+    /// Whether the message is still held (not yet received or discarded).
+    pub fn is_held(&self) -> bool {
+        self.slot().is_some()
+    }
+
+    /// Receives the message into scratch memory now and drops it (what dropping the last
+    /// clone does). Does nothing when it is no longer held.
+    pub fn discard(&self) {
+        drop(self.slot().take());
+    }
+}
+
+impl fmt::Debug for Unreceived {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Unreceived")
+            .field("source_rank", &self.0.source_rank)
+            .field("tag", &self.0.tag)
+            .field("len_bytes", &self.0.len_bytes)
+            .field("sent", &self.0.sent)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl PartialEq for Unreceived {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Unreceived {}
+
+impl Error {
+    /// The diagnosis itself: for [`Error::Unfit`] the mismatch inside it, else `self`. Use
+    /// it to match on why a receive failed whether or not a message is held.
+    pub fn mismatch(&self) -> &Error {
+        match self {
+            Error::Unfit { mismatch, .. } => mismatch,
+            other => other,
+        }
+    }
+
+    /// The held message of an [`Error::Unfit`], if this is one.
+    pub fn unreceived(&self) -> Option<&Unreceived> {
+        match self {
+            Error::Unfit { message, .. } => Some(message),
+            _ => None,
+        }
+    }
+}
