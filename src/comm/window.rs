@@ -16,7 +16,7 @@
 use std::ops::Range;
 
 use mpi::datatype::{AsDatatype, Collection, PointerMut};
-use mpi::point_to_point::{Destination, Source, Status};
+use mpi::point_to_point::{Destination, Status};
 use mpi::raw::AsRaw;
 use mpi::request::Scope;
 use mpi::topology::{Communicator, Rank};
@@ -24,10 +24,12 @@ use mpi::traits::Equivalence;
 use mpi::Tag;
 
 use super::checks::{check_incoming, check_rank, check_tag};
+use super::p2p::unfit;
+
 use super::immediate::{post_recv, post_send, Posted, TensorRequest};
 use super::sides::SendSide;
 use crate::dlpack::Tensor;
-use crate::error::{Error, Result};
+use crate::error::{Error, Matched, Result};
 use crate::layout;
 use crate::raw;
 use crate::spec::flat::FlatSpec;
@@ -113,29 +115,32 @@ pub(super) fn recv<C: Communicator + ?Sized>(
     let mut spec = RecvSpec::new(&mut *tensor)?;
     check_window(displacement, count, spec.len_elems())?;
     let process = comm.process_at_rank(source);
+    // The message is matched (`MPI_Mprobe`), so a concurrent receiver on the same
+    // (source, tag) cannot take it; one that does not fit is held in `Error::Unfit`.
     if spec.is_contiguous() {
         let mut window = RecvSpec::range(&mut *tensor, displacement, count)?;
-        let status = process.probe_with_tag(tag);
-        check_incoming(&window, &status)?;
-        return Ok(process.receive_into_with_tag(&mut window, tag));
+        let matched = Matched::probe(&process, tag);
+        if let Err(mismatch) = check_incoming(&window, &matched.status()) {
+            return Err(unfit(mismatch, matched, None));
+        }
+        return Ok(matched.receive_into(&mut window));
     }
     let flat = FlatSpec::recv(&mut spec)?.ready(&*tensor, true)?;
     let (ptr, units_posted, datatype) = window_of(&flat, displacement, count)?;
-    let status = process.probe_with_tag(tag);
-    check_arrived(&status, (units_posted, datatype), count, flat.elem_bytes)?;
+    let matched = Matched::probe(&process, tag);
+    let arrived = check_arrived(
+        &matched.status(),
+        (units_posted, datatype),
+        count,
+        flat.elem_bytes,
+    );
+    if let Err(mismatch) = arrived {
+        return Err(unfit(mismatch, matched, None));
+    }
     // SAFETY: `ptr` has room for `units_posted` units of `datatype` inside the scratch
-    // `flat` owns, which nothing else touches until the request is waited for below.
-    let mut request = Some(unsafe {
-        raw::irecv(
-            ptr,
-            units(units_posted),
-            datatype.as_raw(),
-            source,
-            tag,
-            comm.as_raw(),
-        )
-    }?);
-    raw::wait(&mut request);
+    // `flat` owns, which nothing else touches until the receive returns; the size was
+    // compared just above.
+    let status = unsafe { matched.receive_raw(ptr.cast(), units_posted, datatype.as_raw()) };
     flat.finish(tensor)?;
     Ok(status)
 }

@@ -100,6 +100,27 @@ impl Matched {
         }
     }
 
+    /// `MPI_Mrecv` into `count` units of `datatype` at `ptr` (a window inside a buffer that
+    /// is not an rsmpi [`BufferMut`]).
+    ///
+    /// # Safety
+    /// `ptr` has room for `count` units of `datatype`, and nothing else reads or writes it
+    /// until this returns; the caller has compared the message's size with that room.
+    pub(crate) unsafe fn receive_raw(
+        mut self,
+        ptr: *mut c_void,
+        count: mpi::Count,
+        datatype: mpi::ffi::MPI_Datatype,
+    ) -> Status {
+        let mut status = MaybeUninit::<MPI_Status>::uninit();
+        // SAFETY: the caller's contract covers the buffer; the handle is a matched message
+        // not yet received (MPI_Mrecv sets it to MPI_MESSAGE_NULL, so Drop does nothing).
+        unsafe {
+            mpi::ffi::MPI_Mrecv(ptr, count, datatype, &mut self.handle, status.as_mut_ptr());
+            Status::from_raw(status.assume_init())
+        }
+    }
+
     /// Receives the message into scratch bytes and drops them (what an unreceived handle
     /// comes to). Without MPI (finalized) or memory for the scratch, the handle is leaked:
     /// nothing else can be done without a panic.
