@@ -2,6 +2,7 @@
 # Every test: setup.sh's libclang detection, formatting, lints (the library alone and with
 # features cli, python, cuda), rustdoc with warnings denied, unit and doc tests, the behaviour
 # cases, the multi-rank cases under mpirun at 1-4 ranks, the checked protocol at 2 ranks, the
+# fault cases at 2 ranks (aborted/forged pipelined messages, lying checked headers), the
 # GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
 # without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
 # JAX, Paddle, the C exchange API) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), the
@@ -140,6 +141,8 @@ for n in 2 3 4; do
     stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
 done
 stage "checked protocol at 2 ranks" test_binary_at checked 2
+stage "faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded" \
+    test_binary_at faults 2
 for n in 2 3; do
     stage "GPU transport on a simulated device (C51, C53, C60-C65, staging) at $n ranks" \
         test_binary_at device_cases "$n"

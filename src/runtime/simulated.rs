@@ -87,6 +87,8 @@ struct SimState {
     pinned_live: usize,
     devices: usize,
     selected: Option<i32>,
+    /// Device → host copies left to succeed before each one fails (`None`: never fail).
+    copies_to_host_before_failure: Option<usize>,
 }
 
 /// A [`DeviceRuntime`] over host memory, for tests and for `dlpack-mpi check
@@ -188,6 +190,13 @@ impl SimulatedDevice {
     /// Bytes of pinned memory allocated and not yet freed.
     pub fn pinned_live_bytes(&self) -> usize {
         self.state().pinned_live
+    }
+
+    /// Fault injection: the next `n` device → host copies succeed, and every one after them
+    /// fails with [`Error::Cuda`] (`CUDA_ERROR_ILLEGAL_ADDRESS`, code 700) without copying
+    /// (the failed copies are recorded). `None` turns it off.
+    pub fn fail_copies_to_host_after(&self, n: Option<usize>) {
+        self.state().copies_to_host_before_failure = n;
     }
 
     /// Work items still queued on `stream`.
@@ -324,6 +333,25 @@ impl DeviceRuntime for SimulatedDevice {
         src: *const c_void,
         bytes: usize,
     ) -> Result<()> {
+        let fail = {
+            let mut s = self.state();
+            match s.copies_to_host_before_failure.as_mut() {
+                Some(0) => true,
+                Some(n) => {
+                    *n -= 1;
+                    false
+                }
+                None => false,
+            }
+        };
+        if fail {
+            self.copy(device, bytes, true, || {});
+            return Err(Error::Cuda {
+                call: "simulated copy_to_host (injected failure)",
+                code: 700,
+                name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+            });
+        }
         self.copy(device, bytes, true, || {
             // SAFETY: caller's contract; the simulated "device" memory is host memory.
             unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, bytes) }
