@@ -9,7 +9,9 @@
 # canary bounds harness at 2-3 ranks under every packing policy, threads under
 # MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
 # example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; JAX
-# and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
+# and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), a rank killed mid-check at 2
+# and 4 ranks (scripts/kill-rank-test.sh: the job ends within 30 s, non-zero, naming the
+# rank), and a two-host run over TCP between
 # two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made).
 # Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
@@ -201,6 +203,8 @@ stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, staged" \
     check_at 2 --device cuda --simulate-device --transport staged
 stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed" \
     check_direct_and_managed
+stage "a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, naming the rank" \
+    timeout 900 scripts/kill-rank-test.sh 2 4
 stage "two hosts (network namespaces, TCP): check matrix and multi-rank cases" netns_stage
 
 echo
