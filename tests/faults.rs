@@ -193,6 +193,47 @@ fn abort_part_ends_the_receive(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// The receiver's fourth host → device copy fails: it still receives every part (so the
+/// sender's send completes), copies no more, and returns the copy's error; the next message
+/// on the tag arrives intact.
+fn receiver_copy_failure_drains_the_parts(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let dc = staged(w, &rt, Some(PART));
+    let tag = 27;
+    if w.rank() == 0 {
+        let src = ramp();
+        let t = take(&src, &rt)?;
+        call!(dc.send_tensor(&t, 1, tag));
+        call!(dc.send_tensor(&t, 1, tag));
+    } else if w.rank() == 1 {
+        let mut dst = Owned::new(vec![-1.0f32; N]).labelled(CUDA0);
+        {
+            let mut d = take(&dst, &rt)?;
+            rt.fail_copies_to_device_after(Some(3));
+            match dc.recv_tensor(&mut d, 0, tag) {
+                Err(Error::Cuda { code: 700, .. }) => {}
+                other => return Err(format!("expected the injected Cuda error, got {other:?}")),
+            }
+            rt.fail_copies_to_device_after(None);
+        }
+        let m = PART / 4;
+        ensure!(is_ramp(&dst.as_slice()[..3 * m]), "parts 0..3 differ");
+        ensure!(
+            dst.as_slice()[3 * m..].iter().all(|x| *x == -1.0),
+            "a part after the failed copy landed"
+        );
+        {
+            let mut d = take(&dst, &rt)?;
+            call!(dc.recv_tensor(&mut d, 0, tag));
+        }
+        ensure!(
+            is_ramp(dst.as_slice()),
+            "the message after the failure differs"
+        );
+    }
+    Ok(())
+}
+
 /// A failure on the very first copy: only the header went out, then the abort (part 0).
 fn abort_before_any_part(w: &SimpleCommunicator) -> Outcome {
     let rt = SimulatedDevice::new();
@@ -423,6 +464,10 @@ type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 const CASES: &[Case] = &[
     ("abort_part_ends_the_receive", abort_part_ends_the_receive),
     ("abort_before_any_part", abort_before_any_part),
+    (
+        "receiver_copy_failure_drains_the_parts",
+        receiver_copy_failure_drains_the_parts,
+    ),
     ("part_sizes_may_differ", part_sizes_may_differ),
     (
         "one_part_long_message_is_not_a_part",

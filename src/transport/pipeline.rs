@@ -81,7 +81,9 @@
 //!
 //! **Sender errors.** A device copy that fails after the header went out sends the abort,
 //! then returns the copy's error to the sender; the receiver returns
-//! [`Error::SenderAborted`]. Neither waits for a part that will never come.
+//! [`Error::SenderAborted`]. Neither waits for a part that will never come. A receiver whose
+//! host → device copy fails keeps receiving the remaining parts (into its pinned buffers,
+//! copying no more), so the sender completes, and then returns the copy's error.
 
 use std::ffi::c_void;
 
@@ -443,6 +445,7 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         };
         let mut reqs: [Option<raw::Request>; 2] = [None, None];
         let mut result = post(0).map(|r| reqs[0] = Some(r));
+        let mut copy_failed = None;
         for k in 0..parts {
             if result.is_err() {
                 break;
@@ -456,22 +459,27 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
             if k + 1 < parts {
                 result = post(k + 1).map(|r| reqs[(k + 1) % 2] = Some(r));
             }
-            if let (Some((p, b)), Some(rt), true) = (&staged, self.runtime, result.is_ok()) {
+            let copying = copy_failed.is_none() && result.is_ok();
+            if let (Some((p, b)), Some(rt), true) = (&staged, self.runtime, copying) {
                 // SAFETY: part k of the contiguous device span; buffer i holds it and no
                 // request writes buffer i now (part k+1 went to the other one).
-                result = unsafe {
+                copy_failed = unsafe {
                     rt.copy_to_device(
                         p.device,
                         (p.extent.first + k * part * elem) as *mut c_void,
                         b[i].ptr(),
                         len(k) * elem,
                     )
-                };
+                }
+                .err();
             }
         }
         for r in &mut reqs {
             raw::wait(r);
         }
-        result.map(|()| header)
+        // A failed copy to the device ends the copies, not the receives: the remaining
+        // parts are received (into the pinned buffers) so that the sender is not left
+        // waiting on them, then the copy's error is returned.
+        result.and(copy_failed.map_or(Ok(header), Err))
     }
 }
