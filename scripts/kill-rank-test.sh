@@ -6,8 +6,10 @@
 #   - the job (the launcher and every rank) ends within BOUND seconds of the kill
 #     (DLPACK_MPI_KILL_BOUND_S, default 30; Open MPI takes under a second here),
 #   - with a non-zero status,
-#   - and its output names the lost rank ("rank N", as Open MPI's mpirun and MPICH's hydra
-#     print it; case-insensitive).
+#   - and its output names the lost rank: "rank N" (case-insensitive), as Open MPI's mpirun
+#     prints it ("process rank 1 with PID ... exited on signal 9"); MPICH's hydra (4.0) names
+#     only the PID ("BAD TERMINATION ... PID 1234 RUNNING AT host"), so under MPICH the
+#     message must name the PID of the lost rank, which this script maps to the rank.
 # A job still running after the bound is killed (the launcher, then each rank by PID) and the
 # case fails. Uses the launcher of scripts/mpi-env.sh: Open MPI, or MPICH with
 # DLPACK_MPI_IMPL=mpich (then the binary of target/mpich). Prints one line per rank count.
@@ -104,6 +106,11 @@ kill_one() {
     fi
     local named
     named=$(grep -iE "rank $victim([^0-9]|$)" "$log" | grep -viE '^(PASS|SKIP|FAIL) ' | head -n 1 || true)
+    if [[ -z $named && $DLPACK_MPI_IMPL == mpich ]]; then
+        # MPICH's hydra (4.0 here) names the process by PID only.
+        named=$(grep -E "PID $pid([^0-9]|$)" "$log" | head -n 1 || true)
+        [[ -z $named ]] || named="$named (PID $pid is rank $victim)"
+    fi
     if [[ -z $named ]]; then
         echo "kill-rank-test: $n ranks: no message names rank $victim; the output ends:" >&2
         tail -n 20 "$log" >&2
