@@ -309,8 +309,9 @@ fn compare(header: &Header, tensor: &dyn Tensor) -> Result<()> {
 /// of units the comparison uses the large-count datatype). The payload is not received.
 ///
 /// # Errors
-/// [`Error::UnsupportedDtype`], [`Error::Overflow`], [`Error::CountTooLarge`] for headers
-/// this build cannot receive; [`Error::CountMismatch`] when the sizes differ.
+/// [`Error::UnsupportedDtype`], [`Error::Overflow`] (also for a payload above `isize::MAX`
+/// bytes), [`Error::CountTooLarge`] for headers this build cannot receive;
+/// [`Error::CountMismatch`] when the sizes differ.
 fn check_payload<C: Communicator + ?Sized>(
     comm: &C,
     source: Rank,
@@ -319,6 +320,17 @@ fn check_payload<C: Communicator + ?Sized>(
 ) -> Result<()> {
     let element = dtype::lookup(header.dtype)?;
     let elems = header.len_elems()?;
+    // A payload above isize::MAX bytes fits no allocation and no MPI_Aint: refused before
+    // any MPI call (MPICH asserts in MPI_Get_count on a datatype that large).
+    let bytes = layout::byte_span(elems, element.size_bytes())?;
+    if isize::try_from(bytes).is_err() {
+        return Err(Error::Overflow {
+            quantity: "checked message payload bytes (above isize::MAX)",
+            lhs: i128::from(elems),
+            operator: "*",
+            rhs: element.size_bytes() as i128,
+        });
+    }
     let units = i128::from(elems) * element.units_per_element() as i128;
     let unit = element.row.unit;
     let status = comm.process_at_rank(source).probe_with_tag(tag);
@@ -373,7 +385,8 @@ fn drain<C: Communicator + ?Sized>(
 /// [`Error::InvalidRank`], [`Error::InvalidTag`]; [`Error::BadHeader`] (next message is not a
 /// header); [`Error::UnsupportedDtype`] (a dtype this build cannot receive, e.g. sub-byte);
 /// [`Error::CountMismatch`] when the payload is not the size the header gives (it is left
-/// unreceived); [`Error::Overflow`] for a shape whose byte size overflows.
+/// unreceived); [`Error::Overflow`] for a shape whose byte size overflows or exceeds
+/// `isize::MAX` (the payload is left unreceived).
 ///
 /// # Examples
 /// ```no_run
