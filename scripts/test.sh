@@ -4,15 +4,18 @@
 # cases, the multi-rank cases under mpirun at 1-4 ranks, the nonblocking/window/broadcast cases
 # (tests/immediate.rs) at 2 ranks, agreement before collectives (one refusing rank, every
 # rooted and vector collective) at 2-4 ranks, the checked protocol at 2 ranks, the
+# fault cases at 2 ranks (aborted/forged pipelined messages, lying checked headers), the
 # GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
 # without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
 # JAX, Paddle, the C exchange API) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), the
 # canary bounds harness at 2-3 ranks under every packing policy, threads under
-# MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run, every
+# MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri, a 60 s fuzz run (two targets), every
 # example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; JAX
-# and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), and a two-host run over TCP between
-# two network namespaces (scripts/netns-test.sh; SKIP where namespaces cannot be made), a
-# user's crate outside the package (scripts/downstream-test.sh) and `cargo package`.
+# and Paddle at 2 and 4, auto at 4; simulated CUDA memory at 2), a rank killed mid-check at 2
+# and 4 ranks (scripts/kill-rank-test.sh: the job ends within 30 s, non-zero, naming the
+# rank), a two-host run over TCP between two network namespaces (scripts/netns-test.sh;
+# SKIP where namespaces cannot be made), a user's crate outside the package
+# (scripts/downstream-test.sh) and `cargo package`.
 # Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
 #
 # Usage: scripts/test.sh [--mpi openmpi|mpich]
@@ -80,9 +83,9 @@ mpi4py_interop_at() {
         : -n "$1" "$bin"
 }
 
-# A short fuzz run (60 s) of fuzz/'s target from the committed corpus; new inputs go to a
-# scratch directory, so the run leaves the tree as it was. Installs cargo-fuzz and the
-# nightly toolchain if missing.
+# A short fuzz run (60 s in all: 30 s for each of fuzz/'s targets, import_layout_spec and
+# checked_header) from the committed corpora; new inputs go to a scratch directory, so the run
+# leaves the tree as it was. Installs cargo-fuzz and the nightly toolchain if missing.
 fuzz_smoke() {
     if ! cargo +nightly --version >/dev/null 2>&1; then
         rustup toolchain install nightly --profile minimal
@@ -90,15 +93,17 @@ fuzz_smoke() {
     if ! command -v cargo-fuzz >/dev/null 2>&1; then
         cargo install cargo-fuzz --locked
     fi
-    local scratch
-    scratch=$(mktemp -d)
-    # Debian's MPICH loads UCX, whose libucm patches mmap at load time and jumps into the
-    # sanitizer's interceptor (a SEGV before the first input); the fuzz target makes no MPI
-    # call, so UCX's memory hooks can be off.
-    UCX_MEM_MMAP_HOOK_MODE=none timeout 900 cargo +nightly fuzz run import_layout_spec "$scratch" fuzz/corpus/import_layout_spec \
-        -- -max_total_time=60 -timeout=10 -print_final_stats=1 2>&1 | tail -n 12
-    local rc=${PIPESTATUS[0]}
-    rm -rf "$scratch"
+    local scratch target rc=0
+    for target in import_layout_spec checked_header; do
+        scratch=$(mktemp -d)
+        # Debian's MPICH loads UCX, whose libucm patches mmap at load time and jumps into the
+        # sanitizer's interceptor (a SEGV before the first input); the fuzz targets make no
+        # MPI call, so UCX's memory hooks can be off.
+        UCX_MEM_MMAP_HOOK_MODE=none timeout 900 cargo +nightly fuzz run "$target" "$scratch" "fuzz/corpus/$target" \
+            -- -max_total_time=30 -timeout=10 -print_final_stats=1 2>&1 | tail -n 12
+        [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+        rm -rf "$scratch"
+    done
     return "$rc"
 }
 
@@ -158,6 +163,8 @@ for n in 2 3 4; do
     stage "agreement: every collective with one refusing rank at $n ranks" agreement_at "$n"
 done
 stage "checked protocol at 2 ranks" test_binary_at checked 2
+stage "faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded" \
+    test_binary_at faults 2
 for n in 2 3; do
     stage "GPU transport on a simulated device (C51, C53, C60-C65, staging) at $n ranks" \
         test_binary_at device_cases "$n"
@@ -188,7 +195,7 @@ stage "threads under MPI_THREAD_MULTIPLE at 2 ranks" test_binary_at threads 2
 stage "100 000 acquire/send/release cycles, flat RSS, at 2 ranks" leaks_at 2
 stage "valgrind: no leak or memory error (cases, hostile, canaries)" scripts/leaks.sh
 stage "miri over the pure layers' unit tests" scripts/miri.sh
-stage "fuzz import/layout/spec for 60 s" fuzz_smoke
+stage "fuzz import/layout/spec and the checked header, 30 s each" fuzz_smoke
 stage "examples at 1-4 ranks" scripts/examples.sh
 # The check matrix (about 13 000 cases per run) in release: minutes faster than debug. Built
 # with Python support, its default producer is NumPy; the Rust producer also covers the
@@ -216,6 +223,8 @@ stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, staged" \
     check_at 2 --device cuda --simulate-device --transport staged
 stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed" \
     check_direct_and_managed
+stage "a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, naming the rank" \
+    timeout 900 scripts/kill-rank-test.sh 2 4
 stage "two hosts (network namespaces, TCP): check matrix and multi-rank cases" netns_stage
 
 echo

@@ -378,11 +378,23 @@ fn compare(header: &Header, tensor: &dyn Tensor) -> Result<()> {
 /// comparison uses the large-count datatype). The payload is not received.
 ///
 /// # Errors
-/// [`Error::UnsupportedDtype`], [`Error::Overflow`], [`Error::CountTooLarge`] for headers
-/// this build cannot receive; [`Error::CountMismatch`] when the sizes differ.
+/// [`Error::UnsupportedDtype`], [`Error::Overflow`] (also for a payload above `isize::MAX`
+/// bytes), [`Error::CountTooLarge`] for headers this build cannot receive;
+/// [`Error::CountMismatch`] when the sizes differ.
 fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
     let element = dtype::lookup(header.dtype)?;
     let elems = header.len_elems()?;
+    // A payload above isize::MAX bytes fits no allocation and no MPI_Aint: refused before
+    // any MPI call (MPICH asserts in MPI_Get_count on a datatype that large).
+    let bytes = layout::byte_span(elems, element.size_bytes())?;
+    if isize::try_from(bytes).is_err() {
+        return Err(Error::Overflow {
+            quantity: "checked message payload bytes (above isize::MAX)",
+            lhs: i128::from(elems),
+            operator: "*",
+            rhs: element.size_bytes() as i128,
+        });
+    }
     let units = i128::from(elems) * element.units_per_element() as i128;
     let unit = element.row.unit;
     let status = payload.status();
@@ -420,7 +432,7 @@ fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
 /// header; held in [`Error::Unfit`] when not a header's length); [`Error::Unfit`] holding
 /// the payload around [`Error::UnsupportedDtype`] (a dtype this build cannot receive, e.g.
 /// sub-byte), [`Error::CountMismatch`] (the payload is not the size the header gives) or
-/// [`Error::Overflow`] (a shape whose byte size overflows).
+/// [`Error::Overflow`] (a shape whose byte size overflows or exceeds `isize::MAX`).
 ///
 /// # Examples
 /// ```no_run

@@ -558,4 +558,33 @@ pub enum Error {
     /// The producer failed to export (its own message).
     #[error("exporter failed: {0}")]
     Export(String),
+
+    /// The sender of a pipelined device message ([`crate::transport::pipeline`]) stopped
+    /// partway and said so with an abort part (its device → host copy of part `part`
+    /// failed); the parts before it were received, the receive tensor is incomplete.
+    #[error("rank {rank} aborted its pipelined message at part {part} of {parts}: {cause}")]
+    SenderAborted {
+        /// The sender's rank in the receiving communicator.
+        rank: i32,
+        /// The part (0-based) that was not sent.
+        part: u64,
+        /// The parts the message would have had.
+        parts: u64,
+        /// Why, as the abort part's code says.
+        cause: &'static str,
+    },
+
+    /// The part header of a pipelined device message ([`crate::transport::pipeline`]) is
+    /// not one this receiver can follow; nothing after it was received.
+    #[error("bad pipelined-message header from rank {rank}: {field} = {value}: {reason}")]
+    BadPartHeader {
+        /// The sender's rank in the receiving communicator.
+        rank: i32,
+        /// The header field at fault: `"version"`, `"element bytes"` or `"part elements"`.
+        field: &'static str,
+        /// Its value as received.
+        value: u64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
 }

@@ -117,6 +117,10 @@ struct SimState {
     device_live: usize,
     devices: usize,
     selected: Option<i32>,
+    /// Device → host copies left to succeed before each one fails (`None`: never fail).
+    copies_to_host_before_failure: Option<usize>,
+    /// Host → device copies left to succeed before each one fails (`None`: never fail).
+    copies_to_device_before_failure: Option<usize>,
 }
 
 /// A [`DeviceRuntime`] over host memory, for tests and for `dlpack-mpi check
@@ -238,6 +242,52 @@ impl SimulatedDevice {
                 _ => 0,
             })
             .sum()
+    }
+
+    /// Fault injection: the next `n` device → host copies succeed, and every one after them
+    /// fails with [`Error::Cuda`] (`CUDA_ERROR_ILLEGAL_ADDRESS`, code 700) without copying
+    /// (the failed copies are recorded). `None` turns it off.
+    pub fn fail_copies_to_host_after(&self, n: Option<usize>) {
+        self.state().copies_to_host_before_failure = n;
+    }
+
+    /// Fault injection as [`Self::fail_copies_to_host_after`], for host → device copies.
+    pub fn fail_copies_to_device_after(&self, n: Option<usize>) {
+        self.state().copies_to_device_before_failure = n;
+    }
+
+    /// Counts down the injected-failure counter of the copy direction; `Err` when this copy
+    /// is to fail (recorded like a copy that ran).
+    fn injected(&self, device: Device, bytes: usize, to_host: bool) -> Result<()> {
+        let fail = {
+            let mut s = self.state();
+            let left = if to_host {
+                &mut s.copies_to_host_before_failure
+            } else {
+                &mut s.copies_to_device_before_failure
+            };
+            match left.as_mut() {
+                Some(0) => true,
+                Some(n) => {
+                    *n -= 1;
+                    false
+                }
+                None => false,
+            }
+        };
+        if !fail {
+            return Ok(());
+        }
+        self.copy(device, bytes, to_host, || {});
+        Err(Error::Cuda {
+            call: if to_host {
+                "simulated copy_to_host (injected failure)"
+            } else {
+                "simulated copy_to_device (injected failure)"
+            },
+            code: 700,
+            name: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        })
     }
 
     /// Work items still queued on `stream`.
@@ -378,6 +428,7 @@ impl DeviceRuntime for SimulatedDevice {
         src: *const c_void,
         bytes: usize,
     ) -> Result<()> {
+        self.injected(device, bytes, true)?;
         self.copy(device, bytes, true, || {
             // SAFETY: caller's contract; the simulated "device" memory is host memory.
             unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, bytes) }
@@ -392,6 +443,7 @@ impl DeviceRuntime for SimulatedDevice {
         src: *const u8,
         bytes: usize,
     ) -> Result<()> {
+        self.injected(device, bytes, false)?;
         self.copy(device, bytes, false, || {
             // SAFETY: caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), bytes) }

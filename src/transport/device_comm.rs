@@ -6,7 +6,9 @@ use mpi::point_to_point::Status;
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
-use super::pipeline::{Pipe, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
+use super::pipeline::{
+    Pipe, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES, MIN_PIPELINE_CHUNK_BYTES,
+};
 use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Access, Extent, Placement, Stage};
@@ -130,10 +132,14 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     }
 
     /// Sets the part size of pipelined staged point-to-point messages (bytes; `None` or
-    /// `Some(0)`: no pipelining, one message each). Values above
-    /// [`MAX_PIPELINE_CHUNK_BYTES`] are lowered to it. Both ends must agree.
+    /// `Some(0)`: no pipelining, one message each). Other values are brought into
+    /// [`MIN_PIPELINE_CHUNK_BYTES`]`..=`[`MAX_PIPELINE_CHUNK_BYTES`]. The ends need not
+    /// agree: a parted message's header gives the receiver the sender's part size.
     pub fn with_pipeline_chunk(mut self, bytes: Option<usize>) -> Self {
-        self.chunk_bytes = bytes.unwrap_or(0).min(MAX_PIPELINE_CHUNK_BYTES);
+        self.chunk_bytes = match bytes.unwrap_or(0) {
+            0 => 0,
+            b => b.clamp(MIN_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES),
+        };
         self
     }
 
@@ -271,20 +277,24 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         self.read(tensor, placement, |t| self.comm.send_tensor(t, dest, tag))
     }
 
-    /// [`TensorComm::recv_tensor`]. For a contiguous tensor larger than one part the
-    /// incoming message is probed: one message of the tensor's size, or part 0 of a parted
-    /// send ([`pipeline`](super::pipeline)), whose returned status is part 0's.
+    /// [`TensorComm::recv_tensor`]. For a contiguous tensor larger than
+    /// [`MIN_PIPELINE_CHUNK_BYTES`] the incoming message is probed: one message of the
+    /// tensor's size, or the part header of a parted send ([`pipeline`](super::pipeline)),
+    /// whose returned status is the header's.
     ///
     /// # Errors
-    /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm).
+    /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm); for a parted message,
+    /// [`Error::SenderAborted`] (the sender stopped partway), [`Error::BadPartHeader`] and
+    /// [`Error::CountMismatch`] as the [`pipeline`](super::pipeline) docs say.
     pub fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
         check_rank(source, self.comm.target_size())?;
         check_tag(tag)?;
         let placement = self.place(&*tensor, None, Access::Write)?;
         if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {
+            let total = x.span_bytes / x.element.size_bytes();
             if let Some(first) = self
                 .pipe()
-                .probe_parted(source, tag, x.span_bytes, x.element)
+                .recv_part_header(source, tag, total, x.element)?
             {
                 return self.recv_parted(placement, &*tensor, x, tag, first);
             }
@@ -295,7 +305,8 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     }
 
     /// The extent of a receive tensor a parted message could be meant for: contiguous and
-    /// larger than one part.
+    /// larger than the smallest part ([`MIN_PIPELINE_CHUNK_BYTES`]), whatever this side's
+    /// part size (the sender's header gives its own).
     fn parted_candidate(
         &self,
         tensor: &dyn Tensor,
@@ -306,10 +317,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
             // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen here,
             // because a parted message is received without TensorComm; a small tensor (the
             // per-message common case) skips this and gets them from TensorComm.
-            None if self.chunk_bytes > 0
-                && tensor.dtype().size_bytes().is_some_and(|b| {
-                    b as i128 * i128::from(tensor.num_elements()) > self.chunk_bytes as i128
-                }) =>
+            None if tensor.dtype().size_bytes().is_some_and(|b| {
+                b as i128 * i128::from(tensor.num_elements()) > MIN_PIPELINE_CHUNK_BYTES as i128
+            }) =>
             {
                 if tensor.is_read_only() {
                     return Err(tensor.read_only_error());
@@ -322,7 +332,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
             }
             None => return Ok(None),
         };
-        Ok((x.contiguous && self.chunk_bytes > 0 && x.span_bytes > self.chunk_bytes).then_some(x))
+        Ok((x.contiguous && x.span_bytes > MIN_PIPELINE_CHUNK_BYTES).then_some(x))
     }
 
     fn recv_parted(
@@ -331,11 +341,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         tensor: &dyn Tensor,
         x: Extent,
         tag: Tag,
-        first: Status,
+        first: (Status, usize),
     ) -> Result<Status> {
         let pipe = self.pipe();
         let staged = match placement.as_ref().filter(|p| p.route == Route::Staged) {
-            Some(p) => Some((p, pipe.part_buffers(x.element)?)),
+            Some(p) => Some((p, pipe.part_buffers(x.element, first.1)?)),
             None => None,
         };
         self.note(placement.as_ref().map_or(Route::Host, |p| p.route));

@@ -33,7 +33,9 @@ pub use device::{
     NodeLocal, DEVICE_ENV,
 };
 pub use device_comm::DeviceComm;
-pub use pipeline::{DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES};
+pub use pipeline::{
+    DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES, MIN_PIPELINE_CHUNK_BYTES,
+};
 pub use pool::{MAX_POOLED_BYTES, MAX_POOLED_DEVICE_BYTES};
 pub use route::{Route, Transport};
 
