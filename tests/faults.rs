@@ -306,15 +306,23 @@ fn one_part_long_message_is_not_a_part(w: &SimpleCommunicator) -> Outcome {
         let mut dst = Owned::new(vec![0.0f32; N]).labelled(CUDA0);
         {
             let mut d = take(&dst, &rt)?;
-            match dc.recv_tensor(&mut d, 0, tag) {
-                Err(Error::CountMismatch {
+            let held = match dc.recv_tensor(&mut d, 0, tag) {
+                Err(e) => e,
+                Ok(status) => return Err(format!("expected CountMismatch, got Ok({status:?})")),
+            };
+            match held.mismatch() {
+                Error::CountMismatch {
                     expected, actual, ..
-                }) if expected == N as i64 && actual == (PART / 4) as i64 => {}
+                } if *expected == N as i64 && *actual == (PART / 4) as i64 => {}
                 other => return Err(format!("expected CountMismatch, got {other:?}")),
             }
-            // Not dropped (as for any receive that does not fit): a fitting one gets it.
+            // Not dropped (as for any receive that does not fit): the error holds it, and a
+            // fitting tensor receives it through the error.
+            let message = held
+                .unreceived()
+                .ok_or_else(|| format!("the message is not held: {held:?}"))?;
             let mut one = Owned::new(vec![0.0f32; PART / 4]);
-            call!(dc.recv_tensor(&mut host(&one)?, 0, tag));
+            call!(message.recv_into(&mut host(&one)?));
             ensure!(
                 one.as_slice().iter().all(|x| *x == 7.0),
                 "the short message differs"
@@ -415,30 +423,36 @@ fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
         }
     } else if w.rank() == 1 {
         let mut got = Vec::new();
-        for (_, payload) in &cases {
+        for (header, payload) in &cases {
             let (r, largest) = largest_allocation(|| checked::recv_new(w, 0, tag));
             ensure!(
                 largest <= 64 << 10,
                 "a lying header allocated {largest} bytes"
             );
-            got.push(match r {
-                Err(Error::CountMismatch {
-                    expected, actual, ..
-                }) => {
-                    format!("count {expected} vs {actual}")
-                }
-                Err(Error::BadHeader { field, value, .. }) => format!("{field}={value}"),
-                Err(Error::Overflow { quantity, .. }) => format!("overflow {quantity}"),
-                other => format!("{other:?}"),
-            });
-            // What the error left unreceived: the payload, or a too-short header.
-            let expect_left = payload.as_ref().map_or(0, Vec::len);
-            if expect_left > 0 || got.last().is_some_and(|g| g.starts_with("length=")) {
-                let (bytes, _) = w.process_at_rank(0).receive_vec_with_tag::<u8>(tag);
-                if expect_left > 0 {
-                    ensure_eq!(bytes.len(), expect_left);
-                }
-            }
+            let (text, held) = match &r {
+                Err(e) => (
+                    match e.mismatch() {
+                        Error::CountMismatch {
+                            expected, actual, ..
+                        } => format!("count {expected} vs {actual}"),
+                        Error::BadHeader { field, value, .. } => format!("{field}={value}"),
+                        Error::Overflow { quantity, .. } => format!("overflow {quantity}"),
+                        other => format!("{other:?}"),
+                    },
+                    e.unreceived().map(|m| m.len_bytes()),
+                ),
+                Ok(received) => (format!("Ok({received:?})"), None),
+            };
+            // What the error holds (Error::Unfit): the payload, or a too-short header; it
+            // is received into exactly its own length when the error is dropped.
+            let expect_held = match payload {
+                Some(p) => Some(p.len() as u64),
+                None if text.starts_with("length=") => Some(8 * header.len() as u64),
+                None => None,
+            };
+            ensure_eq!(held, expect_held);
+            got.push(text);
+            drop(r);
         }
         ensure_eq!(got.len(), 7);
         let want_prefix = [
