@@ -11,20 +11,16 @@
 //! is slow for short blocks; long blocks are copied at memory speed by either path, and the
 //! derived path saves the pack buffer and one pass over memory.
 //!
-//! **The threshold** ([`pack_threshold_bytes`]; settable by [`set_pack_threshold_bytes`] or
-//! `DLPACK_MPI_PACK_THRESHOLD_BYTES`) has a default per MPI library, read at run time from
-//! `MPI_Get_library_version` (MPI-4.1 §9.1.1): [`MPICH_PACK_THRESHOLD_BYTES`] (32 KiB) when the
-//! version string names MPICH, else [`DEFAULT_PACK_THRESHOLD_BYTES`] (4 KiB). Measured with
-//! `dlpack-mpi bench --op strided` (2 ranks, one host, shared memory; `[N / block, block]` f32
-//! views with a gap of one block, blocks of 1 … 4096 elements, 32 MiB packed; tables and
-//! commands in `docs/PERFORMANCE.md`, "Pack kernels and `Packing::Auto`"): under MPICH 4.0.2
-//! the derived datatype was slower than packing at **every** block, 16 KiB (4096 f32)
-//! included (1.6× at 16 KiB, 4–11× at 1–32 elements), so MPICH packs every block up to
-//! 32 KiB, just above the largest measured one; under Open MPI 4.1 packing won clearly up to
-//! 1 KiB blocks and the two paths were within the noise of a loaded host from 1 to 16 KiB,
-//! so the 4 KiB switch (one page) stays. Derived datatypes copy block by block inside MPI,
-//! which is slow for short blocks; long blocks are copied at memory speed by either path,
-//! and the derived path saves the pack buffer and one pass over memory.
+//! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 4 KiB; settable by
+//! [`set_pack_threshold_bytes`] or `DLPACK_MPI_PACK_THRESHOLD_BYTES`). Measured with
+//! `benches/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
+//! block]` f32 view with a gap of one block, 32 MiB packed, median of 7 and 9 sends, derived
+//! against packed): packing took 0.42–0.43× the derived time at blocks of 1 element and
+//! 0.43–0.71× at 2; from 4 up to 4096 elements the two runs disagreed (ratios 0.3–2.7 on a
+//! loaded 2-core host), so the switch is set where the per-block argument puts it —
+//! derived types copy block by block inside MPI, and a block of 4 KiB (one page) is copied
+//! at memory speed by either path, where the derived path saves a pass over memory. A
+//! benchmark on a quiet host (`bench --op strided`) should refine it.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -74,35 +70,9 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 /// [`set_pack_threshold_bytes`] was not called (a byte count).
 pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
 
-/// The default threshold of [`Packing::Auto`] under every MPI library but MPICH: inner
-/// blocks shorter than 4 KiB are packed (measured under Open MPI 4.1; see the module docs).
+/// The default threshold of [`Packing::Auto`]: inner blocks shorter than 4 KiB are packed
+/// (measured; see the module docs).
 pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 4096;
-
-/// The default threshold of [`Packing::Auto`] under MPICH (and libraries whose version
-/// string names it): inner blocks shorter than 32 KiB are packed (measured under MPICH 4.0.2,
-/// where packing beat the derived datatype at every block up to 16 KiB; see the module
-/// docs).
-pub const MPICH_PACK_THRESHOLD_BYTES: usize = 32 << 10;
-
-/// The default threshold for the MPI library whose `MPI_Get_library_version` string is
-/// `library`: [`MPICH_PACK_THRESHOLD_BYTES`] when it contains `MPICH` (any case), else
-/// [`DEFAULT_PACK_THRESHOLD_BYTES`].
-pub fn default_pack_threshold_for(library: &str) -> usize {
-    if library.to_ascii_uppercase().contains("MPICH") {
-        MPICH_PACK_THRESHOLD_BYTES
-    } else {
-        DEFAULT_PACK_THRESHOLD_BYTES
-    }
-}
-
-/// The default threshold for the MPI library in use ([`default_pack_threshold_for`] of
-/// `MPI_Get_library_version`, which MPI allows before `MPI_Init`);
-/// [`DEFAULT_PACK_THRESHOLD_BYTES`] when the version cannot be read.
-fn default_pack_threshold_bytes() -> usize {
-    mpi::environment::library_version()
-        .map(|v| default_pack_threshold_for(&v))
-        .unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES)
-}
 
 /// `usize::MAX`: not set yet.
 static THRESHOLD_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -170,8 +140,7 @@ pub fn parse_pack_threshold(value: Option<&str>) -> Result<Option<usize>> {
 
 /// The threshold of [`Packing::Auto`], in bytes of contiguous inner block: blocks shorter
 /// than this are packed. [`set_pack_threshold_bytes`], else
-/// `DLPACK_MPI_PACK_THRESHOLD_BYTES`, else the MPI library's default
-/// ([`MPICH_PACK_THRESHOLD_BYTES`] under MPICH, [`DEFAULT_PACK_THRESHOLD_BYTES`] otherwise).
+/// `DLPACK_MPI_PACK_THRESHOLD_BYTES`, else [`DEFAULT_PACK_THRESHOLD_BYTES`].
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_THRESHOLD_BYTES` is not a byte count.
@@ -180,10 +149,7 @@ pub fn pack_threshold_bytes() -> Result<usize> {
         usize::MAX => {
             let value =
                 std::env::var_os(PACK_THRESHOLD_ENV).map(|v| v.to_string_lossy().into_owned());
-            let t = match parse_pack_threshold(value.as_deref())? {
-                Some(t) => t,
-                None => default_pack_threshold_bytes(),
-            };
+            let t = parse_pack_threshold(value.as_deref())?.unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES);
             set_pack_threshold_bytes(t);
             Ok(t)
         }
@@ -280,15 +246,6 @@ mod tests {
             }
             other => panic!("expected InvalidSetting, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn default_threshold_per_library() {
-        let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
-        assert_eq!(default_pack_threshold_for(mpich), 32768);
-        let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
-        assert_eq!(default_pack_threshold_for(ompi), 4096);
-        assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
     }
 
     #[test]
