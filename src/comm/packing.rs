@@ -11,16 +11,19 @@
 //! is slow for short blocks; long blocks are copied at memory speed by either path, and the
 //! derived path saves the pack buffer and one pass over memory.
 //!
-//! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 4 KiB; settable by
+//! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 32 KiB; settable by
 //! [`set_pack_threshold_bytes`] or `DLPACK_MPI_PACK_THRESHOLD_BYTES`). Measured with
-//! `benches/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
-//! block]` f32 view with a gap of one block, 32 MiB packed, median of 7 and 9 sends, derived
-//! against packed): packing took 0.42–0.43× the derived time at blocks of 1 element and
-//! 0.43–0.71× at 2; from 4 up to 4096 elements the two runs disagreed (ratios 0.3–2.7 on a
-//! loaded 2-core host), so the switch is set where the per-block argument puts it —
-//! derived types copy block by block inside MPI, and a block of 4 KiB (one page) is copied
-//! at memory speed by either path, where the derived path saves a pass over memory. A
-//! benchmark on a quiet host (`bench --op strided`) should refine it.
+//! `dlpack-mpi bench --op strided` (2 ranks, one host, shared memory; `[N / block, block]` f32
+//! views with a gap of one block, blocks of 1 … 4096 elements, 32 MiB packed; tables and
+//! commands in `docs/PERFORMANCE.md`, "Four paths per case"): the derived datatype was
+//! slower than packing at **every** block, 16 KiB (4096 f32) included, under both MPI
+//! libraries here — Open MPI 4.1.4 (3.5–4.9× at 4–16 KiB blocks, 2–7× below) and MPICH 4.0.2
+//! (1.6× at 16 KiB, 4–11× at 1–32 elements). So every measured block is packed, and the
+//! switch sits just above the largest one. Derived datatypes copy block by block inside MPI
+//! and, for a non-contiguous send, pipeline the copies through shared-memory fragments on
+//! both ranks (no single-copy path), which a busy host slows most; packing pays one copy
+//! at memory speed and then gets the contiguous single-copy send. Longer blocks, not
+//! measured, go as derived datatypes: they save the pack buffer and one pass over memory.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -70,9 +73,9 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 /// [`set_pack_threshold_bytes`] was not called (a byte count).
 pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
 
-/// The default threshold of [`Packing::Auto`]: inner blocks shorter than 4 KiB are packed
-/// (measured; see the module docs).
-pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 4096;
+/// The default threshold of [`Packing::Auto`]: inner blocks shorter than 32 KiB are packed
+/// (measured under Open MPI 4.1 and MPICH 4.0; see the module docs).
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 32 << 10;
 
 /// `usize::MAX`: not set yet.
 static THRESHOLD_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -258,9 +261,10 @@ mod tests {
         ));
     }
 
-    /// Auto's decision on representative layouts, with the default threshold (4 KiB).
+    /// Auto's decision on representative layouts, with the default threshold (32 KiB).
     #[test]
     fn auto_decides_by_inner_block() {
+        assert_eq!(DEFAULT_PACK_THRESHOLD_BYTES, 32768);
         let t = DEFAULT_PACK_THRESHOLD_BYTES;
         let block = |shape: &[i64], strides: &[i64], elem| {
             inner_block_bytes(shape, Some(strides), elem).unwrap()
@@ -272,11 +276,14 @@ mod tests {
         assert!(Packing::Auto.packs(block(&[4096, 4096], &[1, 4096], 4), t));
         // Fortran order of 64 × 64 f64 → pack
         assert!(Packing::Auto.packs(block(&[64, 64], &[1, 64], 8), t));
-        // rows of 1024 f32 with a gap of one row: 4 KiB blocks → derived
+        // rows of 1024 f32 with a gap of one row: 4 KiB blocks → pack
         assert_eq!(block(&[16, 1024], &[2048, 1], 4), 4096);
-        assert!(!Packing::Auto.packs(block(&[16, 1024], &[2048, 1], 4), t));
-        // rows of 1023 f32: just below → pack
-        assert!(Packing::Auto.packs(block(&[16, 1023], &[2046, 1], 4), t));
+        assert!(Packing::Auto.packs(block(&[16, 1024], &[2048, 1], 4), t));
+        // rows of 8192 f32 with a gap of one row: 32 KiB blocks → derived
+        assert_eq!(block(&[16, 8192], &[16384, 1], 4), 32768);
+        assert!(!Packing::Auto.packs(block(&[16, 8192], &[16384, 1], 4), t));
+        // rows of 8191 f32: just below → pack
+        assert!(Packing::Auto.packs(block(&[16, 8191], &[16382, 1], 4), t));
         // merged axes: [4, 8, 512] with the two inner axes contiguous = 4096-element runs
         assert_eq!(block(&[4, 8, 512], &[8192, 512, 1], 4), 16384);
         // the other policies ignore the block
