@@ -15,7 +15,7 @@
 //! `DLPACK_MPI_PACK_THRESHOLD_BYTES`) has a default per MPI library, read at run time from
 //! `MPI_Get_library_version` (MPI-4.1 §9.1.1) by [`default_pack_threshold_for`]:
 //! [`MPICH_PACK_THRESHOLD_BYTES`] (32 KiB) when the version string names MPICH, else
-//! [`DEFAULT_PACK_THRESHOLD_BYTES`] (512 bytes). Measured with `dlpack-mpi bench --op
+//! [`DEFAULT_PACK_THRESHOLD_BYTES`] (256 bytes). Measured with `dlpack-mpi bench --op
 //! strided` (2 ranks, one host, shared memory; `[N / block, block]` f32 views with a gap of
 //! one block, blocks of 1 … 4096 elements, 32 MiB packed; tables and commands in
 //! `docs/PERFORMANCE.md`, "Four paths per case"):
@@ -23,11 +23,12 @@
 //! - **MPICH 4.0.2**: the derived datatype was slower than packing at **every** block, 16 KiB
 //!   (4096 f32) included (1.6× at 16 KiB, 4–11× at 1–32 elements), so every measured block
 //!   is packed and the switch sits just above the largest one.
-//! - **Open MPI 4.1.4**: packing won up to 64 f32 (256 bytes) in both runs; from 128 f32
-//!   (512 bytes) up to 16 KiB the derived datatype was 1.4–1.8× faster in the less loaded
-//!   run (load average about 9) and slower in the heavily loaded one (load 18–20, where the
-//!   derived path's two-process pipeline starved). The less loaded run sets the switch:
-//!   blocks of 512 bytes and more go as derived datatypes.
+//! - **Open MPI 4.1.4** (three runs): packing won at 1–16 f32 (up to 64 bytes) in every run;
+//!   from 128 f32 (512 bytes) to 16 KiB the derived datatype won in the two less loaded runs
+//!   (1.4–2.8×; in the quietest, load average 4–7, it even beat the contiguous send at
+//!   4–16 KiB blocks, the two ranks copying in parallel) and lost only in the heavily loaded
+//!   one (load 18–20, where its two-process pipeline starved); 32 and 64 f32 went either
+//!   way. The switch is set at 256 bytes: blocks of 64 f32 and more go as derived datatypes.
 //!
 //! Derived datatypes copy block by block inside MPI, which is slow for short blocks; long
 //! blocks are copied at memory speed by either path, and the derived path saves the pack
@@ -82,9 +83,9 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
 
 /// The default threshold of [`Packing::Auto`] under every MPI library but MPICH (Open MPI
-/// among them): inner blocks shorter than 512 bytes are packed (measured under Open MPI 4.1;
+/// among them): inner blocks shorter than 256 bytes are packed (measured under Open MPI 4.1;
 /// see the module docs).
-pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 512;
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 256;
 
 /// The default threshold of [`Packing::Auto`] under MPICH (and libraries whose version
 /// string names it): inner blocks shorter than 32 KiB are packed (measured under MPICH 4.0.2,
@@ -305,11 +306,11 @@ mod tests {
         let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
         assert_eq!(default_pack_threshold_for(mpich), 32768);
         let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
-        assert_eq!(default_pack_threshold_for(ompi), 512);
+        assert_eq!(default_pack_threshold_for(ompi), 256);
         assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
     }
 
-    /// Auto's decision on representative layouts, with the default threshold (512 bytes).
+    /// Auto's decision on representative layouts, with the default threshold (256 bytes).
     #[test]
     fn auto_decides_by_inner_block() {
         let t = DEFAULT_PACK_THRESHOLD_BYTES;
@@ -323,11 +324,11 @@ mod tests {
         assert!(Packing::Auto.packs(block(&[4096, 4096], &[1, 4096], 4), t));
         // Fortran order of 64 × 64 f64 → pack
         assert!(Packing::Auto.packs(block(&[64, 64], &[1, 64], 8), t));
-        // rows of 128 f32 with a gap of one row: 512-byte blocks → derived
-        assert_eq!(block(&[16, 128], &[256, 1], 4), 512);
-        assert!(!Packing::Auto.packs(block(&[16, 128], &[256, 1], 4), t));
-        // rows of 127 f32: just below → pack
-        assert!(Packing::Auto.packs(block(&[16, 127], &[254, 1], 4), t));
+        // rows of 64 f32 with a gap of one row: 256-byte blocks → derived
+        assert_eq!(block(&[16, 64], &[128, 1], 4), 256);
+        assert!(!Packing::Auto.packs(block(&[16, 64], &[128, 1], 4), t));
+        // rows of 63 f32: just below → pack
+        assert!(Packing::Auto.packs(block(&[16, 63], &[126, 1], 4), t));
         // under MPICH's default, 16 KiB blocks are packed too
         assert!(Packing::Auto.packs(
             block(&[16, 4096], &[8192, 1], 4),
