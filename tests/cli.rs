@@ -271,6 +271,14 @@ fn check_refusals_are_one_line_and_exit_2() {
             "--device cuda benchmarks ping-pong",
         ),
         (&["bench", "--sizes", "3"], "size `3` is outside"),
+        (
+            &["bench", "--op", "latency", "--json", "x.json"],
+            "--json writes the strided rows",
+        ),
+        (
+            &["bench", "--op", "strided", "--strided-storage", "48K"],
+            "is not a power of two from 32 KiB to 64 MiB",
+        ),
     ] {
         let out = mpirun(2, args, &[]);
         let stderr = text(&out.stderr);
@@ -535,6 +543,71 @@ fn bench_layout_and_collectives_verify() {
         stdout.contains("every element checked): passed"),
         "{stdout}"
     );
+}
+
+/// `--op strided` on a small storage: one JSON object per (case, path) with the issue's
+/// fields, every case and path present, and every checked delivery intact (no timing).
+#[test]
+fn bench_strided_json_and_checked_deliveries() {
+    let json = scratch("strided.json");
+    let out = mpirun(
+        2,
+        &[
+            "bench",
+            "--op",
+            "strided",
+            "--strided-storage",
+            "32K",
+            "--iters",
+            "1",
+            "--rounds",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    // 17 cases × 4 paths × (the first message, the warm-up's last, 2 rounds' last).
+    assert!(
+        stdout.contains("verification (every element of 272 deliveries checked on rank 1): passed"),
+        "{stdout}"
+    );
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().expect("a JSON array");
+    let mut cases = vec!["step 2".to_string()];
+    cases.extend((0..=12).map(|k| format!("block {}", 1 << k)));
+    cases.extend(["transpose", "permute 3-D", "reversed"].map(String::from));
+    assert_eq!(rows.len(), cases.len() * 4);
+    for (row, (case, path)) in rows.iter().zip(
+        cases
+            .iter()
+            .flat_map(|c| ["contiguous", "derived", "pack", "auto"].map(|p| (c, p))),
+    ) {
+        let o = row.as_object().expect("an object");
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["best_us", "block_elems", "case", "median_us", "path"]
+        );
+        assert_eq!(
+            (o["case"].as_str(), o["path"].as_str()),
+            (Some(case.as_str()), Some(path))
+        );
+        let block = o["block_elems"].as_u64().unwrap();
+        match case.strip_prefix("block ") {
+            Some(b) => assert_eq!(block, b.parse::<u64>().unwrap(), "{row}"),
+            None => assert_eq!(block, 1, "{row}"),
+        }
+        let (median, best) = (
+            o["median_us"].as_f64().unwrap(),
+            o["best_us"].as_f64().unwrap(),
+        );
+        assert!(median > 0.0 && best > 0.0 && best <= median, "{row}");
+    }
 }
 
 #[test]

@@ -66,9 +66,9 @@ pub(crate) use checks::{check_rank, check_tag};
 pub use immediate::TensorRequest;
 pub(crate) use p2p::{recv_matched, unfit};
 pub use packing::{
-    inner_block_bytes, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
-    set_pack_threshold_bytes, set_packing, Packing, DEFAULT_PACK_THRESHOLD_BYTES, PACKING_ENV,
-    PACK_THRESHOLD_ENV,
+    default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
+    parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
+    DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
 };
 
 use crate::dlpack::Tensor;

@@ -11,16 +11,28 @@
 //! is slow for short blocks; long blocks are copied at memory speed by either path, and the
 //! derived path saves the pack buffer and one pass over memory.
 //!
-//! **The threshold** ([`DEFAULT_PACK_THRESHOLD_BYTES`], 4 KiB; settable by
-//! [`set_pack_threshold_bytes`] or `DLPACK_MPI_PACK_THRESHOLD_BYTES`). Measured with
-//! `benches/pack_threshold.rs` (2 ranks, Open MPI 4.1, shared memory; a `[N / block,
-//! block]` f32 view with a gap of one block, 32 MiB packed, median of 7 and 9 sends, derived
-//! against packed): packing took 0.42–0.43× the derived time at blocks of 1 element and
-//! 0.43–0.71× at 2; from 4 up to 4096 elements the two runs disagreed (ratios 0.3–2.7 on a
-//! loaded 2-core host), so the switch is set where the per-block argument puts it —
-//! derived types copy block by block inside MPI, and a block of 4 KiB (one page) is copied
-//! at memory speed by either path, where the derived path saves a pass over memory. A
-//! benchmark on a quiet host (`bench --op strided`) should refine it.
+//! **The threshold** ([`pack_threshold_bytes`]; settable by [`set_pack_threshold_bytes`] or
+//! `DLPACK_MPI_PACK_THRESHOLD_BYTES`) has a default per MPI library, read at run time from
+//! `MPI_Get_library_version` (MPI-4.1 §9.1.1) by [`default_pack_threshold_for`]:
+//! [`MPICH_PACK_THRESHOLD_BYTES`] (32 KiB) when the version string names MPICH, else
+//! [`DEFAULT_PACK_THRESHOLD_BYTES`] (256 bytes). Measured with `dlpack-mpi bench --op
+//! strided` (2 ranks, one host, shared memory; `[N / block, block]` f32 views with a gap of
+//! one block, blocks of 1 … 4096 elements, 32 MiB packed; tables and commands in
+//! `docs/PERFORMANCE.md`, "Four paths per case"):
+//!
+//! - **MPICH 4.0.2**: the derived datatype was slower than packing at **every** block, 16 KiB
+//!   (4096 f32) included (1.6× at 16 KiB, 4–11× at 1–32 elements), so every measured block
+//!   is packed and the switch sits just above the largest one.
+//! - **Open MPI 4.1.4** (three runs): packing won at 1–16 f32 (up to 64 bytes) in every run;
+//!   from 128 f32 (512 bytes) to 16 KiB the derived datatype won in the two less loaded runs
+//!   (1.4–2.8×; in the quietest, load average 4–7, it even beat the contiguous send at
+//!   4–16 KiB blocks, the two ranks copying in parallel) and lost only in the heavily loaded
+//!   one (load 18–20, where its two-process pipeline starved); 32 and 64 f32 went either
+//!   way. The switch is set at 256 bytes: blocks of 64 f32 and more go as derived datatypes.
+//!
+//! Derived datatypes copy block by block inside MPI, which is slow for short blocks; long
+//! blocks are copied at memory speed by either path, and the derived path saves the pack
+//! buffer and one pass over memory.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -71,9 +83,36 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 /// [`set_pack_threshold_bytes`] was not called (a byte count).
 pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
 
-/// The default threshold of [`Packing::Auto`]: inner blocks shorter than 4 KiB are packed
-/// (measured; see the module docs).
-pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 4096;
+/// The default threshold of [`Packing::Auto`] under every MPI library but MPICH (Open MPI
+/// among them): inner blocks shorter than 256 bytes are packed (measured under Open MPI 4.1;
+/// see the module docs).
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 256;
+
+/// The default threshold of [`Packing::Auto`] under MPICH (and libraries whose version
+/// string names it): inner blocks shorter than 32 KiB are packed (measured under MPICH 4.0.2,
+/// where packing beat the derived datatype at every block up to 16 KiB; see the module
+/// docs).
+pub const MPICH_PACK_THRESHOLD_BYTES: usize = 32 << 10;
+
+/// The default threshold for the MPI library whose `MPI_Get_library_version` string is
+/// `library`: [`MPICH_PACK_THRESHOLD_BYTES`] when it contains `MPICH` (any case), else
+/// [`DEFAULT_PACK_THRESHOLD_BYTES`].
+pub fn default_pack_threshold_for(library: &str) -> usize {
+    if library.to_ascii_uppercase().contains("MPICH") {
+        MPICH_PACK_THRESHOLD_BYTES
+    } else {
+        DEFAULT_PACK_THRESHOLD_BYTES
+    }
+}
+
+/// The default threshold for the MPI library in use ([`default_pack_threshold_for`] of
+/// `MPI_Get_library_version`, which MPI allows before `MPI_Init`);
+/// [`DEFAULT_PACK_THRESHOLD_BYTES`] when the version cannot be read.
+fn default_pack_threshold_bytes() -> usize {
+    mpi::environment::library_version()
+        .map(|v| default_pack_threshold_for(&v))
+        .unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES)
+}
 
 /// `usize::MAX`: not set yet.
 static THRESHOLD_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -141,7 +180,8 @@ pub fn parse_pack_threshold(value: Option<&str>) -> Result<Option<usize>> {
 
 /// The threshold of [`Packing::Auto`], in bytes of contiguous inner block: blocks shorter
 /// than this are packed. [`set_pack_threshold_bytes`], else
-/// `DLPACK_MPI_PACK_THRESHOLD_BYTES`, else [`DEFAULT_PACK_THRESHOLD_BYTES`].
+/// `DLPACK_MPI_PACK_THRESHOLD_BYTES`, else the MPI library's default
+/// ([`MPICH_PACK_THRESHOLD_BYTES`] under MPICH, [`DEFAULT_PACK_THRESHOLD_BYTES`] otherwise).
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_THRESHOLD_BYTES` is not a byte count.
@@ -150,7 +190,10 @@ pub fn pack_threshold_bytes() -> Result<usize> {
         usize::MAX => {
             let value =
                 std::env::var_os(PACK_THRESHOLD_ENV).map(|v| v.to_string_lossy().into_owned());
-            let t = parse_pack_threshold(value.as_deref())?.unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES);
+            let t = match parse_pack_threshold(value.as_deref())? {
+                Some(t) => t,
+                None => default_pack_threshold_bytes(),
+            };
             set_pack_threshold_bytes(t);
             Ok(t)
         }
@@ -259,7 +302,16 @@ mod tests {
         ));
     }
 
-    /// Auto's decision on representative layouts, with the default threshold (4 KiB).
+    #[test]
+    fn default_threshold_per_library() {
+        let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
+        assert_eq!(default_pack_threshold_for(mpich), 32768);
+        let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
+        assert_eq!(default_pack_threshold_for(ompi), 256);
+        assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
+    }
+
+    /// Auto's decision on representative layouts, with the default threshold (256 bytes).
     #[test]
     fn auto_decides_by_inner_block() {
         let t = DEFAULT_PACK_THRESHOLD_BYTES;
@@ -273,11 +325,16 @@ mod tests {
         assert!(Packing::Auto.packs(block(&[4096, 4096], &[1, 4096], 4), t));
         // Fortran order of 64 × 64 f64 → pack
         assert!(Packing::Auto.packs(block(&[64, 64], &[1, 64], 8), t));
-        // rows of 1024 f32 with a gap of one row: 4 KiB blocks → derived
-        assert_eq!(block(&[16, 1024], &[2048, 1], 4), 4096);
-        assert!(!Packing::Auto.packs(block(&[16, 1024], &[2048, 1], 4), t));
-        // rows of 1023 f32: just below → pack
-        assert!(Packing::Auto.packs(block(&[16, 1023], &[2046, 1], 4), t));
+        // rows of 64 f32 with a gap of one row: 256-byte blocks → derived
+        assert_eq!(block(&[16, 64], &[128, 1], 4), 256);
+        assert!(!Packing::Auto.packs(block(&[16, 64], &[128, 1], 4), t));
+        // rows of 63 f32: just below → pack
+        assert!(Packing::Auto.packs(block(&[16, 63], &[126, 1], 4), t));
+        // under MPICH's default, 16 KiB blocks are packed too
+        assert!(Packing::Auto.packs(
+            block(&[16, 4096], &[8192, 1], 4),
+            MPICH_PACK_THRESHOLD_BYTES
+        ));
         // merged axes: [4, 8, 512] with the two inner axes contiguous = 4096-element runs
         assert_eq!(block(&[4, 8, 512], &[8192, 512, 1], 4), 16384);
         // the other policies ignore the block

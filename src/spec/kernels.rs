@@ -10,7 +10,9 @@
 //!    bytes), so a contiguous tensor is one `memcpy` and short runs become wide elements.
 //! 2. **Specialise by element size.** 1, 2, 3, 4, 6, 8, 12, 16 and 32 bytes copy as `[u8; N]`
 //!    with unaligned loads and stores; other sizes copy with overlapping 4/8/16-byte moves (no
-//!    call per element) and sizes from 64 bytes up with `copy_nonoverlapping`.
+//!    call per element) and sizes from 64 bytes up with `copy_nonoverlapping`. A line of
+//!    4-byte elements copied to a contiguous destination from every other element (step 2)
+//!    or from a reversed axis moves four elements per 16-byte store (SSE2 shuffles).
 //! 3. **Tile permuted axes.** When the innermost axis jumps far on one side (a transpose), the
 //!    outer axis with the smallest stride on that side is paired with it and the pair is copied
 //!    in square tiles, so the lines read on the far side are reused before they leave the cache.
@@ -63,7 +65,10 @@ const MEMCPY_MIN_BYTES: usize = 64;
 /// # Safety
 /// Every element address `base + offset × elem_bytes` (offset in elements, the sum of index ×
 /// stride over the axes, for every index inside the extents) is valid for reads of
-/// `elem_bytes` bytes, and no element overlaps `out`.
+/// `elem_bytes` bytes, and no element overlaps `out`. Also, the bytes between two
+/// consecutive elements of one axis are readable and not written concurrently: the
+/// step-2 path for 4-byte elements reads (and discards) them with 16-byte loads. They lie
+/// inside the tensor's byte span, which DLPack places in one allocation.
 pub unsafe fn gather(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mut [u8]) -> bool {
     let Some(job) = Job::new(axes, elem_bytes, out.len(), Side::Src) else {
         return false;
@@ -280,6 +285,24 @@ trait Copier: Copy {
     /// Whether [`Copier::transpose4`] moves blocks through registers.
     const BLOCKS: bool = false;
 
+    /// Copies a leading part of the line that [`line`] is asked to copy (`n` elements,
+    /// `dst_step`/`src_step` bytes apart) with wide moves, when this element size and these
+    /// steps have a fast path; returns how many elements it copied (0: none, the default).
+    ///
+    /// # Safety
+    /// As [`line`].
+    #[inline(always)]
+    unsafe fn line_head(
+        self,
+        _n: usize,
+        _dst: *mut u8,
+        _dst_step: isize,
+        _src: *const u8,
+        _src_step: isize,
+    ) -> usize {
+        0
+    }
+
     /// Copies a 4 × 4 block of elements whose source columns are `src_col` bytes apart with
     /// the four elements of each column consecutive, to destination rows `dst_row` bytes
     /// apart with the four elements of each row consecutive (so element `(i, j)` moves from
@@ -305,6 +328,25 @@ struct Fixed<const N: usize>;
 
 impl<const N: usize> Copier for Fixed<N> {
     const BLOCKS: bool = cfg!(target_arch = "x86_64") && (N == 4 || N == 8);
+
+    #[inline(always)]
+    unsafe fn line_head(
+        self,
+        n: usize,
+        dst: *mut u8,
+        dst_step: isize,
+        src: *const u8,
+        src_step: isize,
+    ) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if N == 4 && dst_step == 4 {
+            // SAFETY: forwarded contract; the element size is 4 and the destination is
+            // contiguous, as `sse2::line4` requires.
+            return unsafe { sse2::line4(n, dst, src, src_step) };
+        }
+        let _ = (n, dst, dst_step, src, src_step);
+        0
+    }
 
     #[inline(always)]
     fn bytes(self) -> usize {
@@ -343,9 +385,57 @@ impl<const N: usize> Copier for Fixed<N> {
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use std::arch::x86_64::{
-        __m128i, _mm_loadu_si128, _mm_storeu_si128, _mm_unpackhi_epi32, _mm_unpackhi_epi64,
+        __m128i, _mm_castps_si128, _mm_castsi128_ps, _mm_loadu_si128, _mm_shuffle_epi32,
+        _mm_shuffle_ps, _mm_storeu_si128, _mm_unpackhi_epi32, _mm_unpackhi_epi64,
         _mm_unpacklo_epi32, _mm_unpacklo_epi64,
     };
+
+    /// The leading part of a line of 4-byte elements `src_step` bytes apart copied to a
+    /// contiguous destination, 16 bytes per store, for the two steps that have a fast path;
+    /// returns how many elements were copied (a multiple of 4; 0 for other steps).
+    ///
+    /// - `src_step == 8` (every other element, e.g. a step-2 view of f32): two 16-byte loads
+    ///   and one shuffle per four elements. The loads also read the four-byte gap after each
+    ///   element; only groups followed by at least one more element of the line are done
+    ///   this way, so every byte read lies between two elements of the line, inside the
+    ///   tensor's byte span. The gap bytes are read, never written, and discarded.
+    /// - `src_step == -4` (a reversed axis): one 16-byte load and one shuffle per four
+    ///   elements; only element bytes are read.
+    ///
+    /// Bit patterns move unchanged (`_mm_shuffle_ps` only selects lanes).
+    ///
+    /// # Safety
+    /// As [`super::line`] with 4-byte elements and `dst_step == 4`; for `src_step == 8`
+    /// also: the bytes between two elements of the line are readable (they are, in a
+    /// tensor's byte span, which one allocation holds) and not written concurrently.
+    #[inline(always)]
+    pub(super) unsafe fn line4(n: usize, dst: *mut u8, src: *const u8, src_step: isize) -> usize {
+        let mut k = 0;
+        // SAFETY: each load and store below lies in the bytes described in the doc comment;
+        // SSE2 is enabled on every x86_64 target; the shuffles touch registers only.
+        unsafe {
+            if src_step == 8 {
+                while k + 5 <= n {
+                    let s = src.add(8 * k);
+                    let a = _mm_castsi128_ps(_mm_loadu_si128(s.cast::<__m128i>()));
+                    let b = _mm_castsi128_ps(_mm_loadu_si128(s.add(16).cast::<__m128i>()));
+                    let v = _mm_castps_si128(_mm_shuffle_ps::<0b10_00_10_00>(a, b));
+                    _mm_storeu_si128(dst.add(4 * k).cast::<__m128i>(), v);
+                    k += 4;
+                }
+            } else if src_step == -4 {
+                while k + 4 <= n {
+                    // Elements k + 3 … k, ascending in memory.
+                    let s = src.wrapping_offset(-4 * (k as isize + 3));
+                    let v = _mm_loadu_si128(s.cast::<__m128i>());
+                    let v = _mm_shuffle_epi32::<0b00_01_10_11>(v);
+                    _mm_storeu_si128(dst.add(4 * k).cast::<__m128i>(), v);
+                    k += 4;
+                }
+            }
+        }
+        k
+    }
 
     /// [`super::Copier::transpose4`] for elements of `n` = 4 or 8 bytes.
     ///
@@ -462,8 +552,14 @@ unsafe fn line<C: Copier>(
     src: *const u8,
     src_step: isize,
 ) {
-    let (mut d, mut s) = (dst, src);
-    for _ in 0..n {
+    // SAFETY: forwarded contract.
+    let head = unsafe { c.line_head(n, dst, dst_step, src, src_step) };
+    let at = |p: isize| p.wrapping_mul(head as isize);
+    let (mut d, mut s) = (
+        dst.wrapping_offset(at(dst_step)),
+        src.wrapping_offset(at(src_step)),
+    );
+    for _ in head..n {
         // SAFETY: `d` and `s` are element addresses (forwarded contract).
         unsafe { c.copy(d, s) };
         d = d.wrapping_offset(dst_step);

@@ -283,6 +283,54 @@ fn step_two_view() {
     assert_eq!(got, (0..n).step_by(2).collect::<Vec<u32>>());
 }
 
+/// The 16-byte paths for 4-byte elements (step 2, reversed) on every line length around
+/// their group of four, each from a buffer that ends at the last element's last byte (Miri
+/// flags a read past it), in one row and in rows with the step-2 lines side by side.
+#[test]
+fn step_two_and_reversed_lines_of_every_length() {
+    for n in 0..=13i64 {
+        for (stride, rows) in [(2i64, 1i64), (-1, 1), (2, 3), (-1, 3)] {
+            let row_pitch = if stride == 2 { 2 * n } else { n };
+            let span = if n == 0 {
+                0
+            } else {
+                (rows - 1) * row_pitch + (n - 1) * stride.abs() + 1
+            };
+            let src: Vec<u32> = (0..span as u32).collect();
+            let first = if stride < 0 { (n - 1).max(0) } else { 0 };
+            let axes = [
+                Axis {
+                    extent: rows,
+                    stride_elems: row_pitch,
+                },
+                Axis {
+                    extent: n,
+                    stride_elems: stride,
+                },
+            ];
+            let expect: Vec<u32> = (0..rows)
+                .flat_map(|r| (0..n).map(move |j| (r * row_pitch + first + j * stride) as u32))
+                .collect();
+            let mut out = vec![0u8; expect.len() * 4];
+            // SAFETY: every element lies in `src` (its last byte is the buffer's last).
+            let ok = unsafe {
+                gather(
+                    src.as_ptr().cast::<u8>().wrapping_add(4 * first as usize),
+                    &axes,
+                    4,
+                    &mut out,
+                )
+            };
+            assert!(ok, "n {n}, stride {stride}, rows {rows}");
+            let got: Vec<u32> = out
+                .chunks_exact(4)
+                .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
+                .collect();
+            assert_eq!(got, expect, "n {n}, stride {stride}, rows {rows}");
+        }
+    }
+}
+
 #[test]
 fn empty_and_scalar() {
     let x = [1u8, 2, 3, 4];

@@ -30,8 +30,9 @@ pub enum Op {
     Allgatherv,
     /// All-to-all, one block of the size to every rank: µs per call of the slowest rank.
     Alltoall,
-    /// Strided views (every other element; a transposed matrix) from rank 0 to rank 1:
-    /// derived datatype vs pack-and-send vs contiguous send of the same bytes.
+    /// Strided views of one storage (step 2; blocks of 1 … 4096 f32 with a gap of one
+    /// block; a transpose; a 3-D permutation; a reversed axis) from rank 0 to rank 1:
+    /// contiguous send of the same bytes vs derived datatype vs pack kernels vs Auto.
     Strided,
     /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
     /// --max-size is below 64 MiB).
@@ -197,6 +198,28 @@ pub struct BenchArgs {
     /// Draw latency and bandwidth against size, one curve per path, to FILE (SVG).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
+    /// `--op strided`: write one JSON object per (case, path) to FILE (rank 0), as an array
+    /// of {"case", "block_elems", "path", "median_us", "best_us"}.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+    /// `--op strided`: bytes of the storage the views come from, a power of two from 32 KiB
+    /// to 64 MiB (default 64 MiB; smaller for quick runs: every case shrinks with it).
+    #[arg(long, value_parser = parse_strided_storage, default_value = "64M")]
+    pub strided_storage: usize,
+}
+
+/// Reads `--strided-storage`: a size (as `--sizes`) that is a power of two in
+/// 32 KiB ..= 64 MiB (f32 values up to 2^24 stay exact, and a block of 4096 elements with
+/// its gap fits).
+fn parse_strided_storage(text: &str) -> Result<usize, String> {
+    let bytes = parse_one_size(text)?;
+    if bytes.is_power_of_two() && ((32 << 10)..=(64 << 20)).contains(&bytes) {
+        Ok(bytes as usize)
+    } else {
+        Err(format!(
+            "--strided-storage `{text}` is not a power of two from 32 KiB to 64 MiB"
+        ))
+    }
 }
 
 impl BenchArgs {

@@ -179,15 +179,28 @@ impl Aligned {
     /// Makes the exporter hand out `shape` with `strides` (elements; `None` = compact) whose
     /// first element is the aligned address, and checks that address.
     pub fn set_layout(self, shape: &[i64], strides: Option<&[i64]>) -> dlpack_mpi::Result<Self> {
+        let mut out = self.set_layout_at(shape, strides, 0)?;
+        let raw_addr = out.owned.as_slice()[out.off..].as_ptr() as usize;
+        assert_eq!(raw_addr % ALIGN, 0, "buffer not {ALIGN}-byte aligned");
+        Ok(out)
+    }
+
+    /// As [`Aligned::set_layout`], with the first element `first` elements after the aligned
+    /// address (for negative strides, whose elements lie below the first).
+    pub fn set_layout_at(
+        self,
+        shape: &[i64],
+        strides: Option<&[i64]>,
+        first: usize,
+    ) -> dlpack_mpi::Result<Self> {
         let Aligned { owned, off } = self;
-        let mut owned = owned.with_layout(shape, strides, (off * ELEM) as u64)?;
+        let mut owned = owned.with_layout(shape, strides, ((off + first) * ELEM) as u64)?;
         let tensor_addr = {
             let t = acquire(&owned, &AcquireOptions::default())?;
             t.first_element_ptr() as usize
         };
-        let raw_addr = owned.as_slice()[off..].as_ptr() as usize;
+        let raw_addr = owned.as_slice()[off + first..].as_ptr() as usize;
         assert_eq!(tensor_addr, raw_addr, "tensor and raw slice differ");
-        assert_eq!(raw_addr % ALIGN, 0, "buffer not {ALIGN}-byte aligned");
         Ok(Aligned { owned, off })
     }
 

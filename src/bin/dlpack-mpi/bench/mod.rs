@@ -18,19 +18,21 @@
 //! each. Reported: median and best round, in µs per message (ping-pong: half the
 //! round-trip time; all-reduce: the slowest rank's time per call), and the ratios to raw.
 //!
-//! `--op strided` sends strided views of one 64 MiB f32 storage from rank 0 to rank 1
-//! (one-way; rank 1 answers every message with a 1-byte ack, which ends the message's time):
-//! every other element (shape `[N/2]`, stride `[2]`) and a transposed 4096 × 4096 matrix
-//! (shape `[4096, 4096]`, strides `[1, 4096]`). Three paths, scheduled as above:
+//! `--op strided` sends strided views of one f32 storage (64 MiB, `--strided-storage`) from
+//! rank 0 to rank 1 (one-way; rank 1 answers every message with a 1-byte ack, which ends the
+//! message's time): step 2; blocks of 1, 2, 4 … 4096 elements with a gap of one block; the
+//! 4096 × 4096 transpose; a 3-D permutation; the storage reversed. Four paths, scheduled as
+//! above:
 //!
-//! - **derived**: [`SendSpec::new`] on the strided tensor per message (a cached, committed
-//!   derived datatype, count 1) handed to rsmpi's `send`: MPI reads the elements in place.
-//! - **pack**: a Rust loop copies the logical elements into a contiguous buffer (allocated
-//!   once, reused; the copy is timed), which is then sent.
 //! - **contiguous**: the same number of bytes sent from a contiguous slice (the lower bound).
+//! - **derived** / **pack** / **auto**: [`TensorComm::send_tensor`] under
+//!   `Packing::DerivedDatatype` (a cached derived datatype: MPI reads the elements in place),
+//!   `Packing::Copy` (the library's pack kernels into a pooled buffer, then a contiguous
+//!   send) and `Packing::Auto` (the default: one or the other by the inner block).
 //!
-//! Rank 1 receives every message with `receive_into(&mut [f32])` of the logical size. Before
-//! timing, one message per path is checked element by element on rank 1.
+//! Rank 1 receives every message with `receive_into(&mut [f32])` of the logical size, and
+//! checks element by element the first message of every (case, path) and the last message
+//! of every timed loop (untimed). `--json` writes one object per (case, path).
 //!
 //! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
 //! copy of the same bytes and to host-memory MPI.
@@ -42,14 +44,15 @@
 //! 1. `common`: the element type, aligned buffers, the values sent, samples, the timing
 //!    driver (warm-up, rotated rounds), ping-pong legs, size formatting;
 //! 2. `args`: the options, sizes and iteration counts;
-//! 3. `report`: the result rows and their text tables, `--csv` and `--plot`;
-//! 4. `host`, `strided`, `gpu`: the measurements (they print through `report`);
-//! 5. this file: [`run`], which refuses what cannot be done and dispatches.
+//! 3. `strided_report`: the strided rows, table, summary and `--json`;
+//! 4. `report`: the result rows and their text tables, `--csv` and `--plot`;
+//! 5. `host`, `strided`, `gpu`: the measurements (they print through the reports);
+//! 6. this file: [`run`], which refuses what cannot be done and dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
 //! [`RecvSpec`]: dlpack_mpi::spec::RecvSpec
-//! [`SendSpec::new`]: dlpack_mpi::spec::SendSpec::new
 //! [`TensorComm`]: dlpack_mpi::comm::TensorComm
+//! [`TensorComm::send_tensor`]: dlpack_mpi::comm::TensorComm::send_tensor
 
 mod args;
 mod common;
@@ -57,6 +60,7 @@ mod gpu;
 mod host;
 mod report;
 mod strided;
+mod strided_report;
 
 use std::process::ExitCode;
 
@@ -65,8 +69,7 @@ use mpi::traits::*;
 
 use args::DEFAULT_MAX_SIZE;
 pub use args::{BenchArgs, BenchLayout, Op};
-use common::{library_line, ELEM};
-use strided::STRIDED_STORAGE;
+use common::library_line;
 
 /// Refuses options this build or this job cannot honour, in one line; `None` = go on.
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
@@ -103,10 +106,13 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
     }
     if args.op == Op::Strided && (args.layout != BenchLayout::Contiguous || args.sizes.is_some()) {
         return Some(
-            "--op strided has fixed views (step 2 and a transpose of a 64 MiB storage): \
-             --layout and --sizes do not apply"
+            "--op strided has fixed views of one storage (--strided-storage): --layout and \
+             --sizes do not apply"
                 .into(),
         );
+    }
+    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::All) {
+        return Some("--json writes the strided rows: use it with --op strided (or all)".into());
     }
     None
 }
@@ -155,7 +161,7 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
 /// Whether `--op all` skips the strided bench: it needs the default sizes up to at least its
 /// 64 MiB storage and the contiguous layout.
 fn all_skips_strided(args: &BenchArgs) -> bool {
-    args.max_size.unwrap_or(DEFAULT_MAX_SIZE) < (STRIDED_STORAGE * ELEM) as u64
+    args.max_size.unwrap_or(DEFAULT_MAX_SIZE) < args.strided_storage as u64
         || args.sizes.is_some()
         || args.layout != BenchLayout::Contiguous
 }
@@ -166,7 +172,7 @@ fn all_skips_strided(args: &BenchArgs) -> bool {
 fn run_ops(
     world: &SimpleCommunicator,
     args: &BenchArgs,
-) -> (Vec<report::Row>, Vec<report::StridedRow>, bool) {
+) -> (Vec<report::Row>, Vec<strided_report::StridedRow>, bool) {
     let ops: &[Op] = match args.op {
         Op::All => &[
             Op::Latency,
@@ -185,7 +191,7 @@ fn run_ops(
         let result = if op == Op::Strided {
             if args.op == Op::All && all_skips_strided(args) {
                 if world.rank() == 0 {
-                    println!("strided: skipped (it needs --max-size ≥ 64 MiB, no --sizes, contiguous --layout)\n");
+                    println!("strided: skipped (it needs --max-size ≥ --strided-storage, no --sizes, contiguous --layout)\n");
                 }
                 continue;
             }
@@ -215,10 +221,13 @@ fn write_files(
     ranks: i32,
     args: &BenchArgs,
     rows: &[report::Row],
-    strided_rows: &[report::StridedRow],
+    strided_rows: &[strided_report::StridedRow],
 ) -> Result<(), String> {
     if let Some(path) = &args.csv {
         report::write_csv(path, args, ranks, rows, strided_rows)?;
+    }
+    if let Some(path) = &args.json {
+        strided_report::write_json(path, strided_rows)?;
     }
     if let Some(path) = &args.plot {
         let library = library_line();

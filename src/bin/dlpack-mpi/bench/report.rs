@@ -1,20 +1,19 @@
-//! What the benches measured and how it is shown: the result rows of the host, strided and
-//! GPU benches, their text tables and summaries (rank 0 prints them), `--csv` and `--plot`
-//! (SVG through plotters). Uses `common` and `args`; measures nothing.
+//! What the benches measured and how it is shown: the result rows of the host and GPU
+//! benches, their text tables and summaries (rank 0 prints them), `--csv` (strided rows too)
+//! and `--plot` (SVG through plotters). Uses `common`, `args` and `strided_report`; measures
+//! nothing.
 
 use std::io::Write;
 
 use super::args::{BenchArgs, Op};
 use super::common::{fmt_size, mb_per_s, met, Samples};
+use super::strided_report::{StridedPath, StridedRow, STRIDED_PATHS};
 
 /// The per-message target at the smallest size, µs (best round, dlpack − raw).
 const TARGET_SMALL_US: f64 = 0.05;
 /// The ratio target at ≥ 1 MiB (dlpack / raw).
 const TARGET_LARGE_RATIO: f64 = 1.02;
 const LARGE: usize = 1 << 20;
-/// Target for both strided cases: derived / pack ≤ 1 (the derived datatype at least as fast
-/// as packing by hand and sending).
-const TARGET_VS_PACK: f64 = 1.0;
 /// The GPU ratio target (staged bandwidth / pinned-copy bandwidth) at [`GPU_TARGET_BYTES`].
 const GPU_TARGET_RATIO: f64 = 0.80;
 /// The size at which the GPU ratio target is judged.
@@ -77,64 +76,6 @@ impl Row {
 
     fn ratio_best(&self, p: Path) -> f64 {
         self.get(p).best() / self.get(Path::Raw).best()
-    }
-}
-
-/// A path through which a strided view is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StridedPath {
-    /// One derived datatype, count 1.
-    Derived,
-    /// A Rust loop into a contiguous buffer, then a send.
-    Pack,
-    /// The same bytes from a contiguous slice.
-    Contiguous,
-}
-
-/// Every strided path, in measuring order.
-pub const STRIDED_PATHS: [StridedPath; 3] = [
-    StridedPath::Derived,
-    StridedPath::Pack,
-    StridedPath::Contiguous,
-];
-
-impl StridedPath {
-    /// The name in tables and CSV.
-    pub fn name(self) -> &'static str {
-        match self {
-            StridedPath::Derived => "derived",
-            StridedPath::Pack => "pack",
-            StridedPath::Contiguous => "contiguous",
-        }
-    }
-}
-
-/// Results of one strided case: samples of every path, in `STRIDED_PATHS` order.
-#[derive(Debug)]
-pub struct StridedRow {
-    /// The case's name (`step 2`, `transpose`).
-    pub name: &'static str,
-    /// Logical bytes of the view.
-    pub bytes: usize,
-    /// Target for derived / contiguous, if any.
-    pub contig_target: Option<f64>,
-    /// Iterations per round.
-    pub iters: u64,
-    /// µs per message of every round, per path.
-    pub paths: [Samples; 3],
-}
-
-impl StridedRow {
-    fn get(&self, p: StridedPath) -> &Samples {
-        &self.paths[p as usize]
-    }
-
-    /// `a / b` of the medians and of the best rounds.
-    fn ratios(&self, a: StridedPath, b: StridedPath) -> (f64, f64) {
-        (
-            self.get(a).median() / self.get(b).median(),
-            self.get(a).best() / self.get(b).best(),
-        )
     }
 }
 
@@ -390,76 +331,6 @@ fn print_large_ratios(rows: &[Row]) {
             fmt_size(cat),
         );
     }
-}
-
-/// What `--op strided` measures and its column headers.
-pub fn print_strided_header(ranks: i32, rounds: u32) {
-    println!(
-        "# strided send, rank 0 -> rank 1 (ranks: {ranks}, others idle), f32 views of a 64 MiB \
-         storage; one-way: µs per message from the start of the pack or send to the receipt \
-         of rank 1's 1-byte ack; rounds: {rounds}; ratio = derived / path",
-    );
-    println!(
-        "paths: derived = SendSpec::new(&strided tensor) per message (cached derived \
-         datatype, count 1) + rsmpi send; pack = Rust loop into a reused contiguous buffer \
-         (timed) + send; contig = send of the same bytes from a contiguous slice; rank 1 \
-         receives into &mut [f32] of the logical size on every path"
-    );
-    let mut line = format!("{:>10} {:>8} {:>6}", "case", "logical", "iters");
-    for name in ["contig", "pack", "derived"] {
-        line += &format!(" | {:>12} {:>10}", format!("{name} med"), "best");
-    }
-    for name in ["derived/pack", "derived/contig"] {
-        line += &format!(" | {:>18} {:>6}", format!("{name} med"), "best");
-    }
-    println!("{line}");
-}
-
-/// One line of the strided table, flushed at once.
-pub fn print_strided_row(r: &StridedRow) {
-    let mut line = format!("{:>10} {:>8} {:>6}", r.name, fmt_size(r.bytes), r.iters);
-    for p in [
-        StridedPath::Contiguous,
-        StridedPath::Pack,
-        StridedPath::Derived,
-    ] {
-        let x = r.get(p);
-        line += &format!(" | {:>12.1} {:>10.1}", x.median(), x.best());
-    }
-    for base in [StridedPath::Pack, StridedPath::Contiguous] {
-        let (med, best) = r.ratios(StridedPath::Derived, base);
-        line += &format!(" | {med:>18.3} {best:>6.3}");
-    }
-    println!("{line}");
-    let _ = std::io::stdout().flush();
-}
-
-/// The verdict of the strided verification and every case's ratios against the targets.
-pub fn print_strided_summary(rows: &[StridedRow], verified: bool) {
-    println!(
-        "verification (one message per case and path, every element checked on rank 1): {}",
-        if verified { "passed" } else { "FAILED" }
-    );
-    for r in rows {
-        let (pm, pb) = r.ratios(StridedPath::Derived, StridedPath::Pack);
-        let (cm, cb) = r.ratios(StridedPath::Derived, StridedPath::Contiguous);
-        let contig = match r.contig_target {
-            Some(t) => format!(
-                "target ≤ {t:.2}: median {}, best {}",
-                met(cm <= t),
-                met(cb <= t)
-            ),
-            None => "no target".to_string(),
-        };
-        println!(
-            "{}: derived/pack {pm:.3} median, {pb:.3} best (target ≤ {TARGET_VS_PACK:.2}: median \
-             {}, best {}); derived/contiguous {cm:.3} median, {cb:.3} best ({contig})",
-            r.name,
-            met(pm <= TARGET_VS_PACK),
-            met(pb <= TARGET_VS_PACK),
-        );
-    }
-    println!();
 }
 
 /// The first lines of a GPU run: `gpu` is rank 0's. `direct`: whether the direct path

@@ -1,85 +1,108 @@
-//! `--op strided`: strided views of one 64 MiB f32 storage sent from rank 0 to rank 1
-//! through a derived datatype, by packing by hand, and (the lower bound) contiguously.
-//! Uses `common`, `args` and `report`.
+//! `--op strided`: strided views of one f32 storage (64 MiB by default,
+//! `--strided-storage`) sent from rank 0 to rank 1 contiguously (the lower bound), through a
+//! derived datatype, through the library's pack kernels, and under `Packing::Auto`.
+//! Uses `common`, `args` and `strided_report`.
 
+use dlpack_mpi::comm::{inner_block_bytes, pack_threshold_bytes, set_packing, Packing, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions};
-use dlpack_mpi::spec::SendSpec;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs};
 use super::common::{all_ranks, measure_rounds, timed, Aligned, Elem, ELEM};
-use super::report::{
+use super::strided_report::{
     print_strided_header, print_strided_row, print_strided_summary, StridedPath, StridedRow,
     STRIDED_PATHS,
 };
 
 type Res<T> = dlpack_mpi::Result<T>;
 
-/// Elements of the sender's storage in `--op strided` (64 MiB of f32), which both cases view.
-/// Element `k` holds `k`, exact in f32 (`k < 2^24`), so the receiver can tell which storage
-/// element it got.
-pub const STRIDED_STORAGE: usize = (64 << 20) / ELEM;
-/// Rows and columns of the transposed matrix.
-const TRANSPOSE_DIM: usize = 4096;
+/// The largest inner block of the block cases, in elements (blocks 1, 2, 4, … up to it).
+const MAX_BLOCK: usize = 4096;
 
-/// A strided view of the sender's storage (one or two axes, strides in elements).
-#[derive(Debug, Clone, Copy)]
+/// A strided view of the sender's storage: `shape` and `strides` in elements, the first
+/// element `origin` elements into the storage.
+#[derive(Debug, Clone)]
 struct Case {
-    name: &'static str,
-    shape: &'static [i64],
-    strides: &'static [i64],
-    /// Target for derived / contiguous, if any.
-    contig_target: Option<f64>,
+    name: String,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    origin: usize,
 }
 
-const CASES: [Case; 2] = [
-    Case {
-        name: "step 2",
-        shape: &[(STRIDED_STORAGE / 2) as i64],
-        strides: &[2],
-        contig_target: Some(1.5),
-    },
-    Case {
-        name: "transpose",
-        shape: &[TRANSPOSE_DIM as i64, TRANSPOSE_DIM as i64],
-        strides: &[1, TRANSPOSE_DIM as i64],
-        contig_target: None,
-    },
-];
+/// `n` as an `i64` (storage sizes are at most 2^24 elements).
+fn i(n: usize) -> i64 {
+    i64::try_from(n).expect("storage sizes fit i64")
+}
+
+/// The cases over a storage of `s` elements (a power of two, at least 2 × [`MAX_BLOCK`]):
+/// step 2; blocks of 1 … 4096 elements with a gap of one block; the `d × d` transpose
+/// (`d² ≤ s`); a 3-D permutation (axes (2, 0, 1) of a C-order `e × e × e` array,
+/// `e³ ≤ s`); the whole storage reversed.
+fn cases(s: usize) -> Vec<Case> {
+    let k = s.trailing_zeros();
+    let (d, e) = (1usize << (k / 2), 1usize << (k / 3));
+    let case = |name: String, shape: Vec<usize>, strides: Vec<i64>, origin| Case {
+        name,
+        shape: shape.into_iter().map(i).collect(),
+        strides,
+        origin,
+    };
+    let mut out = vec![case("step 2".into(), vec![s / 2], vec![2], 0)];
+    let mut b = 1;
+    while b <= MAX_BLOCK {
+        out.push(case(
+            format!("block {b}"),
+            vec![s / (2 * b), b],
+            vec![i(2 * b), 1],
+            0,
+        ));
+        b *= 2;
+    }
+    out.push(case("transpose".into(), vec![d, d], vec![1, i(d)], 0));
+    out.push(case(
+        "permute 3-D".into(),
+        vec![e, e, e],
+        vec![1, i(e * e), i(e)],
+        0,
+    ));
+    out.push(case("reversed".into(), vec![s], vec![-1], s - 1));
+    out
+}
 
 impl Case {
-    /// `(rows, row stride, columns, column stride)`; a 1-d view is one row.
-    fn dims(&self) -> (usize, usize, usize, usize) {
-        match (self.shape, self.strides) {
-            (&[n], &[s]) => (1, 0, n as usize, s as usize),
-            (&[r, c], &[rs, cs]) => (r as usize, rs as usize, c as usize, cs as usize),
-            _ => unreachable!("strided cases have one or two axes"),
-        }
-    }
-
     /// Number of logical elements.
     fn len(&self) -> usize {
-        let (rows, _, cols, _) = self.dims();
-        rows * cols
+        self.shape.iter().map(|&n| n as usize).product()
     }
 
-    /// Storage index of logical element `l` (row-major).
-    fn source_index(&self, l: usize) -> usize {
-        let (_, row_stride, cols, col_stride) = self.dims();
-        l / cols * row_stride + l % cols * col_stride
+    /// The contiguous inner block, in elements.
+    fn block_elems(&self) -> Res<usize> {
+        inner_block_bytes(&self.shape, Some(&self.strides), 1)
     }
-}
 
-/// The copy of the pack-and-send path: the logical elements of `case` in row-major order,
-/// from `src` (first element at index 0) into `dst`.
-fn pack(case: &Case, src: &[Elem], dst: &mut [Elem]) {
-    let (_, row_stride, cols, col_stride) = case.dims();
-    for (i, row) in dst.chunks_exact_mut(cols).enumerate() {
-        let from = src[i * row_stride..].iter().step_by(col_stride);
-        for (d, s) in row.iter_mut().zip(from) {
-            *d = *s;
-        }
+    /// Storage index of every logical element, in row-major order (an odometer).
+    fn source_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        let mut index = vec![0i64; self.shape.len()];
+        let mut at = self.origin as i64;
+        let mut left = self.len();
+        std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
+            let here = at as usize;
+            for k in (0..index.len()).rev() {
+                index[k] += 1;
+                at += self.strides[k];
+                if index[k] < self.shape[k] {
+                    break;
+                }
+                at -= self.strides[k] * self.shape[k];
+                index[k] = 0;
+            }
+            Some(here)
+        })
     }
 }
 
@@ -87,20 +110,51 @@ fn pack(case: &Case, src: &[Elem], dst: &mut [Elem]) {
 struct StridedBuffers {
     /// Rank 0: the storage the strided tensors view and the contiguous path sends from.
     src: Aligned,
-    /// Rank 0: the pack path's contiguous buffer (allocated once, reused).
-    packed: Aligned,
     /// Rank 1: the receive buffer (logical size of the largest case).
     recv: Aligned,
 }
 
+/// Deliveries rank 1 compared element by element, and how many of them were wrong.
+#[derive(Debug, Default, Clone, Copy)]
+struct Checks {
+    checked: u64,
+    bad: u64,
+}
+
+/// Rank 1: compares the message in `got` with what `path` should deliver for `case`; prints
+/// the first wrong element.
+fn check(case: &Case, path: StridedPath, got: &[Elem], checks: &mut Checks) {
+    checks.checked += 1;
+    let wrong = if path == StridedPath::Contiguous {
+        got.iter().enumerate().find(|&(l, &x)| x != l as Elem)
+    } else {
+        got.iter()
+            .zip(case.source_indices())
+            .enumerate()
+            .find(|&(_, (&x, k))| x != k as Elem)
+            .map(|(l, (x, _))| (l, x))
+    };
+    if let Some((l, &x)) = wrong {
+        checks.bad += 1;
+        eprintln!(
+            "dlpack-mpi bench: rank 1: strided {} via {}: element {l} is {x}, wrong",
+            case.name,
+            path.name(),
+        );
+    }
+}
+
 /// One timed run of `iters` messages of `case` through `path`, rank 0 to rank 1, each
 /// acknowledged by a 1-byte message back; seconds per message on rank 0, 0 elsewhere.
+/// Rank 1 fills its buffer with −1 before the loop and checks the last message after it
+/// (both untimed: the next loop starts with a barrier).
 fn strided_once(
     world: &SimpleCommunicator,
     path: StridedPath,
     case: &Case,
     bufs: &mut StridedBuffers,
     iters: u64,
+    checks: &mut Checks,
 ) -> Res<f64> {
     let rank = world.rank();
     let n = case.len();
@@ -113,98 +167,45 @@ fn strided_once(
         // The same receive on every path: the logical elements into a contiguous buffer.
         let peer = world.process_at_rank(0);
         let r = bufs.recv.raw(n);
+        r.fill(-1.0);
         world.barrier();
         for _ in 0..iters {
             peer.receive_into(&mut *r);
             peer.send(&ack);
         }
+        check(case, path, r, checks);
         return Ok(0.0);
     }
     let peer = world.process_at_rank(1);
-    let elapsed = match path {
-        StridedPath::Derived => {
-            let t = acquire(&bufs.src.owned, &AcquireOptions::default())?;
-            timed(world, || {
-                for _ in 0..iters {
-                    peer.send(&SendSpec::new(&t)?);
-                    peer.receive_into(&mut ack);
-                }
-                Ok(())
-            })?
-        }
-        StridedPath::Pack => {
-            let src = bufs.src.raw(STRIDED_STORAGE);
-            let dst = bufs.packed.raw(n);
-            timed(world, || {
-                for _ in 0..iters {
-                    pack(case, src, dst);
-                    peer.send(&*dst);
-                    peer.receive_into(&mut ack);
-                }
-                Ok::<(), dlpack_mpi::Error>(())
-            })?
-        }
+    let policy = match path {
         StridedPath::Contiguous => {
             let s = bufs.src.raw(n);
-            timed(world, || {
+            let elapsed = timed(world, || {
                 for _ in 0..iters {
                     peer.send(&*s);
                     peer.receive_into(&mut ack);
                 }
                 Ok::<(), dlpack_mpi::Error>(())
-            })?
+            })?;
+            return Ok(elapsed / iters as f64);
         }
+        StridedPath::Derived => Packing::DerivedDatatype,
+        StridedPath::Pack => Packing::Copy,
+        StridedPath::Auto => Packing::Auto,
     };
+    set_packing(policy);
+    let t = acquire(&bufs.src.owned, &AcquireOptions::default())?;
+    let elapsed = timed(world, || {
+        for _ in 0..iters {
+            world.send_tensor(&t, 1, 0)?;
+            peer.receive_into(&mut ack);
+        }
+        Ok(())
+    })?;
     Ok(elapsed / iters as f64)
 }
 
-/// Sends one message of `case` through every path; rank 1 checks that it received the
-/// logical elements (derived, pack) or the first storage elements (contiguous). Returns, on
-/// every rank, whether all arrived intact.
-fn strided_verify(world: &SimpleCommunicator, case: &Case, bufs: &mut StridedBuffers) -> Res<bool> {
-    let n = case.len();
-    let mut ok = true;
-    for p in STRIDED_PATHS {
-        if world.rank() == 1 {
-            bufs.recv.raw(n).fill(-1.0);
-        }
-        strided_once(world, p, case, bufs, 1)?;
-        if world.rank() == 1 {
-            let expected = |l: usize| match p {
-                StridedPath::Contiguous => l as Elem,
-                _ => case.source_index(l) as Elem,
-            };
-            let got = bufs.recv.raw(n);
-            if let Some((l, &x)) = got.iter().enumerate().find(|&(l, &x)| x != expected(l)) {
-                eprintln!(
-                    "dlpack-mpi bench: rank 1: strided {} via {}: element {l} is {x}, expected {}",
-                    case.name,
-                    p.name(),
-                    expected(l)
-                );
-                ok = false;
-            }
-        }
-    }
-    Ok(all_ranks(world, ok))
-}
-
-/// Lays rank 0's storage out as `case` and checks that it goes as one derived datatype.
-fn set_case(bufs: &mut StridedBuffers, case: &Case) -> Res<()> {
-    let src = std::mem::replace(&mut bufs.src, Aligned::new(0, 0.0));
-    bufs.src = src.set_layout(case.shape, Some(case.strides))?;
-    let t = acquire(&bufs.src.owned, &AcquireOptions::default())?;
-    let spec = SendSpec::new(&t)?;
-    assert!(
-        spec.is_derived() && spec.mpi_count() == 1,
-        "{}: not sent as one derived datatype",
-        case.name
-    );
-    Ok(())
-}
-
-/// Runs `--op strided`; returns its rows and whether every path delivered the expected
-/// elements.
+/// Runs `--op strided`; returns its rows and whether every checked delivery was intact.
 pub fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<StridedRow>, bool)> {
     let rank = world.rank();
     let root = rank == 0;
@@ -214,36 +215,46 @@ pub fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<Strided
         }
         return Ok((Vec::new(), true));
     }
+    // Element `k` of the storage holds `k`, exact in f32 (at most 2^24 elements), so the
+    // receiver can tell which storage element it got.
+    let storage = args.strided_storage / ELEM;
+    let threshold = pack_threshold_bytes()?;
     if root {
-        print_strided_header(world.size(), args.rounds);
+        print_strided_header(world.size(), args.rounds, storage * ELEM, threshold);
     }
-    let largest = CASES.iter().map(Case::len).max().unwrap_or(0);
+    let all = cases(storage);
+    let largest = all.iter().map(Case::len).max().unwrap_or(0);
     let mut bufs = StridedBuffers {
-        src: Aligned::new(if root { STRIDED_STORAGE } else { 0 }, 0.0),
-        packed: Aligned::new(if root { largest } else { 0 }, 0.0),
+        src: Aligned::new(if root { storage } else { 0 }, 0.0),
         recv: Aligned::new(if rank == 1 { largest } else { 0 }, -1.0),
     };
     if root {
-        for (k, x) in bufs.src.raw(STRIDED_STORAGE).iter_mut().enumerate() {
+        for (k, x) in bufs.src.raw(storage).iter_mut().enumerate() {
             *x = k as Elem;
         }
     }
-    let mut verified = true;
+    let mut checks = Checks::default();
     let mut rows = Vec::new();
-    for case in CASES {
+    for case in &all {
         if root {
-            set_case(&mut bufs, &case)?;
+            let src = std::mem::replace(&mut bufs.src, Aligned::new(0, 0.0));
+            bufs.src = src.set_layout_at(&case.shape, Some(&case.strides), case.origin)?;
         }
-        verified &= strided_verify(world, &case, &mut bufs)?;
+        // The first message of every path, checked before any timing.
+        for p in STRIDED_PATHS {
+            strided_once(world, p, case, &mut bufs, 1, &mut checks)?;
+        }
         let iters = iters_for(args.iters, case.len() * ELEM);
         let samples = measure_rounds(world, args.rounds, iters, &STRIDED_PATHS, |p, it| {
-            strided_once(world, p, &case, &mut bufs, it)
+            strided_once(world, p, case, &mut bufs, it, &mut checks)
         })?;
         let mut samples = samples.into_iter();
+        let block_elems = case.block_elems()?;
         let row = StridedRow {
-            name: case.name,
+            name: case.name.clone(),
+            block_elems,
+            auto_packs: Packing::Auto.packs(block_elems * ELEM, threshold),
             bytes: case.len() * ELEM,
-            contig_target: case.contig_target,
             iters,
             paths: std::array::from_fn(|_| samples.next().unwrap_or_default()),
         };
@@ -252,8 +263,42 @@ pub fn strided(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<Strided
         }
         rows.push(row);
     }
+    set_packing(Packing::Auto);
+    let ok = all_ranks(world, checks.bad == 0);
+    // Rank 1's counts, for rank 0's summary.
+    let mut counts = [checks.checked, checks.bad];
+    world.process_at_rank(1).broadcast_into(&mut counts);
     if root {
-        print_strided_summary(&rows, verified);
+        print_strided_summary(&rows, counts[0], counts[1]);
     }
-    Ok((rows, verified))
+    Ok((rows, ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The odometer gives the storage index of every logical element, row-major.
+    #[test]
+    fn source_indices_walk_row_major() {
+        let c = &cases(1 << 15);
+        let names: Vec<&str> = c.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names.len(), 17, "{names:?}");
+        let idx = |name: &str| -> Vec<usize> {
+            let case = c.iter().find(|c| c.name == name).unwrap();
+            case.source_indices().take(6).collect()
+        };
+        assert_eq!(idx("step 2"), [0, 2, 4, 6, 8, 10]);
+        assert_eq!(idx("block 2"), [0, 1, 4, 5, 8, 9]);
+        // 128 × 128 transpose (2^15 elements: d = 2^7), column order
+        assert_eq!(idx("transpose"), [0, 128, 256, 384, 512, 640]);
+        // e = 32: strides [1, 1024, 32]
+        assert_eq!(idx("permute 3-D"), [0, 32, 64, 96, 128, 160]);
+        assert_eq!(idx("reversed"), [32767, 32766, 32765, 32764, 32763, 32762]);
+        let t = c.iter().find(|c| c.name == "permute 3-D").unwrap();
+        let all: Vec<usize> = t.source_indices().collect();
+        assert_eq!(all.len(), 32 * 32 * 32);
+        assert_eq!(all[32], 1024, "row 1 of axis 1 starts at stride 1024");
+        assert_eq!(all[1024], 1, "axis 0 has stride 1");
+    }
 }
