@@ -45,7 +45,9 @@ import importlib.util, json, os
 info = dict(l.split(": ", 1) for l in os.environ["INFO"].splitlines() if ": " in l)
 library = info.get("MPI library", "an unnamed MPI library").split(",")[0]
 ranks = info.get("ranks", "? ").split(" ")[0]
-done, missing = [], []
+memory = {"cpu": "host memory (cpu)", "cuda-host": "pinned host memory (cuda-host)",
+          "cuda": "CUDA device memory (cuda)", "cuda-managed": "managed memory (cuda-managed)"}
+done, missing, devices = [], [], None
 path = os.environ["REPORT"]
 if path and os.path.exists(path):
     with open(path) as f:
@@ -57,7 +59,7 @@ if path and os.path.exists(path):
             made.append(c["producer"])
     counts = (r["passed"], r["failed"], r["skipped"], r["known_bugs"])
     done.append("%d cases passed, %d failed, %d skipped, %d known MPI-library bugs" % counts)
-    done.append("devices " + ", ".join(devices))
+    done.append(", ".join(memory.get(d, d) for d in devices))
     done.append("tensors made by " + ", ".join(made))
     if "cuda-host" not in devices:
         missing.append("pinned host memory (cuda-host: run with --device all)")
@@ -66,6 +68,8 @@ else:
 gpu = info.get("GPU runtime", "none")
 if gpu.startswith("none"):
     missing.append("GPU memory (GPU runtime: " + gpu + ")")
+elif devices is not None and "cuda" not in devices:
+    missing.append("GPU memory (not asked for: --device cuda or all)")
 aware = info.get("CUDA-aware MPI", "no")
 if aware.startswith("no"):
     missing.append("GPU memory passed directly to MPI (CUDA-aware MPI: " + aware + ")")
