@@ -9,7 +9,7 @@ use mpi::traits::*;
 
 use super::args::{CheckArgs, Producer};
 use super::context::{Verdict, SATURATING_SUM_BUG};
-use super::matrix::{Comm, Op};
+use super::matrix::{Comm, Layout, Op};
 use super::producers::{run_producer, send_producer};
 use super::select::Case;
 use super::store::numpy_version;
@@ -183,10 +183,11 @@ impl Tally {
             }
         };
         self.counts.add(outcome);
-        let label = match case.dev {
-            Dev::Cpu if producer == Producer::Rust && run_producer() == Producer::Auto => STAND_IN,
-            _ => producer.name(),
-        };
+        // Rust standing in for the Python producers, none of which makes the dtype.
+        let stand_in = case.dev == Dev::Cpu
+            && run_producer() == Producer::Auto
+            && send_producer(case.kind.dtype()) == Producer::Rust;
+        let label = if stand_in { STAND_IN } else { producer.name() };
         self.summary.add(case.op, case.kind.name(), label, outcome);
         self.records.push(Record::new(
             case, producer, route, outcome, message, seconds,
@@ -289,7 +290,16 @@ impl Tally {
 /// (`Owned`, cudarc).
 fn case_producer(case: &Case<'_>) -> Producer {
     match case.dev {
-        Dev::Cpu => send_producer(case.kind.dtype()),
+        Dev::Cpu => match send_producer(case.kind.dtype()) {
+            // Paddle has no negative-stride views: unless pinned, Rust makes those
+            // (`Kind::placed`).
+            Producer::Paddle
+                if case.layout == Layout::Negative && run_producer() != Producer::Paddle =>
+            {
+                Producer::Rust
+            }
+            p => p,
+        },
         _ => Producer::Rust,
     }
 }
