@@ -41,6 +41,7 @@ fn check_patterns_reports_and_summary() {
         2,
         &[
             "check",
+            "-v",
             "--producer",
             "rust",
             "-k",
@@ -156,6 +157,7 @@ fn check_failure_names_index_values_and_rank_and_failfast_stops() {
         2,
         &[
             "check",
+            "-v",
             "--op",
             "allreduce",
             "--dtype",
@@ -192,7 +194,7 @@ fn check_list_verbose_and_rank0_decides() {
     let out = mpirun(
         2,
         &[
-            "check", "--op", "bcast", "--dtype", "int8", "--len", "1", "-v",
+            "check", "--op", "bcast", "--dtype", "int8", "--len", "1", "-vv",
         ],
         &[],
     );
@@ -206,6 +208,157 @@ fn check_list_verbose_and_rank0_decides() {
             .all(|l| l.ends_with(" ms]")),
         "{stdout}"
     );
+}
+
+/// The default output of a clean 4-rank run over every operation and dtype (0-d tensors, to
+/// keep it short): no case lines, a line per operation, a matrix row per dtype, no dtype
+/// skipped for want of a producer (`auto` has Rust make what no installed producer makes),
+/// the reductions on transfer-only dtypes not applicable, and under 100 lines in all.
+#[test]
+fn check_default_output_is_one_screen() {
+    let out = mpirun(
+        4,
+        &["check", "--layout", "scalar", "--len", "1"],
+        // Open MPI's saturating 8-bit sums (a known bug) need longer tensors; off anyway.
+        &[("OMPI_MCA_op", "^avx")],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.len() < 100, "{} lines: {stdout}", lines.len());
+    assert!(
+        lines[0].starts_with("dlpack-mpi check: 416 cases at 4 rank(s)"),
+        "{stdout}"
+    );
+    for case_line in ["PASS ", "SKIP ", "N/A ", "FAIL ", "KNOWN-BUG"] {
+        assert!(!stdout.contains(case_line), "{case_line}: {stdout}");
+    }
+    // 16 operations × 26 dtypes; 4 reductions × 10 transfer-only dtypes do not apply.
+    assert_eq!(
+        lines.last().copied(),
+        Some("376 passed, 0 failed, 0 skipped, 40 not applicable"),
+        "{stdout}"
+    );
+    let ops: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.starts_with("  ") && l.ends_with(" not applicable"))
+        .collect();
+    assert_eq!(ops.len(), 16, "{stdout}");
+    assert!(ops[0].starts_with("  a send-recv "), "{}", ops[0]);
+    assert!(
+        ops[4].starts_with("  e reduce ")
+            && ops[4].ends_with(
+                " 16 passed    0 failed    0 skipped   0 known bugs   10 not applicable"
+            ),
+        "{}",
+        ops[4]
+    );
+    let row = |dtype: &str| -> &str {
+        lines
+            .iter()
+            .copied()
+            .find(|l| l.starts_with(&format!("  {dtype:<20} ")))
+            .unwrap_or_else(|| panic!("no row {dtype}: {stdout}"))
+    };
+    let cells = |dtype: &str| row(dtype)[23..39].to_string();
+    assert_eq!(
+        row("").trim_end(),
+        format!("  {:<20} abcdefghijklmnop  tensors made by", "").trim_end()
+    );
+    assert_eq!(cells("float32"), "................");
+    assert_eq!(cells("int8"), "................");
+    // Transfer-only: moved by every operation, reduced by none (reduce, allreduce,
+    // allreduce-inplace, reduce-scatter-block).
+    for dtype in ["complex32", "bcomplex32", "float8_e5m2", "float8_e8m0fnu"] {
+        assert_eq!(cells(dtype), "....---........-", "{dtype}");
+    }
+    // No installed Python producer makes complex32: Rust stands in, and says so.
+    assert!(row("complex32").ends_with("  rust*") || row("complex32").ends_with("  rust"));
+    if cfg!(feature = "python") {
+        assert!(row("float32").ends_with("  numpy"), "{}", row("float32"));
+        assert!(
+            row("complex32").ends_with("  rust*"),
+            "{}",
+            row("complex32")
+        );
+        assert!(stdout.contains("\n  rust*: Rust-made tensors"), "{stdout}");
+    }
+}
+
+/// A failure is printed in full as it happens and marks its cell `F`; `-v` prints every
+/// case, not-applicable ones as `N/A` with the reason.
+#[test]
+fn check_default_output_failures_and_verbose_cases() {
+    let args = [
+        "check",
+        "--producer",
+        "rust",
+        "--op",
+        "bcast,allreduce",
+        "--dtype",
+        "int8,float8_e5m2",
+        "--layout",
+        "scalar",
+        "--len",
+        "1",
+        "--inject-fault",
+        "allreduce/int8/*",
+    ];
+    let out = mpirun(2, &args, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let fails: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(fails.len(), 1, "{stdout}");
+    assert!(
+        fails[0].starts_with("FAIL allreduce/int8/scalar/cpu/host/1: rank 1: sum: first difference at index 0: expected "),
+        "{}",
+        fails[0]
+    );
+    assert!(!stdout.contains("PASS "), "{stdout}");
+    assert!(
+        stdout.contains(&format!("\n  {:<20} .F  ", "int8")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("\n  {:<20} .-  ", "float8_e5m2")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\n  b allreduce "), "{stdout}");
+    assert!(
+        stdout.ends_with("\n2 passed, 1 failed, 0 skipped, 1 not applicable\n"),
+        "{stdout}"
+    );
+
+    let mut verbose = args.to_vec();
+    verbose.push("-v");
+    let out = mpirun(2, &verbose, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let cases: Vec<&str> = stdout
+        .lines()
+        .filter(|l| ["PASS ", "FAIL ", "N/A "].iter().any(|p| l.starts_with(p)))
+        .collect();
+    assert_eq!(cases.len(), 4, "{stdout}");
+    assert!(
+        cases[0].starts_with("PASS bcast/int8/scalar/cpu/host/1 ["),
+        "{}",
+        cases[0]
+    );
+    assert!(
+        cases[3].starts_with(
+            "N/A allreduce/float8_e5m2/scalar/cpu/host/1 (float8_e5m2 is transfer-only: MPI has \
+             no reduction for it) ["
+        ),
+        "{}",
+        cases[3]
+    );
+    // -q: the failure and the closing line, no matrix.
+    let mut quiet = args.to_vec();
+    quiet.push("-q");
+    let out = mpirun(2, &quiet, &[]);
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
 
 /// Options a rank other than 0 got wrong do not matter: rank 0 decides and broadcasts.
@@ -380,6 +533,7 @@ fn check_producer_numpy_needs_the_feature() {
 fn check_producer_numpy() {
     let args = [
         "check",
+        "-v",
         "--op",
         "bcast",
         "--dtype",
@@ -672,6 +826,7 @@ fn check_simulated_cuda_device_is_staged() {
         2,
         &[
             "check",
+            "-v",
             "--device",
             "cuda",
             "--simulate-device",

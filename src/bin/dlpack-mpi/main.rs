@@ -116,7 +116,7 @@ mod tests {
         assert_eq!(a.device, DeviceArg::Cpu);
         assert_eq!(a.producer, check::Producer::Auto);
         assert_eq!(a.transport, dlpack_mpi::transport::Transport::Auto);
-        assert!(!a.failfast && !a.quiet && !a.verbose && !a.list);
+        assert!(!a.failfast && !a.quiet && a.verbose == 0 && !a.list);
         assert!(a.junit.is_none() && a.json.is_none());
     }
 
@@ -157,7 +157,7 @@ mod tests {
         ]);
         assert_eq!(a.include, ["allreduce/", "*/float32/*"]);
         assert_eq!(a.exclude, ["scalar", "x"]);
-        assert!(a.failfast && a.verbose && a.list && !a.quiet);
+        assert!(a.failfast && a.verbose == 1 && a.list && !a.quiet);
         assert_eq!(a.device, DeviceArg::CudaManaged);
         assert_eq!(a.producer, check::Producer::Numpy);
         assert_eq!(a.transport, dlpack_mpi::transport::Transport::Staged);

@@ -65,12 +65,16 @@ pub struct CheckArgs {
     /// Stop at the first failure.
     #[arg(short = 'x', long)]
     pub failfast: bool,
-    /// Print only failures and the summary.
+    /// Print only failures, the known MPI-library bugs and the closing counts (no table
+    /// per operation, no matrix).
     #[arg(short, long, conflicts_with = "verbose")]
     pub quiet: bool,
-    /// Also print the full MPI library version and each case's time.
-    #[arg(short, long)]
-    pub verbose: bool,
+    /// `-v`: also print every case as it finishes (`PASS`, `SKIP`, `N/A`, `KNOWN-BUG`,
+    /// `FAIL`, with the producer); `-vv`: also the full MPI library version and each case's
+    /// time. Without it: failures as they happen, then a line per operation, the operation
+    /// × dtype matrix, the known MPI-library bugs and the closing counts.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     /// List the case names and exit.
     #[arg(long)]
     pub list: bool,

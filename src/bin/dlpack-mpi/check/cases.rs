@@ -95,8 +95,11 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             Op::Bcast => self.bcast(),
             Op::Reduce | Op::Allreduce | Op::AllreduceInplace | Op::ReduceScatterBlock => {
                 match self.kind.reduce {
-                    None => Ok(Verdict::Skip(format!(
-                        "{} has no MPI reduction",
+                    // MPI-4.1 §6.9.2: the predefined operations are defined on the
+                    // predefined datatypes; a transfer-only dtype travels as same-size
+                    // units (src/dtype.rs) that MPI cannot sum.
+                    None => Ok(Verdict::NotApplicable(format!(
+                        "{} is transfer-only: MPI has no reduction for it",
                         self.kind.name
                     ))),
                     Some((rop, _)) => self.reduction(op, rop),
@@ -165,7 +168,8 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
     fn send_recv(&self) -> Res<Verdict> {
         let (r, p, dc) = (self.r, self.p, self.dc);
         if p < 2 {
-            return Ok(Verdict::Skip("needs 2 ranks".into()));
+            // A blocking send to itself with no receive posted is unsafe (MPI-4.1 §3.5).
+            return Ok(Verdict::NotApplicable("needs 2 ranks".into()));
         }
         let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
         let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {

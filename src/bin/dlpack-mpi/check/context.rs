@@ -25,6 +25,11 @@ pub(super) fn e(err: Error) -> String {
 /// The verdict of one case on one rank.
 pub(super) enum Verdict {
     Pass,
+    /// A combination that MPI or DLPack rules out (a reduction on a transfer-only dtype, a
+    /// point-to-point exchange at one rank): nothing to check, counted apart from skips.
+    NotApplicable(String),
+    /// A case that could have been checked and was not (a documented limitation of this
+    /// library, a pinned producer that lacks the dtype).
     Skip(String),
     /// The MPI library returned a wrong result that matches a known, documented bug of it
     /// (today one: [`SATURATING_SUM_BUG`]).

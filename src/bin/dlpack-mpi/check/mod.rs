@@ -6,9 +6,13 @@
 //! `TensorComm`, CUDA memory direct or staged through pinned buffers), and compares what arrived with the
 //! values computed here independently of MPI (closed forms over rank and index, reductions
 //! folded in the element type's own arithmetic). Verdicts are combined across ranks; rank 0
-//! prints one line per case, `PASS`/`FAIL`/`SKIP` with the reason, and closes with
-//! `N passed, N failed, N skipped`. A failure names the first differing index, the expected
-//! and arrived values, and the rank that saw it.
+//! prints each failure as it happens (every case with `-v`: `PASS`/`FAIL`/`SKIP`/`N/A`/
+//! `KNOWN-BUG` with the reason), then a line per operation, the operation × dtype matrix and
+//! the known MPI-library bugs, and closes with
+//! `N passed, N failed, N skipped, N not applicable`. A failure names the first differing
+//! index, the expected and arrived values, and the rank that saw it. Not applicable: a
+//! combination MPI or DLPack rules out (a reduction on a transfer-only dtype), which is not
+//! a skip.
 //!
 //! # Files
 //!
@@ -26,9 +30,11 @@
 //! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
 //! 9. `setup`: devices, GPU runtime and each rank's GPU, and communicator, agreed by every
 //!    rank.
-//! 10. `report`: header, lines, closing counts, JSON and JUnit reports.
-//! 11. `run`: running the cases, verdicts combined across ranks.
-//! 12. this file: [`run`], the entry point.
+//! 10. `summary`: the verdict people read: a line per operation, the operation × dtype
+//!     matrix, skips by reason, known MPI-library bugs by matrix cell.
+//! 11. `report`: header, lines, closing counts, JSON and JUnit reports.
+//! 12. `run`: running the cases, verdicts combined across ranks.
+//! 13. this file: [`run`], the entry point.
 
 // `check` needs no `unsafe` (main.rs denies it crate-wide; only bench's GPU baseline allows it).
 #![forbid(unsafe_code)]
@@ -45,6 +51,7 @@ mod run;
 mod select;
 mod setup;
 mod store;
+mod summary;
 
 use std::process::ExitCode;
 

@@ -30,9 +30,15 @@ pub(super) fn set_installed(run: Producer, mask: i32) {
     }
 }
 
+/// The run's producer (resolved: `Auto` when a Python producer is installed), as rank 0
+/// chose it.
+pub(super) fn run_producer() -> Producer {
+    RUN.get().copied().unwrap_or(Producer::Rust)
+}
+
 /// Who makes the send tensors of a `cpu` case of `dtype` in this run.
 pub(super) fn send_producer(dtype: DType) -> Producer {
-    producer_for(RUN.get().copied().unwrap_or(Producer::Rust), dtype, false)
+    producer_for(run_producer(), dtype, false)
 }
 
 fn installed(p: Producer) -> bool {

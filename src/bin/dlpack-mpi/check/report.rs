@@ -9,10 +9,11 @@ use mpi::traits::*;
 
 use super::args::{CheckArgs, Producer};
 use super::context::{Verdict, SATURATING_SUM_BUG};
-use super::matrix::Comm;
-use super::producers::send_producer;
+use super::matrix::{Comm, Layout, Op};
+use super::producers::{run_producer, send_producer};
 use super::select::Case;
 use super::store::numpy_version;
+use super::summary::{Counts, Outcome, Summary, STAND_IN};
 use crate::launch::{Dev, Gpu};
 
 /// The MPI library's version string (`-v`, reports); the header shows its first line up to
@@ -98,34 +99,46 @@ pub(super) fn header(
             .and_then(|l| l.split(',').next())
             .unwrap_or("")
     );
-    if args.verbose {
+    if args.verbose >= 2 {
         println!("MPI library: {library}");
     }
 }
 
 /// The counts and records of the cases run so far (rank 0).
-#[derive(Default)]
 pub(super) struct Tally {
     /// Rank 0's CUDA device ordinal, shown in `cuda` case lines (`[cuda:0 staged]`).
     ordinal: i32,
-    passed: u32,
-    failed: u32,
-    skipped: u32,
-    known: u32,
+    counts: Counts,
+    summary: Summary,
     records: Vec<Record>,
 }
 
 impl Tally {
-    /// No case yet; `cuda` case lines name device `ordinal` (this rank's, 0 without a GPU).
-    pub(super) fn new(ordinal: i32) -> Tally {
+    /// No case yet of `cases`; `cuda` case lines name device `ordinal` (this rank's, 0
+    /// without a GPU).
+    pub(super) fn new(ordinal: i32, cases: &[Case<'_>]) -> Tally {
+        let mut ops: Vec<Op> = Vec::new();
+        let mut dtypes: Vec<&'static str> = Vec::new();
+        for c in cases {
+            if !ops.contains(&c.op) {
+                ops.push(c.op);
+            }
+            if !dtypes.contains(&c.kind.name()) {
+                dtypes.push(c.kind.name());
+            }
+        }
+        ops.sort_by_key(|o| Op::ALL.iter().position(|x| x == o));
         Tally {
             ordinal,
-            ..Tally::default()
+            counts: Counts::default(),
+            summary: Summary::new(ops, dtypes),
+            records: Vec::new(),
         }
     }
 
     /// Counts and records the agreed verdict `v` of `case`, and returns the line to print,
-    /// if any, and whether `-x` stops the run here.
+    /// if any, and whether `-x` stops the run here. Every case has a line with `-v`; without
+    /// it only failures do (the rest is summed up at the end).
     pub(super) fn add(
         &mut self,
         args: &CheckArgs,
@@ -134,13 +147,62 @@ impl Tally {
         v: Verdict,
         seconds: f64,
     ) -> (Option<String>, bool) {
-        // Who made the case's (send) tensors: `cpu` cases by the run's producer, others by
-        // Rust (`Owned`, cudarc).
-        let producer = match case.dev {
-            Dev::Cpu => send_producer(case.kind.dtype()),
-            _ => Producer::Rust,
+        let producer = case_producer(case);
+        let name = self.display_name(case, route);
+        // Every `cpu` line names its producer (other devices' lines name their route), then
+        // with -vv the time.
+        let mut took = match case.dev {
+            Dev::Cpu => format!(" [{}]", producer.name()),
+            _ => String::new(),
         };
-        let name = match case.dev {
+        if args.verbose >= 2 {
+            took.push_str(&format!(" [{:.2} ms]", seconds * 1e3));
+        }
+        let cell = format!("{}/{}", case.op.name(), case.kind.name());
+        let (outcome, message, line) = match v {
+            Verdict::Pass => (Outcome::Pass, None, format!("PASS {name}{took}")),
+            Verdict::NotApplicable(why) => {
+                let line = format!("N/A {name} ({why}){took}");
+                (Outcome::NotApplicable, Some(why), line)
+            }
+            Verdict::Skip(why) => {
+                self.summary.skip(&why, cell, &case.name());
+                let line = format!("SKIP {name} ({why}){took}");
+                (Outcome::Skip, Some(why), line)
+            }
+            Verdict::KnownBug(saw) => {
+                self.summary
+                    .known_bug(SATURATING_SUM_BUG, cell, &case.name(), &saw);
+                let why = format!("{saw}; {SATURATING_SUM_BUG}");
+                let line = format!("KNOWN-BUG {name}: {why}{took}");
+                (Outcome::KnownBug, Some(why), line)
+            }
+            Verdict::Fail(why) => {
+                let line = format!("FAIL {name}: {why}{took}");
+                (Outcome::Fail, Some(why), line)
+            }
+        };
+        self.counts.add(outcome);
+        // Rust standing in for the Python producers, none of which makes the dtype.
+        let stand_in = case.dev == Dev::Cpu
+            && run_producer() == Producer::Auto
+            && send_producer(case.kind.dtype()) == Producer::Rust;
+        let label = if stand_in { STAND_IN } else { producer.name() };
+        self.summary.add(case.op, case.kind.name(), label, outcome);
+        self.records.push(Record::new(
+            case, producer, route, outcome, message, seconds,
+        ));
+        let shown = args.verbose >= 1 || outcome == Outcome::Fail;
+        (
+            shown.then_some(line),
+            args.failfast && outcome == Outcome::Fail,
+        )
+    }
+
+    /// The case's name in its line: `cpu` cases by name, other devices' with the device and
+    /// the route taken (`[cuda:0 staged]`).
+    fn display_name(&self, case: &Case<'_>, route: Option<Route>) -> String {
+        match case.dev {
             // Host memory: the name says it all (`cpu/host`).
             Dev::Cpu => case.name(),
             dev => format!(
@@ -149,64 +211,17 @@ impl Tally {
                 dev.short(self.ordinal),
                 route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
             ),
-        };
-        // Every `cpu` line names its producer (other devices' lines name their route), then
-        // with -v the time.
-        let mut took = match case.dev {
-            Dev::Cpu => format!(" [{}]", producer.name()),
-            _ => String::new(),
-        };
-        if args.verbose {
-            took.push_str(&format!(" [{:.2} ms]", seconds * 1e3));
         }
-        let mut stop = false;
-        let (status, message, line) = match v {
-            Verdict::Pass => {
-                self.passed += 1;
-                let line = (!args.quiet).then(|| format!("PASS {name}{took}"));
-                ("pass", None, line)
-            }
-            Verdict::Skip(why) => {
-                self.skipped += 1;
-                let line = (!args.quiet).then(|| format!("SKIP {name} ({why}){took}"));
-                ("skip", Some(why), line)
-            }
-            Verdict::KnownBug(why) => {
-                self.known += 1;
-                let why = format!("{why}; {SATURATING_SUM_BUG}");
-                let line = Some(format!("KNOWN-BUG {name}: {why}{took}"));
-                ("known-bug", Some(why), line)
-            }
-            Verdict::Fail(why) => {
-                self.failed += 1;
-                stop = args.failfast;
-                let line = Some(format!("FAIL {name}: {why}{took}"));
-                ("fail", Some(why), line)
-            }
-        };
-        self.records.push(Record {
-            name: case.name(),
-            op: case.op.name(),
-            dtype: case.kind.name(),
-            layout: case.layout.name(),
-            device: case.dev.name(),
-            producer: producer.name(),
-            transport: case.transport,
-            route: route.map(|r| r.to_string()),
-            len: case.len,
-            status,
-            message,
-            seconds,
-        });
-        (line, stop)
     }
 
     /// Whether a case failed.
     pub(super) fn any_failed(&self) -> bool {
-        self.failed > 0
+        self.counts.failed > 0
     }
 
-    /// The closing lines and the reports of `--junit` and `--json` (rank 0), after `seconds`.
+    /// The verdict (without `-q`: a line per operation, the matrix, the skips by reason;
+    /// always: the known MPI-library bugs), the closing lines, and the reports of `--junit`
+    /// and `--json` (rank 0), after `seconds`.
     ///
     /// # Errors
     /// A report that cannot be written, in words.
@@ -217,16 +232,39 @@ impl Tally {
         library: String,
         seconds: f64,
     ) -> Result<(), String> {
-        let (passed, failed, skipped, known) = (self.passed, self.failed, self.skipped, self.known);
-        if known > 0 {
-            println!(
-                "{known} case{} hit known MPI-library bugs (KNOWN-BUG lines above; counted as neither \
+        let c = self.counts;
+        let mut lines = Vec::new();
+        if !args.quiet {
+            lines.push(String::new());
+            lines.extend(self.summary.per_operation());
+            lines.push(String::new());
+            lines.extend(self.summary.matrix());
+            lines.extend(self.summary.skip_reasons());
+        }
+        lines.extend(self.summary.known_bugs());
+        if c.known > 0 {
+            lines.push(format!(
+                "{} case{} hit known MPI-library bugs (KNOWN-BUG lines above; counted as neither \
                  passed, failed nor skipped): the library \
                  computed a wrong result; see the workaround given there",
-                if known == 1 { "" } else { "s" }
-            );
+                c.known,
+                if c.known == 1 { "" } else { "s" }
+            ));
         }
-        println!("{passed} passed, {failed} failed, {skipped} skipped");
+        // The closing line: scripts and tests read its first three counts.
+        lines.push(format!(
+            "{} passed, {} failed, {} skipped, {} not applicable",
+            c.passed, c.failed, c.skipped, c.not_applicable
+        ));
+        {
+            // A closed pipe (`check | head`) ends the output quietly.
+            let mut out = std::io::stdout().lock();
+            for l in &lines {
+                if writeln!(out, "{l}").is_err() {
+                    break;
+                }
+            }
+        }
         if let Some(path) = &args.junit {
             write_junit(path, &self.records, seconds)?;
         }
@@ -235,15 +273,34 @@ impl Tally {
                 tool: format!("dlpack-mpi {}", env!("CARGO_PKG_VERSION")),
                 mpi_library: library,
                 ranks: w.size(),
-                passed,
-                failed,
-                skipped,
-                known_bugs: known,
+                passed: c.passed,
+                failed: c.failed,
+                skipped: c.skipped,
+                known_bugs: c.known,
+                not_applicable: c.not_applicable,
                 cases: &self.records,
             };
             write_json(path, &report)?;
         }
         Ok(())
+    }
+}
+
+/// Who made `case`'s (send) tensors: `cpu` cases by the run's producer, others by Rust
+/// (`Owned`, cudarc).
+fn case_producer(case: &Case<'_>) -> Producer {
+    match case.dev {
+        Dev::Cpu => match send_producer(case.kind.dtype()) {
+            // Paddle has no negative-stride views: unless pinned, Rust makes those
+            // (`Kind::placed`).
+            Producer::Paddle
+                if case.layout == Layout::Negative && run_producer() != Producer::Paddle =>
+            {
+                Producer::Rust
+            }
+            p => p,
+        },
+        _ => Producer::Rust,
     }
 }
 
@@ -265,13 +322,45 @@ pub(super) struct Record {
     route: Option<String>,
     /// Logical elements per tensor.
     len: i64,
-    /// `pass`, `fail`, `skip` or `known-bug`.
+    /// `pass`, `fail`, `skip`, `known-bug` or `not-applicable`.
     status: &'static str,
-    /// Why it failed, was skipped or hit a known bug.
+    /// Why it failed, was skipped, hit a known bug or does not apply.
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
     /// Wall time of the case on rank 0, including the agreement of the verdicts.
     seconds: f64,
+}
+
+impl Record {
+    fn new(
+        case: &Case<'_>,
+        producer: Producer,
+        route: Option<Route>,
+        outcome: Outcome,
+        message: Option<String>,
+        seconds: f64,
+    ) -> Record {
+        Record {
+            name: case.name(),
+            op: case.op.name(),
+            dtype: case.kind.name(),
+            layout: case.layout.name(),
+            device: case.dev.name(),
+            producer: producer.name(),
+            transport: case.transport,
+            route: route.map(|r| r.to_string()),
+            len: case.len,
+            status: match outcome {
+                Outcome::Pass => "pass",
+                Outcome::NotApplicable => "not-applicable",
+                Outcome::Skip => "skip",
+                Outcome::KnownBug => "known-bug",
+                Outcome::Fail => "fail",
+            },
+            message,
+            seconds,
+        }
+    }
 }
 
 /// The JSON report.
@@ -284,6 +373,9 @@ struct Report<'r> {
     failed: u32,
     skipped: u32,
     known_bugs: u32,
+    /// Cases of combinations that MPI or DLPack rules out (status `not-applicable`):
+    /// counted in none of the other totals.
+    not_applicable: u32,
     cases: &'r [Record],
 }
 
@@ -294,16 +386,19 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
         let mut status = match r.status {
             "pass" => TestCaseStatus::success(),
             "fail" => TestCaseStatus::non_success(NonSuccessKind::Failure),
-            // A known MPI-library bug: a wrong result the runner recognised; reported with
-            // its own type so that CI shows it without failing the run.
+            // A known MPI-library bug (a wrong result the runner recognised) or a combination
+            // MPI or DLPack rules out: reported with its own type so that CI shows it
+            // without failing the run.
             _ => TestCaseStatus::skipped(),
         };
         if let Some(m) = &r.message {
             status.set_message(m.as_str());
         }
-        if r.status == "known-bug" {
-            status.set_type("known-mpi-library-bug");
-        }
+        match r.status {
+            "known-bug" => status.set_type("known-mpi-library-bug"),
+            "not-applicable" => status.set_type("not-applicable"),
+            _ => &mut status,
+        };
         let mut case = TestCase::new(r.name.as_str(), status);
         case.set_classname(format!("dlpack-mpi.check.{}", r.op));
         case.set_time(std::time::Duration::from_secs_f64(r.seconds));

@@ -58,7 +58,7 @@ pub(super) fn run_cases(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut tally = Tally::new(run.ordinal);
+    let mut tally = Tally::new(run.ordinal, cases);
     for case in cases {
         let t0 = std::time::Instant::now();
         let corrupt = w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));
@@ -87,13 +87,15 @@ pub(super) fn run_cases(
 }
 
 /// Combines the verdicts of all ranks at rank 0: fail if any rank failed (with every failing
-/// rank's message), else skip if any skipped, else pass.
+/// rank's message), else a known bug if any saw one, else skip if any skipped, else not
+/// applicable if any found it so, else pass.
 fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     let (level, msg) = match v {
         Verdict::Pass => (0i32, String::new()),
-        Verdict::Skip(m) => (1, m),
-        Verdict::KnownBug(m) => (2, m),
-        Verdict::Fail(m) => (3, m),
+        Verdict::NotApplicable(m) => (1, m),
+        Verdict::Skip(m) => (2, m),
+        Verdict::KnownBug(m) => (3, m),
+        Verdict::Fail(m) => (4, m),
     };
     let mut worst = 0i32;
     w.all_reduce_into(&level, &mut worst, SystemOperation::max());
@@ -133,8 +135,9 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     let text = grouped(messages);
     Some(match worst {
         0 => Verdict::Pass,
-        1 => Verdict::Skip(text),
-        2 => Verdict::KnownBug(text),
+        1 => Verdict::NotApplicable(text),
+        2 => Verdict::Skip(text),
+        3 => Verdict::KnownBug(text),
         _ => Verdict::Fail(text),
     })
 }
