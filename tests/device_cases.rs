@@ -42,6 +42,9 @@ macro_rules! call {
 #[path = "device_cases/strided.rs"]
 mod strided;
 
+#[path = "device_cases/agreement.rs"]
+mod agreement;
+
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
 }
@@ -877,7 +880,11 @@ fn main() {
     }
     let (passed, failed) = harness::run_cases(
         &w,
-        CASES.iter().chain(strided::CASES).copied(),
+        CASES
+            .iter()
+            .chain(strided::CASES)
+            .chain(agreement::CASES)
+            .copied(),
         &filter,
         |case| case(&w),
     );

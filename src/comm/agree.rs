@@ -136,7 +136,7 @@ pub fn set_agreement(agreement: Agreement) {
 /// collective. Returns `local` when every rank succeeded (or under [`Agreement::Local`]);
 /// this rank's own error when it failed; else [`Error::PeerRefused`] naming the lowest rank
 /// that failed and its error text.
-pub(super) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> Result<T> {
+pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> Result<T> {
     let local = match agreement() {
         Ok(Agreement::Local) => return local,
         Ok(Agreement::Collective) => local,

@@ -58,6 +58,7 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
+pub(crate) use agree::agree;
 pub use agree::{
     agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
 };

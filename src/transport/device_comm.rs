@@ -1,5 +1,6 @@
 //! [`DeviceComm`]: every [`TensorComm`] operation for tensors on any device.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use mpi::point_to_point::Status;
@@ -13,7 +14,7 @@ use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Access, Extent, Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_rank, check_tag, TensorComm};
+use crate::comm::{agree, check_rank, check_tag, TensorComm};
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -377,6 +378,26 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         })
     }
 
+    /// Runs one collective: `body` places and stages the tensors, then enters `TensorComm`'s
+    /// collective through [`Self::enter`] (which makes the agreement across ranks). An error
+    /// before that point (a placement refused, staging, a view) is this rank's alone, while
+    /// its peers are already in the agreement: it is taken into that agreement, so that they
+    /// return [`Error::PeerRefused`] instead of waiting (no rank left waiting). Errors after
+    /// it (copying a result back to the device) are local, as in `TensorComm`.
+    fn collective<R>(&self, body: impl FnOnce(&Cell<bool>) -> Result<R>) -> Result<R> {
+        let entered = Cell::new(false);
+        match body(&entered) {
+            Err(e) if !entered.get() && !self.comm.test_inter() => agree(self.comm, Err(e)),
+            other => other,
+        }
+    }
+
+    /// The communicator, noting that `TensorComm`'s collective is being entered.
+    fn enter(&self, entered: &Cell<bool>) -> &'c C {
+        entered.set(true);
+        self.comm
+    }
+
     // ----- collectives ------------------------------------------------------------------
 
     /// [`TensorComm::broadcast_tensor`]: read at the root, written elsewhere.
@@ -384,11 +405,13 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::broadcast_tensor`] and the [type docs](DeviceComm).
     pub fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
-        let is_root = self.comm.rank() == root;
-        let access = if is_root { Access::Read } else { Access::Write };
-        let placement = self.place(&*tensor, None, access)?;
-        self.write(tensor, placement, access, |t| {
-            self.comm.broadcast_tensor(t, root)
+        self.collective(|entered| {
+            let is_root = self.comm.rank() == root;
+            let access = if is_root { Access::Read } else { Access::Write };
+            let placement = self.place(&*tensor, None, access)?;
+            self.write(tensor, placement, access, |t| {
+                self.enter(entered).broadcast_tensor(t, root)
+            })
         })
     }
 
@@ -404,15 +427,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         op: ReduceOp,
         root: Rank,
     ) -> Result<()> {
-        let dt = Some(send.dtype());
-        match recv.filter(|_| self.comm.rank() == root) {
-            Some(recv) => self.pair(send, recv, Access::Write, dt, |s, r| {
-                self.comm.reduce_tensor(s, Some(r), op, root)
-            }),
-            None => self.read(send, self.place(send, dt, Access::Read)?, |s| {
-                self.comm.reduce_tensor(s, None, op, root)
-            }),
-        }
+        self.collective(|entered| {
+            let dt = Some(send.dtype());
+            match recv.filter(|_| self.comm.rank() == root) {
+                Some(recv) => self.pair(send, recv, Access::Write, dt, |s, r| {
+                    self.enter(entered).reduce_tensor(s, Some(r), op, root)
+                }),
+                None => self.read(send, self.place(send, dt, Access::Read)?, |s| {
+                    self.enter(entered).reduce_tensor(s, None, op, root)
+                }),
+            }
+        })
     }
 
     /// [`TensorComm::all_reduce_tensor`].
@@ -425,8 +450,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
-        self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
-            self.comm.all_reduce_tensor(s, r, op)
+        self.collective(|entered| {
+            self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
+                self.enter(entered).all_reduce_tensor(s, r, op)
+            })
         })
     }
 
@@ -435,9 +462,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::all_reduce_tensor_in_place`] and the [type docs](DeviceComm).
     pub fn all_reduce_tensor_in_place(&self, tensor: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
-        let placement = self.place(&*tensor, Some(tensor.dtype()), Access::ReadWrite)?;
-        self.write(tensor, placement, Access::ReadWrite, |t| {
-            self.comm.all_reduce_tensor_in_place(t, op)
+        self.collective(|entered| {
+            let placement = self.place(&*tensor, Some(tensor.dtype()), Access::ReadWrite)?;
+            self.write(tensor, placement, Access::ReadWrite, |t| {
+                self.enter(entered).all_reduce_tensor_in_place(t, op)
+            })
         })
     }
 
@@ -451,8 +480,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
-        self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
-            self.comm.reduce_scatter_block_tensor(s, r, op)
+        self.collective(|entered| {
+            self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
+                self.enter(entered).reduce_scatter_block_tensor(s, r, op)
+            })
         })
     }
 
@@ -466,14 +497,14 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<&mut dyn Tensor>,
         root: Rank,
     ) -> Result<()> {
-        match recv.filter(|_| self.comm.rank() == root) {
+        self.collective(|entered| match recv.filter(|_| self.comm.rank() == root) {
             Some(recv) => self.pair(send, recv, Access::Write, None, |s, r| {
-                self.comm.gather_tensor(s, Some(r), root)
+                self.enter(entered).gather_tensor(s, Some(r), root)
             }),
             None => self.read(send, self.place(send, None, Access::Read)?, |s| {
-                self.comm.gather_tensor(s, None, root)
+                self.enter(entered).gather_tensor(s, None, root)
             }),
-        }
+        })
     }
 
     /// [`TensorComm::gatherv_tensor`]; `recv` is staged at the root only, and read from the
@@ -487,16 +518,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
         root: Rank,
     ) -> Result<()> {
-        match recv.filter(|_| self.comm.rank() == root) {
+        self.collective(|entered| match recv.filter(|_| self.comm.rank() == root) {
             Some((recv, counts, displs)) => {
                 self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                    self.comm.gatherv_tensor(s, Some((r, counts, displs)), root)
+                    self.enter(entered)
+                        .gatherv_tensor(s, Some((r, counts, displs)), root)
                 })
             }
             None => self.read(send, self.place(send, None, Access::Read)?, |s| {
-                self.comm.gatherv_tensor(s, None, root)
+                self.enter(entered).gatherv_tensor(s, None, root)
             }),
-        }
+        })
     }
 
     /// [`TensorComm::scatter_tensor`]; `send` is staged at the root only.
@@ -509,17 +541,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
-        match send.filter(|_| self.comm.rank() == root) {
+        self.collective(|entered| match send.filter(|_| self.comm.rank() == root) {
             Some(send) => self.pair(send, recv, Access::Write, None, |s, r| {
-                self.comm.scatter_tensor(Some(s), r, root)
+                self.enter(entered).scatter_tensor(Some(s), r, root)
             }),
             None => {
                 let placement = self.place(&*recv, None, Access::Write)?;
                 self.write(recv, placement, Access::Write, |r| {
-                    self.comm.scatter_tensor(None, r, root)
+                    self.enter(entered).scatter_tensor(None, r, root)
                 })
             }
-        }
+        })
     }
 
     /// [`TensorComm::scatterv_tensor`]; `send` is staged at the root only, and `recv` is
@@ -533,17 +565,18 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
-        match send.filter(|_| self.comm.rank() == root) {
+        self.collective(|entered| match send.filter(|_| self.comm.rank() == root) {
             Some((send, c, d)) => self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                self.comm.scatterv_tensor(Some((s, c, d)), r, root)
+                self.enter(entered)
+                    .scatterv_tensor(Some((s, c, d)), r, root)
             }),
             None => {
                 let placement = self.place(&*recv, None, Access::ReadWrite)?;
                 self.write(recv, placement, Access::ReadWrite, |r| {
-                    self.comm.scatterv_tensor(None, r, root)
+                    self.enter(entered).scatterv_tensor(None, r, root)
                 })
             }
-        }
+        })
     }
 
     /// [`TensorComm::all_gather_tensor`].
@@ -551,8 +584,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::all_gather_tensor`] and the [type docs](DeviceComm).
     pub fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        self.pair(send, recv, Access::Write, None, |s, r| {
-            self.comm.all_gather_tensor(s, r)
+        self.collective(|entered| {
+            self.pair(send, recv, Access::Write, None, |s, r| {
+                self.enter(entered).all_gather_tensor(s, r)
+            })
         })
     }
 
@@ -568,8 +603,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         counts: &[i64],
         displacements: &[i64],
     ) -> Result<()> {
-        self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-            self.comm.all_gatherv_tensor(s, r, counts, displacements)
+        self.collective(|entered| {
+            self.pair(send, recv, Access::ReadWrite, None, |s, r| {
+                self.enter(entered)
+                    .all_gatherv_tensor(s, r, counts, displacements)
+            })
         })
     }
 
@@ -578,8 +616,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// # Errors
     /// As [`TensorComm::all_to_all_tensor`] and the [type docs](DeviceComm).
     pub fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        self.pair(send, recv, Access::Write, None, |s, r| {
-            self.comm.all_to_all_tensor(s, r)
+        self.collective(|entered| {
+            self.pair(send, recv, Access::Write, None, |s, r| {
+                self.enter(entered).all_to_all_tensor(s, r)
+            })
         })
     }
 
@@ -598,15 +638,17 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         recv_counts: &[i64],
         recv_displacements: &[i64],
     ) -> Result<()> {
-        self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-            self.comm.all_to_allv_tensor(
-                s,
-                send_counts,
-                send_displacements,
-                r,
-                recv_counts,
-                recv_displacements,
-            )
+        self.collective(|entered| {
+            self.pair(send, recv, Access::ReadWrite, None, |s, r| {
+                self.enter(entered).all_to_allv_tensor(
+                    s,
+                    send_counts,
+                    send_displacements,
+                    r,
+                    recv_counts,
+                    recv_displacements,
+                )
+            })
         })
     }
 }
