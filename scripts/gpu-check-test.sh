@@ -9,13 +9,15 @@
 #   excl        rank 1 gets no context      -> STOPPED: a rank cannot use the GPU: rank 1 ...
 #   stubs dir   a toolkit's stubs/libcuda.so first on LD_LIBRARY_PATH, the excl driver after
 #               it                          -> the excl reason: the stub never wins
-#   budget      rank 0's copy fails inside a pipelined send (peer left waiting), budget 25 s
-#                                           -> FAILED within the budget, later steps "not run"
+#   budget      rank 0's copy never returns inside a pipelined send (a stuck device),
+#               budget 25 s                 -> FAILED within the budget, later steps "not run"
 #
 # and runs the GPU test binary directly at 2 ranks with a fake where only rank 1's
-# allocations fail (every case fails on both ranks at once, nothing waits), and with the
-# same mid-transfer failure under a 5 s case watchdog (the job is aborted, nothing hangs), and
-# the strided device case (2-D copies) alone against that fake, where it passes.
+# allocations fail (every case fails on both ranks at once, nothing waits), with a fake
+# whose device copy fails inside a pipelined send (the sender aborts the message and the
+# receiver returns SenderAborted naming it: the job ends, no watchdog needed), with the stuck
+# copy under a 5 s case watchdog (the job is aborted, nothing hangs), and the strided device
+# case (2-D copies) alone against the failing-copy fake, where it passes.
 # About a minute on 2 cores once the debug `cuda` build exists (scripts/test.sh builds it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,7 @@ trap 'rm -rf "$work"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-for mode in stub excl alloc1 copy0; do
+for mode in stub excl alloc1 copy0 hang0; do
     mkdir -p "$work/$mode"
     cc -shared -fPIC -O1 -Wall -Wextra -Werror -DFAKE_MODE="FAKE_${mode^^}" \
         -o "$work/$mode/libcuda.so.1" tests/fixtures/fake_libcuda.c
@@ -76,7 +78,7 @@ excl='STOPPED .*a rank cannot use the GPU: rank 1: cannot run: .*cuDevicePrimary
 check excl 60 3 "$excl" "$work/excl"
 check stubs-dir 60 3 "$excl" "$work/cuda/lib64/stubs:$work/excl"
 grep -q 'dropped CUDA stub directories: .*/stubs' "$work/stubs-dir.txt" || fail "stubs-dir: the log does not say the stub directory was dropped"
-check budget 25 1 'FAILED: .*GPU cases.*\(not run\)' "$work/copy0"
+check budget 25 1 'FAILED: .*GPU cases.*\(not run\)' "$work/hang0"
 grep -q 'GPU cases (tests/gpu.rs), 2 ranks: exit 124 .*(killed at its limit)' "$work/budget.txt" ||
     fail "budget: the GPU cases step was not killed at its capped limit"
 
@@ -93,7 +95,13 @@ gpu_at_2 alloc1 "$work/alloc1"
 ((gpu_rc == 1 && gpu_took < 30)) || fail "alloc1: exit $gpu_rc after $gpu_took s, want 1 within 30 s"
 grep -q 'rank 1: c61_real_kernel_staged: .*CUDA_ERROR_OUT_OF_MEMORY' "$work/alloc1.txt" || fail "alloc1: rank 1's reason missing"
 grep -q 'rank 0: c61_real_kernel_staged: rank 1 failed at this step' "$work/alloc1.txt" || fail "alloc1: rank 0 did not agree"
-gpu_at_2 watchdog "$work/copy0" DLPACK_MPI_CASE_TIMEOUT_S=5
+# A device copy that fails inside a pipelined send: the sender aborts the message, the
+# receiver returns SenderAborted naming it, and the job ends without a watchdog.
+gpu_at_2 abort "$work/copy0"
+((gpu_rc == 1 && gpu_took < 30)) || fail "abort: exit $gpu_rc after $gpu_took s, want 1 within 30 s"
+grep -q 'rank 0 aborted its pipelined message at part' "$work/abort.txt" || fail "abort: the receiver did not name the aborting sender"
+# A device copy that never returns: the case watchdog ends the job.
+gpu_at_2 watchdog "$work/hang0" DLPACK_MPI_CASE_TIMEOUT_S=5
 ((gpu_rc != 0 && gpu_rc != 124 && gpu_took < 30)) || fail "watchdog: exit $gpu_rc after $gpu_took s, want an abort within 30 s"
 grep -q 'c64_c65_ring_pipeline_empty_staged: still running after 5 s' "$work/watchdog.txt" || fail "watchdog: no watchdog message"
 # The strided case alone against the copy0 fake (its failing copy is never reached there):
@@ -104,7 +112,7 @@ LD_LIBRARY_PATH="$work/copy0" timeout -k 5 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 
 echo "strided: exit $rc"
 ((rc == 0)) || fail "strided: exit $rc, want 0"
 grep -q 'strided_2d_copies_staged \.\.\. ok' "$work/strided.txt" || fail "strided: the case did not pass"
-((fails == 0)) || { for f in alloc1 watchdog strided; do tail -20 "$work/$f.txt"; done; }
+((fails == 0)) || { for f in alloc1 abort watchdog strided; do tail -20 "$work/$f.txt"; done; }
 
 if ((fails > 0)); then
     echo "gpu-check-test.sh: $fails failure(s)"
