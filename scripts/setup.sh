@@ -14,6 +14,12 @@
 # Usage: scripts/setup.sh            (run by run.sh and test.sh; safe to run again)
 set -euo pipefail
 
+# Rust first: without it nothing below is of use (rust-version 1.78; Debian 12's cargo is 1.63).
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is not on PATH: install Rust 1.78 or newer with rustup (rustup.rs), then run this again" >&2
+    exit 1
+fi
+
 missing=()
 case "${DLPACK_MPI_IMPL:-openmpi}" in
     openmpi)
@@ -129,9 +135,5 @@ fi
 # Verify what was installed: one line naming the package when something is still missing.
 if ! have_libclang; then
     echo "setup: bindgen will not find libclang (libclang.so*, not libclang-cpp): install Debian's libclang-dev (or libclang1-NN), or set LIBCLANG_PATH" >&2
-    exit 1
-fi
-if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo is not on PATH: install Rust with rustup (rustup.rs) or Debian's cargo package, then run this again" >&2
     exit 1
 fi

@@ -43,7 +43,9 @@
 //!   (`dlpack_mpi::cuda::{CudaRuntime, CudaExport}`), re-exported from `runtime` and
 //!   `dlpack`.
 //!
-//! Every error is an [`Error`] naming the field and value, returned before any MPI call.
+//! Every error is an [`Error`] naming the field and value. Argument errors are returned
+//! before any MPI call; errors about what arrived or what a peer did ([`Error::Unfit`],
+//! [`Error::PeerRefused`], [`Error::SenderAborted`]) after matching a message or agreeing.
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -88,8 +90,3 @@ pub use error::{Error, Result};
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-
-/// The code blocks of `docs/GUIDE.md`, compiled as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../docs/GUIDE.md")]
-pub struct GuideDoctests;

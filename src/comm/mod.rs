@@ -263,13 +263,14 @@ pub trait TensorComm: Communicator {
     }
 
     /// Blocking receive into the window `elems` = `[start, end)` of `tensor` (elements),
-    /// probed first as in [`TensorComm::recv_tensor`]: the message must be exactly
+    /// matched first as in [`TensorComm::recv_tensor`]: the message must be exactly
     /// `end - start` elements. Elements outside the window keep their values (a strided
     /// tensor is packed whole, received into, and unpacked whole).
     ///
     /// # Errors
-    /// As [`TensorComm::send_tensor_range`], plus [`Error::CountMismatch`] (the message is
-    /// left unreceived) and the errors of [`RecvSpec::range`] ([`Error::ReadOnly`], ...).
+    /// As [`TensorComm::send_tensor_range`], plus [`Error::Unfit`] around
+    /// [`Error::CountMismatch`] (the message held, as in [`TensorComm::recv_tensor`]) and
+    /// the errors of [`RecvSpec::range`] ([`Error::ReadOnly`], ...).
     fn recv_tensor_range(
         &self,
         tensor: &mut dyn Tensor,
@@ -324,8 +325,8 @@ pub trait TensorComm: Communicator {
     /// [`Error::BroadcastNotRoot`] when a rank other than `root` passes
     /// [`BroadcastBuffer::Send`]; [`Error::InvalidRank`]; [`Error::Intercommunicator`]; the
     /// errors of [`SendSpec::new`] at the root and of [`RecvSpec::new`] elsewhere. Like
-    /// every local error of a collective, it is returned before this rank's MPI call, and
-    /// the other ranks' calls then wait for it.
+    /// every local error of a collective, it is returned before the data operation, and the
+    /// other ranks return [`Error::PeerRefused`] (under [`Agreement::Local`] they wait).
     fn broadcast_tensor_from(&self, buffer: BroadcastBuffer<'_>, root: Rank) -> Result<()> {
         collective::broadcast(self, buffer, root)
     }

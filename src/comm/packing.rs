@@ -29,10 +29,7 @@
 //!   4–16 KiB blocks, the two ranks copying in parallel) and lost only in the heavily loaded
 //!   one (load 18–20, where its two-process pipeline starved); 32 and 64 f32 went either
 //!   way. The switch is set at 256 bytes: blocks of 64 f32 and more go as derived datatypes.
-//!
-//! Derived datatypes copy block by block inside MPI, which is slow for short blocks; long
-//! blocks are copied at memory speed by either path, and the derived path saves the pack
-//! buffer and one pass over memory.
+
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 

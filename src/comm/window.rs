@@ -146,7 +146,8 @@ pub(super) fn recv<C: Communicator + ?Sized>(
 }
 
 /// A probed message against a window of `count_elems` elements posted as `posted` units of
-/// `datatype`: equal, or [`Error::CountMismatch`] in elements (the message stays queued).
+/// `datatype`: equal, or [`Error::CountMismatch`] in elements (the caller holds the message
+/// in [`Error::Unfit`]).
 fn check_arrived(
     status: &Status,
     (posted, datatype): (mpi::Count, mpi::datatype::DatatypeRef<'static>),
