@@ -123,7 +123,7 @@ pub(super) fn gather<C: Communicator + ?Sized>(
                     'prep,
                     check_count(
                         || format!("gather receive (= send count × {size} ranks)"),
-                        s.len_elems() * i64::from(size),
+                        s.len_elems().saturating_mul(i64::from(size)),
                         r.len_elems(),
                     )
                 );
@@ -259,7 +259,7 @@ pub(super) fn scatter<C: Communicator + ?Sized>(
                     'prep,
                     check_count(
                         || format!("scatter send (= receive count × {size} ranks)"),
-                        r.len_elems() * i64::from(size),
+                        r.len_elems().saturating_mul(i64::from(size)),
                         s.len_elems(),
                     )
                 );
@@ -349,7 +349,7 @@ pub(super) fn all_gather<C: Communicator + ?Sized>(
             'prep,
             check_count(
                 || format!("all-gather receive (= send count × {size} ranks)"),
-                s.len_elems() * i64::from(size),
+                s.len_elems().saturating_mul(i64::from(size)),
                 r.len_elems(),
             )
         );

@@ -79,6 +79,9 @@ use crate::spec::{RecvSpec, SendSpec};
 /// {
 ///     let s = acquire(&send, &AcquireOptions::default())?;
 ///     let mut r = acquire(&recv, &AcquireOptions::default())?;
+///     // A posting error (bad rank or tag, a READ_ONLY receive tensor) comes back before
+///     // that request is posted; but a request already posted and then dropped waits for
+///     // its peer, so in real code rule such errors out before posting the first request.
 ///     mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
 ///         let rr = world.immediate_recv_tensor(scope, &mut r, prev, 0)?;
 ///         let sr = world.immediate_send_tensor(scope, &s, next, 0)?;

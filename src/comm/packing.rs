@@ -30,7 +30,6 @@
 //!   one (load 18–20, where its two-process pipeline starved); 32 and 64 f32 went either
 //!   way. The switch is set at 256 bytes: blocks of 64 f32 and more go as derived datatypes.
 
-
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use crate::dlpack::Tensor;

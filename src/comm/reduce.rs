@@ -351,7 +351,7 @@ pub(super) fn reduce_scatter_block<C: Communicator + ?Sized>(
             'prep,
             check_count(
                 || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
-                r.len_elems() * i64::from(size),
+                r.len_elems().saturating_mul(i64::from(size)),
                 s.len_elems(),
             )
         );

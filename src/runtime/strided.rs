@@ -135,6 +135,11 @@ impl StridedCopy {
             width = n.checked_mul(elem_bytes)?;
             dims.pop();
         }
+        // A row wider than any pitch CUDA takes cannot be one 2-D copy: the whole span is
+        // staged instead (the caller's fallback), as for any layout without a plan.
+        if width > MAX_PITCH_BYTES {
+            return None;
+        }
         let fits = |p: isize| usize::try_from(p).is_ok_and(|p| p >= width && p <= MAX_PITCH_BYTES);
         let rows = dims
             .iter()
@@ -369,6 +374,9 @@ mod tests {
         let rev = strided(&[6], &[-1], 4).unwrap();
         assert_eq!((rev.copies(), rev.height()), (6, 1));
         assert!(strided(&[MAX_STRIDED_COPIES as i64 + 1], &[-1], 4).is_none());
+        // Rows of 2 GiB (f32 [2, 2^29] strides [2^30, 1]): wider than any CUDA pitch, so
+        // no 2-D plan (the whole span is staged).
+        assert!(strided(&[2, 1 << 29], &[1 << 30, 1], 4).is_none());
     }
 
     #[test]
