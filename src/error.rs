@@ -481,7 +481,7 @@ pub enum Error {
     /// The program runs on another libpython than the one this crate was built against
     /// (feature `python`): pyo3 links `libpython3.x.so` by name, and the loader took the
     /// first copy on its search path (often the system's), whose packages are not those of
-    /// PYO3_PYTHON. Found by [`crate::python::check_libpython`].
+    /// PYO3_PYTHON. Found by `python::check_libpython` (feature `python`).
     #[error(
         "the embedded Python is the one in {loaded} (sys.prefix {prefix}), but dlpack-mpi was built \
          against the libpython in {built} (PYO3_PYTHON {python}); run with \
