@@ -225,31 +225,110 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         if w[1] != PIPELINE_VERSION {
             return Err(bad("version", w[1], "this library reads version 1"));
         }
-        if w[2] != word(e) {
+        // Self-consistency first (the parts that follow are known only from a consistent
+        // header): 1 ≤ m ≤ n, m × e ≤ MAX_PIPELINE_CHUNK_BYTES, e ≥ 1.
+        let consistent = usize::try_from(w[3]).ok().filter(|&m| {
+            m >= 1
+                && w[3] <= w[4]
+                && w[2] >= 1
+                && usize::try_from(w[2])
+                    .ok()
+                    .and_then(|he| m.checked_mul(he))
+                    .is_some_and(|b| b <= MAX_PIPELINE_CHUNK_BYTES)
+        });
+        let Some(part) = consistent else {
             return Err(bad(
+                "part elements",
+                w[3],
+                "0, above the message's elements, or parts above MAX_PIPELINE_CHUNK_BYTES",
+            ));
+        };
+        // Consistent: a refusal from here on receives the parts first (module docs).
+        let refused = if w[2] != word(e) {
+            bad(
                 "element bytes",
                 w[2],
                 "differs from the receive tensor's element size",
-            ));
-        }
-        if w[4] != word(total) {
-            return Err(Error::CountMismatch {
+            )
+        } else if w[4] != word(total) {
+            Error::CountMismatch {
                 what: format!("pipelined receive: part header from rank {sender}"),
                 expected: as_elems(word(total)),
                 actual: as_elems(w[4]),
-            });
-        }
-        let part = usize::try_from(w[3])
-            .ok()
-            .filter(|&m| m >= 1 && m <= total && m.saturating_mul(e) <= MAX_PIPELINE_CHUNK_BYTES)
-            .ok_or_else(|| {
-                bad(
-                    "part elements",
-                    w[3],
-                    "0, above the message's elements, or parts above MAX_PIPELINE_CHUNK_BYTES",
+            }
+        } else {
+            return Ok(Some((status, part)));
+        };
+        // Both fit usize: m × e does (checked above), so e does; n's parts are counted in u64.
+        let he = usize::try_from(w[2]).unwrap_or(usize::MAX);
+        let known = (w[2] == word(e)).then_some(element);
+        self.drain(sender, tag, (part, w[4], he), known);
+        Err(refused)
+    }
+
+    /// Receives and discards the `⌈n / m⌉` parts of a parted message whose consistent
+    /// header (`m` elements per part, `n` in all, `e` bytes each) this receive refused, one
+    /// part at a time into a scratch buffer of at most one part (`m × e` ≤
+    /// [`MAX_PIPELINE_CHUNK_BYTES`] bytes, grown to the largest part that arrived), so that
+    /// the sender completes and the tag's queue holds nothing of the message. Each part is
+    /// received as `element`'s datatype when the header's `e` is the receive tensor's, else
+    /// as `MPI_BYTE` (its bytes are discarded). Stops early at the sender's abort (the empty
+    /// part and its record are received) and at a message longer than a part (not a part of
+    /// this message: left queued).
+    pub(super) fn drain(
+        &self,
+        source: Rank,
+        tag: Tag,
+        (part, n, e): (usize, u64, usize),
+        element: Option<ElementType>,
+    ) {
+        let from = self.comm.process_at_rank(source);
+        let part_bytes = part * e; // ≤ MAX_PIPELINE_CHUNK_BYTES (checked by the caller).
+        let (datatype, unit_bytes) = match element {
+            Some(el) => (
+                el.row.unit.datatype().as_raw(),
+                el.size_bytes() / el.units_per_element(),
+            ),
+            None => (u8::equivalent_datatype().as_raw(), 1),
+        };
+        let parts = n.div_ceil(word(part));
+        let mut scratch: Vec<u8> = Vec::new();
+        let mut k = 0u64;
+        while k < parts {
+            let status = from.probe_with_tag(tag);
+            let bytes = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+            if bytes > part_bytes {
+                return;
+            }
+            if bytes == 0 {
+                // The sender's abort: the empty part, then (if it follows) its record.
+                let mut empty: [u8; 0] = [];
+                from.receive_into_with_tag(&mut empty[..], tag);
+                let k = usize::try_from(k).unwrap_or(usize::MAX);
+                let _ = self.read_abort(source, tag, k, k.saturating_add(1), 0);
+                return;
+            }
+            if scratch.len() < bytes {
+                scratch.resize(bytes, 0);
+            }
+            // SAFETY: the scratch holds `bytes` bytes = bytes / unit_bytes units of the
+            // datatype, and is not touched until the request is waited for (next line).
+            let posted = unsafe {
+                raw::irecv(
+                    scratch.as_mut_ptr(),
+                    bytes / unit_bytes.max(1),
+                    datatype,
+                    source,
+                    tag,
+                    self.comm.as_raw(),
                 )
-            })?;
-        Ok(Some((status, part)))
+            };
+            let Ok(req) = posted else {
+                return;
+            };
+            raw::wait(&mut Some(req));
+            k += 1;
+        }
     }
 
     /// Sends the staged tensor placed at `p` in parts: the part header, then the parts,
