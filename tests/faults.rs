@@ -5,7 +5,9 @@
 //!   abort and returns the copy's error, the receiver returns `SenderAborted` naming the
 //!   sender, and the next message on the same tag arrives intact; sender and receiver with
 //!   different part sizes; an ordinary message exactly one part long (the old one-part
-//!   ambiguity); forged part headers (typed errors naming the field and the sender);
+//!   ambiguity); forged part headers (typed errors naming the field and the sender); a
+//!   parted message into Fortran-order receive tensors (device and host); refused parted
+//!   messages (another count, another element size) drained, the sender completing;
 //! - the checked protocol ([`dlpack_mpi::checked`]) against truncated and lying headers: a
 //!   typed error, and no allocation beyond a small bound while receiving (a header claiming
 //!   2^60 elements allocates nothing for them). The bound is measured by this binary's

@@ -46,8 +46,8 @@ use crate::spec::scratch::Scratch;
 /// ranks.
 ///
 /// **Pipelining** (point-to-point only): a large staged contiguous send goes out in parts,
-/// and [`DeviceComm::recv_tensor`] recognises both forms; the [`pipeline`](super::pipeline)
-/// module documents the wire format.
+/// and [`DeviceComm::recv_tensor`] recognises both forms, into a receive tensor of any
+/// layout; the [`pipeline`](super::pipeline) module documents the wire format.
 ///
 /// Method names and arguments are [`TensorComm`]'s; the errors are theirs plus
 /// [`Error::UnsupportedDevice`] (ROCm, no GPU runtime), [`Error::DeviceMismatch`] (the
@@ -280,10 +280,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         self.read(tensor, placement, |t| self.comm.send_tensor(t, dest, tag))
     }
 
-    /// [`TensorComm::recv_tensor`]. For a contiguous tensor larger than
-    /// [`MIN_PIPELINE_CHUNK_BYTES`] the incoming message is probed: one message of the
-    /// tensor's size, or the part header of a parted send ([`pipeline`](super::pipeline)),
-    /// whose returned status is the header's.
+    /// [`TensorComm::recv_tensor`]. For a tensor whose elements take more than
+    /// [`MIN_PIPELINE_CHUNK_BYTES`] bytes (any layout) the incoming message is probed: one
+    /// message of the tensor's size, or the part header of a parted send
+    /// ([`pipeline`](super::pipeline)), whose returned status is the header's; a strided
+    /// tensor receives the parts packed and unpacks them into its layout.
     ///
     /// # Errors
     /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm); for a parted message,

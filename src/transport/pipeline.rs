@@ -48,24 +48,43 @@
 //! `m × e` bytes): it copies part `k + 1` to the host while part `k` is sent.
 //!
 //! **Receiving.** [`DeviceComm::recv_tensor`](super::DeviceComm::recv_tensor) probes the
-//! first message (`MPI_Probe`, source and tag as given) when its tensor is contiguous and
-//! larger than [`MIN_PIPELINE_CHUNK_BYTES`] (whatever its own `P`): a first message of
-//! exactly 40 bytes is received and read as a part header; anything else is received as one
-//! ordinary message. The parts are received from the source of the header (so that, with
-//! several senders on one tag, parts of two senders never interleave), each posted
-//! (`MPI_Irecv`) before the previous one is copied to the device, straight into the tensor
-//! for host memory or through two pinned buffers of the header's `m × e` bytes for device
-//! memory. The returned status is the header's. So any `DeviceComm` receives from any
-//! `DeviceComm` whatever their devices, transports and part sizes.
+//! first message (`MPI_Probe`, source and tag as given) when its tensor's elements span
+//! more than [`MIN_PIPELINE_CHUNK_BYTES`] bytes in all (`len × e`, any layout, whatever its
+//! own `P`): a first message of exactly 40 bytes is received and read as a part header;
+//! anything else is received as one ordinary message. The parts are received from the
+//! source of the header (so that, with several senders on one tag, parts of two senders
+//! never interleave), each posted (`MPI_Irecv`) before the previous one is landed. A
+//! contiguous tensor takes them straight into its memory (host memory) or through two
+//! pinned buffers of the header's `m × e` bytes (device memory). A strided tensor (any
+//! layout `TensorComm` receives: Fortran order, gaps, negative strides) takes them packed,
+//! in logical row-major order, then unpacked into its layout by the staging code: into its
+//! packed staging buffer when [`DeviceComm`](super::DeviceComm)'s staging packs it (pinned,
+//! or device scratch on the direct route; then unpacked on the device), else into a host
+//! scratch buffer of `len × e` bytes that the pack kernels ([`crate::spec::kernels`])
+//! unpack into its host memory or staged span. A strided tensor is left unchanged unless
+//! every part arrived (no overlap of copies with parts on that path). The returned status
+//! is the header's. So any `DeviceComm` receives from any `DeviceComm` whatever their
+//! devices, transports, part sizes and the two tensors' layouts (same dtype and count).
 //!
 //! **Errors** (receiver). A 40-byte first message without the magic is
 //! [`Error::CountMismatch`] (it was an ordinary message of the wrong size; it is consumed,
-//! as an ordinary short receive would consume it). A header of another `n` than the tensor's
-//! is [`Error::CountMismatch`]; another `e`, a version other than 1, or an `m` of 0, above
-//! `n` or above [`MAX_PIPELINE_CHUNK_BYTES`] bytes is [`Error::BadPartHeader`] naming the
-//! field and the sender (nothing is allocated from a header before these checks, and then at
-//! most two parts of at most the tensor's size). In both cases the parts are left
-//! unreceived. An abort is [`Error::SenderAborted`] naming the sender, the part and the
+//! as an ordinary short receive would consume it). A version other than 1, or an `m` of 0,
+//! above the header's `n`, or of more than [`MAX_PIPELINE_CHUNK_BYTES`] bytes (`m × e`),
+//! is [`Error::BadPartHeader`] naming the field and the sender; the parts that may follow
+//! are left unreceived (how many is unknown: the header is not self-consistent). A
+//! self-consistent version-1 header that this receive refuses — another `e`
+//! ([`Error::BadPartHeader`], field `"element bytes"`) or another `n` than the tensor's
+//! ([`Error::CountMismatch`]), or a staging refusal after it (a pinned or scratch
+//! allocation) — is **drained** before the error returns: its `⌈n / m⌉` parts are received
+//! one at a time into a scratch buffer of at most one part (`m × e` ≤
+//! [`MAX_PIPELINE_CHUNK_BYTES`] bytes, grown only to the largest part that arrived) and
+//! discarded, as the tensor's datatype when `e` is the tensor's, else as `MPI_BYTE`; an
+//! abort among them (empty part, then its record) ends the drain, and a message longer than
+//! `m × e` bytes ends it too and is left queued. So the sender's `send_tensor` completes
+//! and the next receive on the tag starts at the next message. A lying header (more parts
+//! than the peer sends) leaves the receive waiting, as any receive of a message that never
+//! comes. Nothing is allocated from a header before these checks, and then at most two
+//! parts of at most the tensor's size (or one part, draining). An abort is [`Error::SenderAborted`] naming the sender, the part and the
 //! cause: the parts before it were received, the tensor holds them and nothing later. A
 //! part of another size than expected is [`Error::CountMismatch`] naming the part (nothing
 //! more is copied to the device, and no further part is posted); a part longer than
@@ -185,7 +204,8 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
     ///
     /// # Errors
     /// See the module docs: [`Error::CountMismatch`] (no magic, or another `n`),
-    /// [`Error::BadPartHeader`].
+    /// [`Error::BadPartHeader`]; after a self-consistent header, the parts are drained
+    /// ([`Pipe::drain`]) before either returns.
     pub(super) fn recv_part_header(
         &self,
         source: Rank,
