@@ -428,7 +428,8 @@ const SQUARE: usize = 1 << 20;
 
 /// A contiguous parted device send into Fortran-order receive tensors [1024, 1024], strides
 /// [1, 1024] (same dtype and count), on the device and on the host: the parts are received
-/// packed and unpacked into the layout; element (r, c) holds r · 1024 + c. Once the
+/// packed and unpacked into the layout; element (r, c) holds r · 1024 + c; then into a
+/// reversed 1-d device tensor (stride -1). Once the
 /// receiver refused the parted header of a strided tensor, and the sender waited forever.
 fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
     let rt = SimulatedDevice::new();
@@ -436,8 +437,9 @@ fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
     if w.rank() == 0 {
         let src = Owned::new((0..SQUARE).map(|i| i as f32).collect::<Vec<_>>()).labelled(CUDA0);
         let t = take(&src, &rt)?;
-        call!(staged(w, &rt, Some(PART)).send_tensor(&t, 1, tag));
-        call!(staged(w, &rt, Some(PART)).send_tensor(&t, 1, tag));
+        for _ in 0..3 {
+            call!(staged(w, &rt, Some(PART)).send_tensor(&t, 1, tag));
+        }
     } else if w.rank() == 1 {
         let fortran = |o: Owned<f32>| o.with_layout(&[1024, 1024], Some(&[1, 1024]), 0).map_err(s);
         let on_device = fortran(Owned::new(vec![-1.0f32; SQUARE]).labelled(CUDA0))?;
@@ -458,6 +460,20 @@ fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
                 "{place}: storage element {wrong:?} differs"
             );
         }
+        // A reversed device axis (too many 2-D copies to pack: staged by its span, the
+        // parts unpacked by the host kernels into the pinned span): storage k holds n-1-k.
+        let last = ((SQUARE - 1) * 4) as u64;
+        let mut reversed = Owned::new(vec![-1.0f32; SQUARE])
+            .labelled(CUDA0)
+            .with_layout(&[SQUARE as i64], Some(&[-1]), last)
+            .map_err(s)?;
+        call!(staged(w, &rt, Some(PART)).recv_tensor(&mut take(&reversed, &rt)?, 0, tag));
+        let v = reversed.as_slice();
+        let wrong = (0..SQUARE).find(|&k| v[k] != (SQUARE - 1 - k) as f32);
+        ensure!(
+            wrong.is_none(),
+            "reversed: storage element {wrong:?} differs"
+        );
     }
     Ok(())
 }
