@@ -5,7 +5,9 @@
 //!   abort and returns the copy's error, the receiver returns `SenderAborted` naming the
 //!   sender, and the next message on the same tag arrives intact; sender and receiver with
 //!   different part sizes; an ordinary message exactly one part long (the old one-part
-//!   ambiguity); forged part headers (typed errors naming the field and the sender);
+//!   ambiguity); forged part headers (typed errors naming the field and the sender); a
+//!   parted message into Fortran-order receive tensors (device and host); refused parted
+//!   messages (another count, another element size) drained, the sender completing;
 //! - the checked protocol ([`dlpack_mpi::checked`]) against truncated and lying headers: a
 //!   typed error, and no allocation beyond a small bound while receiving (a header claiming
 //!   2^60 elements allocates nothing for them). The bound is measured by this binary's
@@ -339,24 +341,42 @@ fn one_part_long_message_is_not_a_part(w: &SimpleCommunicator) -> Outcome {
 
 /// Forged part headers from a raw sender: another version, element size, part size 0,
 /// a part above MAX_PIPELINE_CHUNK_BYTES, another element count, a 40-byte non-header.
-/// Each is a typed error naming the field (and rank 0); nothing waits for parts.
+/// Each is a typed error naming the field (and rank 0). The two consistent headers (another
+/// element size, another count) are followed by their parts, which the receiver drains
+/// (allocating at most one 32 KiB part); the others promise nothing it waits for. A parted
+/// message after them arrives intact (the tag's queue is clean).
 fn forged_part_headers(w: &SimpleCommunicator) -> Outcome {
     let tag = 25;
     let n = N as u64;
     let forged: [[u64; 5]; 6] = [
         [PART_HEADER_MAGIC, PIPELINE_VERSION + 1, 4, 1 << 18, n],
-        [PART_HEADER_MAGIC, PIPELINE_VERSION, 8, 1 << 18, n],
+        [PART_HEADER_MAGIC, PIPELINE_VERSION, 8, 4096, 8192],
         [PART_HEADER_MAGIC, PIPELINE_VERSION, 4, 0, n],
         [PART_HEADER_MAGIC, PIPELINE_VERSION, 4, n + 1, n],
-        [PART_HEADER_MAGIC, PIPELINE_VERSION, 4, 1 << 18, 1 << 60],
+        [PART_HEADER_MAGIC, PIPELINE_VERSION, 4, 4096, 8193],
         [0x1234, PIPELINE_VERSION, 4, 1 << 18, n],
     ];
+    let rt = SimulatedDevice::new();
     if w.rank() == 0 {
+        let to = w.process_at_rank(1);
         for h in &forged {
-            w.process_at_rank(1).send_with_tag(&h[..], tag);
+            to.send_with_tag(&h[..], tag);
+            if h[0] == PART_HEADER_MAGIC && h[1] == PIPELINE_VERSION && h[3] == 4096 {
+                // The parts of a consistent header: ⌈n / m⌉ of m elements of e bytes.
+                let mut left = h[4] as usize;
+                while left > 0 {
+                    let len = left.min(4096);
+                    if h[2] == 8 {
+                        to.send_with_tag(&vec![1.0f64; len][..], tag);
+                    } else {
+                        to.send_with_tag(&vec![1.0f32; len][..], tag);
+                    }
+                    left -= len;
+                }
+            }
         }
+        call!(staged(w, &rt, Some(PART)).send_tensor(&take(&ramp(), &rt)?, 1, tag));
     } else if w.rank() == 1 {
-        let rt = SimulatedDevice::new();
         let dc = staged(w, &rt, Some(PART));
         let dst = Owned::new(vec![0.0f32; N]).labelled(CUDA0);
         let mut d = take(&dst, &rt)?;
@@ -385,9 +405,119 @@ fn forged_part_headers(w: &SimpleCommunicator) -> Outcome {
                 "element bytes=8".into(),
                 "part elements=0".into(),
                 format!("part elements={}", n + 1),
-                format!("count actual={}", 1u64 << 60),
+                "count actual=8193".into(),
                 "count actual=10".into(),
             ]
+        );
+        drop(d);
+        let mut dst = Owned::new(vec![0.0f32; N]).labelled(CUDA0);
+        {
+            let mut d = take(&dst, &rt)?;
+            call!(dc.recv_tensor(&mut d, 0, tag));
+        }
+        ensure!(
+            is_ramp(dst.as_slice()),
+            "the parted message after the forged headers differs"
+        );
+    }
+    Ok(())
+}
+
+/// Elements of the strided-receive case: 2^20 f32 (4 MiB), sent in four 1 MiB parts.
+const SQUARE: usize = 1 << 20;
+
+/// A contiguous parted device send into Fortran-order receive tensors [1024, 1024], strides
+/// [1, 1024] (same dtype and count), on the device and on the host: the parts are received
+/// packed and unpacked into the layout; element (r, c) holds r · 1024 + c; then into a
+/// reversed 1-d device tensor (stride -1). Once the
+/// receiver refused the parted header of a strided tensor, and the sender waited forever.
+fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let tag = 28;
+    if w.rank() == 0 {
+        let src = Owned::new((0..SQUARE).map(|i| i as f32).collect::<Vec<_>>()).labelled(CUDA0);
+        let t = take(&src, &rt)?;
+        for _ in 0..3 {
+            call!(staged(w, &rt, Some(PART)).send_tensor(&t, 1, tag));
+        }
+    } else if w.rank() == 1 {
+        let fortran = |o: Owned<f32>| o.with_layout(&[1024, 1024], Some(&[1, 1024]), 0).map_err(s);
+        let on_device = fortran(Owned::new(vec![-1.0f32; SQUARE]).labelled(CUDA0))?;
+        let on_host = fortran(Owned::new(vec![-1.0f32; SQUARE]))?;
+        for (mut dst, place) in [(on_device, "device"), (on_host, "host")] {
+            {
+                let mut d = take(&dst, &rt)?;
+                let status = call!(staged(w, &rt, Some(PART)).recv_tensor(&mut d, 0, tag));
+                ensure_eq!(status.source_rank(), 0);
+            }
+            let v = dst.as_slice();
+            let wrong = (0..SQUARE).find(|&k| {
+                let (r, c) = (k % 1024, k / 1024);
+                v[k] != (r * 1024 + c) as f32
+            });
+            ensure!(
+                wrong.is_none(),
+                "{place}: storage element {wrong:?} differs"
+            );
+        }
+        // A reversed device axis (too many 2-D copies to pack: staged by its span, the
+        // parts unpacked by the host kernels into the pinned span): storage k holds n-1-k.
+        let last = ((SQUARE - 1) * 4) as u64;
+        let mut reversed = Owned::new(vec![-1.0f32; SQUARE])
+            .labelled(CUDA0)
+            .with_layout(&[SQUARE as i64], Some(&[-1]), last)
+            .map_err(s)?;
+        call!(staged(w, &rt, Some(PART)).recv_tensor(&mut take(&reversed, &rt)?, 0, tag));
+        let v = reversed.as_slice();
+        let wrong = (0..SQUARE).find(|&k| v[k] != (SQUARE - 1 - k) as f32);
+        ensure!(
+            wrong.is_none(),
+            "reversed: storage element {wrong:?} differs"
+        );
+    }
+    Ok(())
+}
+
+/// A parted send into a tensor of another element count (half), then into one of another
+/// element size (f64, same bytes): the receiver returns CountMismatch and BadPartHeader,
+/// having drained the parts, so the sender's sends return Ok; a third parted message on
+/// the same tag arrives intact. Once the parts were left queued and the sender hung.
+fn refused_parted_message_is_drained(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedDevice::new();
+    let tag = 29;
+    if w.rank() == 0 {
+        let src = ramp();
+        let t = take(&src, &rt)?;
+        for _ in 0..3 {
+            call!(staged(w, &rt, Some(PART)).send_tensor(&t, 1, tag));
+        }
+    } else if w.rank() == 1 {
+        let dc = staged(w, &rt, Some(PART));
+        let half = Owned::new(vec![0.0f32; N / 2]).labelled(CUDA0);
+        match dc.recv_tensor(&mut take(&half, &rt)?, 0, tag) {
+            Err(Error::CountMismatch {
+                expected, actual, ..
+            }) if expected == (N / 2) as i64 && actual == N as i64 => {}
+            other => return Err(format!("expected CountMismatch, got {other:?}")),
+        }
+        let wide = Owned::new(vec![0.0f64; N / 2]).labelled(CUDA0);
+        match dc.recv_tensor(&mut take(&wide, &rt)?, 0, tag) {
+            Err(Error::BadPartHeader {
+                rank: 0,
+                field: "element bytes",
+                value: 4,
+                ..
+            }) => {}
+            other => return Err(format!("expected BadPartHeader, got {other:?}")),
+        }
+        let mut dst = Owned::new(vec![0.0f32; N]).labelled(CUDA0);
+        {
+            let mut d = take(&dst, &rt)?;
+            call!(dc.recv_tensor(&mut d, 0, tag));
+        }
+        ensure!(
+            is_ramp(dst.as_slice()),
+            "the message after the refusals differs"
         );
     }
     Ok(())
@@ -489,6 +619,14 @@ const CASES: &[Case] = &[
         one_part_long_message_is_not_a_part,
     ),
     ("forged_part_headers", forged_part_headers),
+    (
+        "strided_receive_of_parted_message",
+        strided_receive_of_parted_message,
+    ),
+    (
+        "refused_parted_message_is_drained",
+        refused_parted_message_is_drained,
+    ),
     ("lying_checked_headers", lying_checked_headers),
 ];
 

@@ -20,6 +20,8 @@ use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::layout;
 use crate::runtime::DeviceRuntime;
+use crate::spec::flat;
+use crate::spec::scratch::Scratch;
 
 /// Tensor operations for tensors on any device: [`TensorComm`]'s operations, with each
 /// tensor routed as [`Route`] says. Host tensors pass straight through.
@@ -44,8 +46,8 @@ use crate::runtime::DeviceRuntime;
 /// ranks.
 ///
 /// **Pipelining** (point-to-point only): a large staged contiguous send goes out in parts,
-/// and [`DeviceComm::recv_tensor`] recognises both forms; the [`pipeline`](super::pipeline)
-/// module documents the wire format.
+/// and [`DeviceComm::recv_tensor`] recognises both forms, into a receive tensor of any
+/// layout; the [`pipeline`](super::pipeline) module documents the wire format.
 ///
 /// Method names and arguments are [`TensorComm`]'s; the errors are theirs plus
 /// [`Error::UnsupportedDevice`] (ROCm, no GPU runtime), [`Error::DeviceMismatch`] (the
@@ -278,10 +280,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         self.read(tensor, placement, |t| self.comm.send_tensor(t, dest, tag))
     }
 
-    /// [`TensorComm::recv_tensor`]. For a contiguous tensor larger than
-    /// [`MIN_PIPELINE_CHUNK_BYTES`] the incoming message is probed: one message of the
-    /// tensor's size, or the part header of a parted send ([`pipeline`](super::pipeline)),
-    /// whose returned status is the header's.
+    /// [`TensorComm::recv_tensor`]. For a tensor whose elements take more than
+    /// [`MIN_PIPELINE_CHUNK_BYTES`] bytes (any layout) the incoming message is probed: one
+    /// message of the tensor's size, or the part header of a parted send
+    /// ([`pipeline`](super::pipeline)), whose returned status is the header's; a strided
+    /// tensor receives the parts packed and unpacks them into its layout.
     ///
     /// # Errors
     /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm); for a parted message,
@@ -292,12 +295,16 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         check_tag(tag)?;
         let placement = self.place(&*tensor, None, Access::Write)?;
         if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {
-            let total = x.span_bytes / x.element.size_bytes();
+            // The element count of a candidate fits usize (its bytes do).
+            let total = usize::try_from(x.len_elems).unwrap_or(0);
             if let Some(first) = self
                 .pipe()
                 .recv_part_header(source, tag, total, x.element)?
             {
-                return self.recv_parted(placement, &*tensor, x, tag, first);
+                if x.contiguous {
+                    return self.recv_parted(placement, &*tensor, x, tag, first);
+                }
+                return self.recv_parted_strided(placement, tensor, (x, total), tag, first);
             }
         }
         self.write(tensor, placement, Access::Write, |t| {
@@ -305,9 +312,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         })
     }
 
-    /// The extent of a receive tensor a parted message could be meant for: contiguous and
-    /// larger than the smallest part ([`MIN_PIPELINE_CHUNK_BYTES`]), whatever this side's
-    /// part size (the sender's header gives its own).
+    /// The extent of a receive tensor a parted message could be meant for: elements of more
+    /// bytes in all than the smallest part ([`MIN_PIPELINE_CHUNK_BYTES`]), whatever this
+    /// side's part size (the sender's header gives its own), in any layout (a strided tensor
+    /// receives the parts packed and unpacks them, [`DeviceComm::recv_parted_strided`]).
     fn parted_candidate(
         &self,
         tensor: &dyn Tensor,
@@ -333,7 +341,12 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
             }
             None => return Ok(None),
         };
-        Ok((x.contiguous && x.span_bytes > MIN_PIPELINE_CHUNK_BYTES).then_some(x))
+        let bytes = usize::try_from(x.len_elems)
+            .ok()
+            .and_then(|n| n.checked_mul(x.element.size_bytes()));
+        Ok(bytes
+            .is_some_and(|b| b > MIN_PIPELINE_CHUNK_BYTES)
+            .then_some(x))
     }
 
     fn recv_parted(
@@ -345,16 +358,76 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         first: (Status, usize),
     ) -> Result<Status> {
         let pipe = self.pipe();
+        let total = x.span_bytes / x.element.size_bytes();
         let staged = match placement.as_ref().filter(|p| p.route == Route::Staged) {
-            Some(p) => Some((p, pipe.part_buffers(x.element, first.1)?)),
+            Some(p) => Some((
+                p,
+                pipe.part_buffers(x.element, first.1)
+                    .map_err(|e| self.refuse_parts(e, total, x, tag, &first))?,
+            )),
             None => None,
         };
         self.note(placement.as_ref().map_or(Route::Host, |p| p.route));
         let base = placement
             .as_ref()
             .map_or(tensor.first_element_ptr() as usize, |p| p.extent.first);
-        let total = x.span_bytes / x.element.size_bytes();
         pipe.recv_parts(staged, base, total, x.element, tag, first)
+    }
+
+    /// A refusal after a valid part header, before any part was posted: receives and
+    /// discards the parts ([`Pipe::drain`]) so that the sender completes, then returns `e`.
+    fn refuse_parts(
+        &self,
+        e: Error,
+        total: usize,
+        x: Extent,
+        tag: Tag,
+        (header, part): &(Status, usize),
+    ) -> Error {
+        let n = u64::try_from(total).unwrap_or(u64::MAX);
+        let parts = (*part, n, x.element.size_bytes());
+        self.pipe()
+            .drain(header.source_rank(), tag, parts, Some(x.element));
+        e
+    }
+
+    /// A parted message into a strided receive tensor: the parts land in the tensor's
+    /// contiguous host stand-in when staging packs it ([`Stage`]: a pinned buffer, or a
+    /// device scratch on the direct route), else in a host scratch buffer that the pack
+    /// kernels then unpack into the stand-in ([`crate::spec::flat::unpack`]); the stand-in
+    /// goes to the device as for every staged receive. Nothing of the tensor changes unless
+    /// every part arrived.
+    fn recv_parted_strided(
+        &self,
+        placement: Option<Placement>,
+        tensor: &mut dyn Tensor,
+        (x, total): (Extent, usize),
+        tag: Tag,
+        first: (Status, usize),
+    ) -> Result<Status> {
+        let refuse = |e| self.refuse_parts(e, total, x, tag, &first);
+        let st = self
+            .stage(None, Some((&*tensor, placement, Access::Write)))
+            .map_err(refuse)?;
+        let pipe = self.pipe();
+        let status = {
+            let mut view = st.recv.view_mut(tensor).map_err(refuse)?;
+            let t = view.get();
+            if layout::check_c_contiguous(t.shape(), t.strides_elems()).is_ok() {
+                let base = t.first_element_ptr() as usize;
+                pipe.recv_parts(None, base, total, x.element, tag, first)?
+            } else {
+                let e = x.element.size_bytes();
+                // total × e fits usize (parted_candidate).
+                let mut packed = Scratch::take(total * e).map_err(refuse)?;
+                let base = packed.as_mut_ptr() as usize;
+                let status = pipe.recv_parts(None, base, total, x.element, tag, first)?;
+                flat::unpack(t, e, &packed)?;
+                status
+            }
+        };
+        st.recv.finish()?;
+        Ok(status)
     }
 
     /// [`TensorComm::sendrecv_tensor`] (staged whole, never in parts: both directions are

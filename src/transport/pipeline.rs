@@ -48,24 +48,43 @@
 //! `m × e` bytes): it copies part `k + 1` to the host while part `k` is sent.
 //!
 //! **Receiving.** [`DeviceComm::recv_tensor`](super::DeviceComm::recv_tensor) probes the
-//! first message (`MPI_Probe`, source and tag as given) when its tensor is contiguous and
-//! larger than [`MIN_PIPELINE_CHUNK_BYTES`] (whatever its own `P`): a first message of
-//! exactly 40 bytes is received and read as a part header; anything else is received as one
-//! ordinary message. The parts are received from the source of the header (so that, with
-//! several senders on one tag, parts of two senders never interleave), each posted
-//! (`MPI_Irecv`) before the previous one is copied to the device, straight into the tensor
-//! for host memory or through two pinned buffers of the header's `m × e` bytes for device
-//! memory. The returned status is the header's. So any `DeviceComm` receives from any
-//! `DeviceComm` whatever their devices, transports and part sizes.
+//! first message (`MPI_Probe`, source and tag as given) when its tensor's elements span
+//! more than [`MIN_PIPELINE_CHUNK_BYTES`] bytes in all (`len × e`, any layout, whatever its
+//! own `P`): a first message of exactly 40 bytes is received and read as a part header;
+//! anything else is received as one ordinary message. The parts are received from the
+//! source of the header (so that, with several senders on one tag, parts of two senders
+//! never interleave), each posted (`MPI_Irecv`) before the previous one is landed. A
+//! contiguous tensor takes them straight into its memory (host memory) or through two
+//! pinned buffers of the header's `m × e` bytes (device memory). A strided tensor (any
+//! layout `TensorComm` receives: Fortran order, gaps, negative strides) takes them packed,
+//! in logical row-major order, then unpacked into its layout by the staging code: into its
+//! packed staging buffer when [`DeviceComm`](super::DeviceComm)'s staging packs it (pinned,
+//! or device scratch on the direct route; then unpacked on the device), else into a host
+//! scratch buffer of `len × e` bytes that the pack kernels ([`crate::spec::kernels`])
+//! unpack into its host memory or staged span. A strided tensor is left unchanged unless
+//! every part arrived (no overlap of copies with parts on that path). The returned status
+//! is the header's. So any `DeviceComm` receives from any `DeviceComm` whatever their
+//! devices, transports, part sizes and the two tensors' layouts (same dtype and count).
 //!
 //! **Errors** (receiver). A 40-byte first message without the magic is
 //! [`Error::CountMismatch`] (it was an ordinary message of the wrong size; it is consumed,
-//! as an ordinary short receive would consume it). A header of another `n` than the tensor's
-//! is [`Error::CountMismatch`]; another `e`, a version other than 1, or an `m` of 0, above
-//! `n` or above [`MAX_PIPELINE_CHUNK_BYTES`] bytes is [`Error::BadPartHeader`] naming the
-//! field and the sender (nothing is allocated from a header before these checks, and then at
-//! most two parts of at most the tensor's size). In both cases the parts are left
-//! unreceived. An abort is [`Error::SenderAborted`] naming the sender, the part and the
+//! as an ordinary short receive would consume it). A version other than 1, or an `m` of 0,
+//! above the header's `n`, or of more than [`MAX_PIPELINE_CHUNK_BYTES`] bytes (`m × e`),
+//! is [`Error::BadPartHeader`] naming the field and the sender; the parts that may follow
+//! are left unreceived (how many is unknown: the header is not self-consistent). A
+//! self-consistent version-1 header that this receive refuses — another `e`
+//! ([`Error::BadPartHeader`], field `"element bytes"`) or another `n` than the tensor's
+//! ([`Error::CountMismatch`]), or a staging refusal after it (a pinned or scratch
+//! allocation) — is **drained** before the error returns: its `⌈n / m⌉` parts are received
+//! one at a time into a scratch buffer of at most one part (`m × e` ≤
+//! [`MAX_PIPELINE_CHUNK_BYTES`] bytes, grown only to the largest part that arrived) and
+//! discarded, as the tensor's datatype when `e` is the tensor's, else as `MPI_BYTE`; an
+//! abort among them (empty part, then its record) ends the drain, and a message longer than
+//! `m × e` bytes ends it too and is left queued. So the sender's `send_tensor` completes
+//! and the next receive on the tag starts at the next message. A lying header (more parts
+//! than the peer sends) leaves the receive waiting, as any receive of a message that never
+//! comes. Nothing is allocated from a header before these checks, and then at most two
+//! parts of at most the tensor's size (or one part, draining). An abort is [`Error::SenderAborted`] naming the sender, the part and the
 //! cause: the parts before it were received, the tensor holds them and nothing later. A
 //! part of another size than expected is [`Error::CountMismatch`] naming the part (nothing
 //! more is copied to the device, and no further part is posted); a part longer than
@@ -185,7 +204,8 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
     ///
     /// # Errors
     /// See the module docs: [`Error::CountMismatch`] (no magic, or another `n`),
-    /// [`Error::BadPartHeader`].
+    /// [`Error::BadPartHeader`]; after a self-consistent header, the parts are drained
+    /// ([`Pipe::drain`]) before either returns.
     pub(super) fn recv_part_header(
         &self,
         source: Rank,
@@ -225,31 +245,110 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
         if w[1] != PIPELINE_VERSION {
             return Err(bad("version", w[1], "this library reads version 1"));
         }
-        if w[2] != word(e) {
+        // Self-consistency first (the parts that follow are known only from a consistent
+        // header): 1 ≤ m ≤ n, m × e ≤ MAX_PIPELINE_CHUNK_BYTES, e ≥ 1.
+        let consistent = usize::try_from(w[3]).ok().filter(|&m| {
+            m >= 1
+                && w[3] <= w[4]
+                && w[2] >= 1
+                && usize::try_from(w[2])
+                    .ok()
+                    .and_then(|he| m.checked_mul(he))
+                    .is_some_and(|b| b <= MAX_PIPELINE_CHUNK_BYTES)
+        });
+        let Some(part) = consistent else {
             return Err(bad(
+                "part elements",
+                w[3],
+                "0, above the message's elements, or parts above MAX_PIPELINE_CHUNK_BYTES",
+            ));
+        };
+        // Consistent: a refusal from here on receives the parts first (module docs).
+        let refused = if w[2] != word(e) {
+            bad(
                 "element bytes",
                 w[2],
                 "differs from the receive tensor's element size",
-            ));
-        }
-        if w[4] != word(total) {
-            return Err(Error::CountMismatch {
+            )
+        } else if w[4] != word(total) {
+            Error::CountMismatch {
                 what: format!("pipelined receive: part header from rank {sender}"),
                 expected: as_elems(word(total)),
                 actual: as_elems(w[4]),
-            });
-        }
-        let part = usize::try_from(w[3])
-            .ok()
-            .filter(|&m| m >= 1 && m <= total && m.saturating_mul(e) <= MAX_PIPELINE_CHUNK_BYTES)
-            .ok_or_else(|| {
-                bad(
-                    "part elements",
-                    w[3],
-                    "0, above the message's elements, or parts above MAX_PIPELINE_CHUNK_BYTES",
+            }
+        } else {
+            return Ok(Some((status, part)));
+        };
+        // Both fit usize: m × e does (checked above), so e does; n's parts are counted in u64.
+        let he = usize::try_from(w[2]).unwrap_or(usize::MAX);
+        let known = (w[2] == word(e)).then_some(element);
+        self.drain(sender, tag, (part, w[4], he), known);
+        Err(refused)
+    }
+
+    /// Receives and discards the `⌈n / m⌉` parts of a parted message whose consistent
+    /// header (`m` elements per part, `n` in all, `e` bytes each) this receive refused, one
+    /// part at a time into a scratch buffer of at most one part (`m × e` ≤
+    /// [`MAX_PIPELINE_CHUNK_BYTES`] bytes, grown to the largest part that arrived), so that
+    /// the sender completes and the tag's queue holds nothing of the message. Each part is
+    /// received as `element`'s datatype when the header's `e` is the receive tensor's, else
+    /// as `MPI_BYTE` (its bytes are discarded). Stops early at the sender's abort (the empty
+    /// part and its record are received) and at a message longer than a part (not a part of
+    /// this message: left queued).
+    pub(super) fn drain(
+        &self,
+        source: Rank,
+        tag: Tag,
+        (part, n, e): (usize, u64, usize),
+        element: Option<ElementType>,
+    ) {
+        let from = self.comm.process_at_rank(source);
+        let part_bytes = part * e; // ≤ MAX_PIPELINE_CHUNK_BYTES (checked by the caller).
+        let (datatype, unit_bytes) = match element {
+            Some(el) => (
+                el.row.unit.datatype().as_raw(),
+                el.size_bytes() / el.units_per_element(),
+            ),
+            None => (u8::equivalent_datatype().as_raw(), 1),
+        };
+        let parts = n.div_ceil(word(part));
+        let mut scratch: Vec<u8> = Vec::new();
+        let mut k = 0u64;
+        while k < parts {
+            let status = from.probe_with_tag(tag);
+            let bytes = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+            if bytes > part_bytes {
+                return;
+            }
+            if bytes == 0 {
+                // The sender's abort: the empty part, then (if it follows) its record.
+                let mut empty: [u8; 0] = [];
+                from.receive_into_with_tag(&mut empty[..], tag);
+                let k = usize::try_from(k).unwrap_or(usize::MAX);
+                let _ = self.read_abort(source, tag, k, k.saturating_add(1), 0);
+                return;
+            }
+            if scratch.len() < bytes {
+                scratch.resize(bytes, 0);
+            }
+            // SAFETY: the scratch holds `bytes` bytes = bytes / unit_bytes units of the
+            // datatype, and is not touched until the request is waited for (next line).
+            let posted = unsafe {
+                raw::irecv(
+                    scratch.as_mut_ptr(),
+                    bytes / unit_bytes.max(1),
+                    datatype,
+                    source,
+                    tag,
+                    self.comm.as_raw(),
                 )
-            })?;
-        Ok(Some((status, part)))
+            };
+            let Ok(req) = posted else {
+                return;
+            };
+            raw::wait(&mut Some(req));
+            k += 1;
+        }
     }
 
     /// Sends the staged tensor placed at `p` in parts: the part header, then the parts,
