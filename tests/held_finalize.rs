@@ -58,11 +58,12 @@ fn receiver(w: &mpi::topology::SimpleCommunicator) -> Result<Error, String> {
 fn main() {
     let mut kept: Option<Error> = None;
     let mut verdict: Result<(), String> = Ok(());
-    let rank;
+    let (rank, threading);
     {
         let universe = mpi::initialize().expect("MPI initializes once");
         let w = universe.world();
         rank = w.rank();
+        threading = mpi::environment::threading_support();
         if w.size() < 2 {
             println!("held_finalize: skipped at 1 rank (scripts/test.sh runs it at 2 ranks)");
             return;
@@ -95,7 +96,7 @@ fn main() {
     }
     drop(kept);
     match verdict {
-        Ok(()) => println!("held_finalize: rank {rank} ok"),
+        Ok(()) => println!("held_finalize: rank {rank} ok (MPI threading level {threading:?})"),
         Err(e) => {
             println!("held_finalize: rank {rank} FAILED: {e}");
             std::process::exit(1);

@@ -398,7 +398,9 @@ impl Unreceived {
     }
 
     /// Receives the message into scratch memory now and drops it (what dropping the last
-    /// clone does). Does nothing when it is no longer held.
+    /// clone does). Does nothing when it is no longer held. On a thread that may not call
+    /// MPI (below `MPI_THREAD_MULTIPLE`, not MPI's main thread) the message is queued for
+    /// the main thread instead (see [`Unreceived::deferred_discards`]).
     pub fn discard(&self) {
         drop(self.slot().take());
     }
