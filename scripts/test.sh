@@ -3,7 +3,8 @@
 # features cli, python, cuda), rustdoc with warnings denied, unit and doc tests, the behaviour
 # cases, the multi-rank cases under mpirun at 1-4 ranks, the nonblocking/window/broadcast cases
 # (tests/immediate.rs) at 2 ranks, agreement before collectives (one refusing rank, every
-# rooted and vector collective) at 2-4 ranks, the checked protocol at 2 ranks, the
+# rooted and vector collective) at 2-4 ranks, the checked protocol at 2 ranks, held messages
+# at MPI_Finalize and on other threads (tests/held_finalize.rs) at 2 ranks, the
 # fault cases at 2 ranks (aborted/forged pipelined messages, lying checked headers), the
 # GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
 # without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
@@ -171,6 +172,14 @@ for n in 2 3 4; do
     stage "agreement: every collective with one refusing rank at $n ranks" agreement_at "$n"
 done
 stage "checked protocol at 2 ranks" test_binary_at checked 2
+# A held message left unreceived at MPI_Finalize would block rank 0 forever: a short
+# timeout (the run takes under a second) fails the stage.
+held_finalize_at() {
+    local bin
+    bin=$(test_binary held_finalize)
+    timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
+}
+stage "held messages at MPI_Finalize and dropped on another thread at 2 ranks" held_finalize_at 2
 stage "faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded" \
     test_binary_at faults 2
 for n in 2 3; do

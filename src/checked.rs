@@ -60,7 +60,7 @@
 //! no such lock and may take a header or a payload.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use mpi::datatype::Equivalence;
 use mpi::point_to_point::Status;
@@ -226,7 +226,7 @@ pub fn send<C: Communicator + ?Sized>(
     SendSpec::new(tensor)?;
     let words = Header::of(tensor).encode()?;
     let lock = pair_lock(comm, dest, tag, true);
-    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _both = lock.lock();
     comm.process_at_rank(dest).send_with_tag(&words[..], tag);
     comm.send_tensor(tensor, dest, tag)
 }
@@ -236,25 +236,52 @@ pub fn send<C: Communicator + ?Sized>(
 /// `(peer, tag)` under `MPI_THREAD_MULTIPLE` take turns for the header and payload pair, so
 /// that neither takes the other's payload. Other pairs never wait on it (a lock shared
 /// between pairs could deadlock, one receive waiting for a message that only another
-/// pair's progress makes the peer send).
-fn pair_lock<C: Communicator + ?Sized>(
-    comm: &C,
-    peer: Rank,
-    tag: Tag,
-    sending: bool,
-) -> Arc<Mutex<()>> {
-    type Key = (mpi::ffi::RSMPI_Fint, Rank, Tag, bool);
-    static LOCKS: OnceLock<Mutex<HashMap<Key, Arc<Mutex<()>>>>> = OnceLock::new();
+/// pair's progress makes the peer send). The map entry is removed when the last user drops
+/// its [`PairLock`], so the map holds only the pairs in use.
+fn pair_lock<C: Communicator + ?Sized>(comm: &C, peer: Rank, tag: Tag, sending: bool) -> PairLock {
     // The communicator by its Fortran handle (`MPI_Comm_c2f`, MPI-4.1 §19.3.4): an
     // integer, unique among live communicators, whatever the C handle's type.
     // SAFETY: converts a valid communicator handle; no memory is touched.
     let fortran = unsafe { mpi::ffi::RSMPI_Comm_c2f(comm.as_raw()) };
     let key = (fortran, peer, tag, sending);
-    let mut map = LOCKS
+    let lock = Arc::clone(pair_locks().entry(key).or_default());
+    PairLock { key, lock }
+}
+
+type PairKey = (mpi::ffi::RSMPI_Fint, Rank, Tag, bool);
+
+/// The map of [`pair_lock`]s in use, locked.
+fn pair_locks() -> MutexGuard<'static, HashMap<PairKey, Arc<Mutex<()>>>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PairKey, Arc<Mutex<()>>>>> = OnceLock::new();
+    LOCKS
         .get_or_init(Default::default)
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    Arc::clone(map.entry(key).or_default())
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One user's share of a [`pair_lock`]; dropping the last share removes the map entry.
+struct PairLock {
+    key: PairKey,
+    lock: Arc<Mutex<()>>,
+}
+
+impl PairLock {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for PairLock {
+    fn drop(&mut self) {
+        // Shares are only cloned under the map lock, so with it held a count of 2 (the
+        // map's and this one) means no other user: the entry can go.
+        let mut map = pair_locks();
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.key);
+        }
+    }
 }
 
 /// Receives the next header from `source` with `tag` (matched by `MPI_Mprobe`). A message
@@ -311,7 +338,7 @@ pub fn recv_into<C: Communicator + ?Sized>(
     check_tag(tag)?;
     RecvSpec::new(&mut *tensor)?;
     let lock = pair_lock(comm, source, tag, false);
-    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _both = lock.lock();
     let header = recv_header(comm, source, tag)?;
     let payload = matched_payload(comm, source, tag, &header)?;
     if let Err(mismatch) = compare(&header, &*tensor) {
@@ -374,50 +401,45 @@ fn compare(header: &Header, tensor: &dyn Tensor) -> Result<()> {
 
 /// Compares the size of the matched payload with what `header` describes, before any
 /// memory is allocated for it: a header that promises more (or less) than arrives
-/// allocates nothing, whatever the promised size (beyond an MPI `int` of units the
-/// comparison uses the large-count datatype). The payload is not received.
+/// allocates nothing, whatever the promised size. The comparison is in bytes: the
+/// payload's exact length (`MPI_Get_elements_x` on bytes, MPI-4.1 §4.1.11, exact above
+/// `int`) against the header's elements × element bytes (computed in `u128`, so no
+/// header overflows it); no derived datatype is built, so a lying header costs one status
+/// query and nothing is cached for it. The payload is not received.
 ///
 /// # Errors
-/// [`Error::UnsupportedDtype`], [`Error::Overflow`] (also for a payload above `isize::MAX`
-/// bytes), [`Error::CountTooLarge`] for headers this build cannot receive;
-/// [`Error::CountMismatch`] when the sizes differ.
+/// [`Error::UnsupportedDtype`], [`Error::Overflow`] (an element count that overflows
+/// `i64`, or a payload above `isize::MAX` bytes) for headers this build cannot receive;
+/// [`Error::CountMismatch`] (the header's elements vs the payload's whole elements) when
+/// the sizes differ.
 fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
     let element = dtype::lookup(header.dtype)?;
     let elems = header.len_elems()?;
+    let size = element.size_bytes();
+    let element_bytes = size as u128;
     // A payload above isize::MAX bytes fits no allocation and no MPI_Aint: refused before
-    // any MPI call (MPICH asserts in MPI_Get_count on a datatype that large).
-    let bytes = layout::byte_span(elems, element.size_bytes())?;
-    if isize::try_from(bytes).is_err() {
+    // any MPI call. `elems` is ≥ 0 (layout::num_elements refuses negative extents) and
+    // both factors are below 2^64, so the product fits u128.
+    let bytes = u128::from(elems.unsigned_abs()) * element_bytes;
+    if bytes > isize::MAX as u128 {
         return Err(Error::Overflow {
             quantity: "checked message payload bytes (above isize::MAX)",
             lhs: i128::from(elems),
             operator: "*",
-            rhs: element.size_bytes() as i128,
+            rhs: size as i128,
         });
     }
-    let units = i128::from(elems) * element.units_per_element() as i128;
-    let unit = element.row.unit;
-    let status = payload.status();
-    let matches = match i32::try_from(units) {
-        Ok(units) => status.count(unit.datatype()) == units,
-        Err(_) => {
-            let units = u64::try_from(units).unwrap_or(u64::MAX);
-            let whole = crate::spec::datatype::large_contiguous(unit, units)?;
-            // SAFETY: a committed type the derived-type cache keeps for the whole process.
-            status.count(unsafe { mpi::datatype::DatatypeRef::from_raw(whole) }) == 1
-        }
-    };
-    if matches {
+    let sent = payload.len_bytes();
+    if u128::from(sent) == bytes {
         return Ok(());
     }
-    let bytes = payload.len_bytes();
     Err(Error::CountMismatch {
         what: format!(
-            "checked message: payload ({bytes} bytes) vs its header (dtype {}, shape {:?})",
+            "checked message: payload ({sent} bytes) vs its header (dtype {}, shape {:?})",
             header.dtype, header.shape
         ),
         expected: elems,
-        actual: i64::try_from(bytes / element.size_bytes() as u64).unwrap_or(i64::MAX),
+        actual: i64::try_from(u128::from(sent) / element_bytes.max(1)).unwrap_or(i64::MAX),
     })
 }
 
@@ -455,7 +477,7 @@ pub fn recv_new<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> R
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     let lock = pair_lock(comm, source, tag, false);
-    let _both = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _both = lock.lock();
     let header = recv_header(comm, source, tag)?;
     let payload = matched_payload(comm, source, tag, &header)?;
     into_new(&header, payload)

@@ -17,8 +17,8 @@
 use crate::dtype::{DType, ReduceOp};
 
 mod unreceived;
-pub(crate) use unreceived::Matched;
 pub use unreceived::Unreceived;
+pub(crate) use unreceived::{discard_all_at_finalize, Matched};
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

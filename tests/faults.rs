@@ -526,7 +526,8 @@ fn refused_parted_message_is_drained(w: &SimpleCommunicator) -> Outcome {
 /// Truncated and lying checked-protocol headers: each a typed error, and while receiving,
 /// no single allocation above 64 KiB (the largest legal header is 8 KiB; the tensors a
 /// header claims here are 2^60 elements and more). A claim above isize::MAX bytes (2^60
-/// f64) is refused before any MPI call (MPICH asserted in MPI_Get_count on it).
+/// f64) is refused before any MPI call (MPICH asserted in MPI_Get_count on it). The sizes
+/// are compared in bytes: no lying header adds a derived datatype to the cache.
 fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
     let tag = 26;
     let u8_word = u64::from(code::UINT) | 8 << 8 | 1 << 16;
@@ -552,6 +553,8 @@ fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
             }
         }
     } else if w.rank() == 1 {
+        // The size check compares bytes: no lying size builds (and caches) a datatype.
+        let types_before = dlpack_mpi::derived::cached_count();
         let mut got = Vec::new();
         for (header, payload) in &cases {
             let (r, largest) = largest_allocation(|| checked::recv_new(w, 0, tag));
@@ -585,6 +588,7 @@ fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
             drop(r);
         }
         ensure_eq!(got.len(), 7);
+        ensure_eq!(dlpack_mpi::derived::cached_count(), types_before);
         let want_prefix = [
             format!("count {} vs 3", 1i64 << 60),
             "overflow checked message payload bytes".to_string(),

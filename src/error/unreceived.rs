@@ -10,6 +10,21 @@
 //! error holds it, and [`Unreceived::recv_into`] (or `checked`'s
 //! [`Unreceived::recv_new`]) receives it into a right-sized tensor.
 //!
+//! # Lifetime: MPI_Finalize and threads
+//!
+//! - A held message can outlive MPI, e.g. in `fn main() -> Result<(), Error>` whose `?`
+//!   moves the error into the return slot while `universe` drops and runs `MPI_Finalize`.
+//!   Every held message is registered (a weak reference), and `MPI_Finalize` discards all
+//!   that are still held, through the same `MPI_COMM_SELF` delete callback that frees the
+//!   derived-datatype cache (MPI-4.1 §9.5.1: it runs while MPI still works). So the sender
+//!   is never left blocked; after it, [`Unreceived::is_held`] is `false`.
+//! - Discarding is an `MPI_Mrecv`. Below `MPI_THREAD_MULTIPLE` only the thread that
+//!   initialized MPI may call it (`MPI_Is_thread_main`, MPI-4.1 §11.6.4, and the caller's
+//!   promise for `MPI_THREAD_FUNNELED`/`SERIALIZED`): a held message dropped on another
+//!   thread is queued instead, and received at the next discard on the main thread or at
+//!   `MPI_Finalize`, whichever comes first ([`Unreceived::deferred_discards`] counts the
+//!   queue). Until then its sender may stay blocked (above the eager limit).
+//!
 //! This module makes its own MPI calls (`MPI_Mprobe`, `MPI_Mrecv`, `MPI_Get_elements_x`,
 //! and for a discard above `int` bytes `MPI_Type_contiguous`/`MPI_Type_free`): rsmpi's
 //! `Message` panics when dropped unreceived and its `Status` does not give the byte count of
@@ -18,7 +33,7 @@
 use std::ffi::{c_int, c_void};
 use std::fmt;
 use std::mem::MaybeUninit;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use mpi::datatype::{BufferMut, Equivalence};
 use mpi::ffi::{MPI_Count, MPI_Message, MPI_Status};
@@ -39,8 +54,10 @@ pub(crate) struct Matched {
 }
 
 // SAFETY: an MPI message handle is an opaque value that MPI lets any thread receive with
-// (under MPI_THREAD_MULTIPLE; below it, the caller already keeps MPI on one thread at a
-// time). `Matched` is received at most once: it is moved, never shared.
+// under MPI_THREAD_MULTIPLE. Below it, a receive is the caller's call (it keeps MPI on the
+// threads its level allows), and a drop on a thread other than MPI's main thread does not
+// call MPI: it queues the handle for the main thread (`Drop`). `Matched` is received at
+// most once: it is moved, never shared.
 unsafe impl Send for Matched {}
 
 impl Matched {
@@ -121,15 +138,26 @@ impl Matched {
         }
     }
 
-    /// Receives the message into scratch bytes and drops them (what an unreceived handle
-    /// comes to). Without MPI (finalized) or memory for the scratch, the handle is leaked:
-    /// nothing else can be done without a panic.
-    fn discard(&mut self) {
+    /// Whether the handle is `MPI_MESSAGE_NULL` (received, discarded or forgotten).
+    fn is_null(&self) -> bool {
         // SAFETY: reading a handle value.
-        let null = unsafe { mpi::ffi::RSMPI_MESSAGE_NULL };
-        if self.handle == null || mpi::environment::is_finalized() {
-            return;
+        self.handle == unsafe { mpi::ffi::RSMPI_MESSAGE_NULL }
+    }
+
+    /// Receives the message into scratch bytes and drops them (what an unreceived handle
+    /// comes to), on this thread, now: the caller has checked that this thread may call
+    /// MPI and that MPI still works (or runs inside `MPI_Finalize`'s hook). Without memory
+    /// for the scratch the handle is leaked: nothing else can be done without a panic.
+    /// Afterwards the handle is `MPI_MESSAGE_NULL` either way.
+    fn discard_now(&mut self) {
+        if !self.is_null() {
+            self.receive_scratch();
         }
+        // SAFETY: reading a handle value.
+        self.handle = unsafe { mpi::ffi::RSMPI_MESSAGE_NULL };
+    }
+
+    fn receive_scratch(&mut self) {
         const BLOCK: u64 = 1 << 30;
         let bytes = self.len_bytes();
         // Up to int bytes: that many bytes; beyond: whole 2^30-byte blocks (a receive buffer
@@ -181,9 +209,85 @@ impl Matched {
 }
 
 impl Drop for Matched {
+    /// Discards a message still held: now on a thread that may call MPI, else queued for
+    /// the main thread (see the module docs); nothing after `MPI_Finalize` (whose hook
+    /// discarded every registered message).
     fn drop(&mut self) {
-        self.discard();
+        if self.is_null() || mpi::environment::is_finalized() {
+            return;
+        }
+        if !may_call_mpi_here() {
+            // SAFETY: reading a handle value.
+            let null = unsafe { mpi::ffi::RSMPI_MESSAGE_NULL };
+            let handle = std::mem::replace(&mut self.handle, null);
+            deferred().push(Matched {
+                handle,
+                status: self.status,
+            });
+            return;
+        }
+        self.discard_now();
+        drain_deferred();
     }
+}
+
+/// Whether this thread may call `MPI_Mrecv` unasked: MPI provides `MPI_THREAD_MULTIPLE`, or
+/// this is the thread that initialized MPI (`MPI_Is_thread_main`, MPI-4.1 §11.6.4).
+fn may_call_mpi_here() -> bool {
+    if mpi::environment::threading_support() == mpi::Threading::Multiple {
+        return true;
+    }
+    let mut main: c_int = 0;
+    // SAFETY: MPI is initialized and not finalized (the caller checked); `main` is written.
+    unsafe { mpi::ffi::MPI_Is_thread_main(&mut main) };
+    main != 0
+}
+
+/// Messages dropped on a thread that may not call MPI, waiting for the main thread.
+fn deferred() -> MutexGuard<'static, Vec<Matched>> {
+    static DEFERRED: OnceLock<Mutex<Vec<Matched>>> = OnceLock::new();
+    DEFERRED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Discards every queued message, on this thread (one that may call MPI).
+fn drain_deferred() {
+    loop {
+        // The queue's lock is released before each receive (which may block).
+        let next = deferred().pop();
+        match next {
+            Some(mut matched) => matched.discard_now(),
+            None => return,
+        }
+    }
+}
+
+/// The held messages alive now, for [`discard_all_at_finalize`].
+fn registry() -> MutexGuard<'static, Vec<Weak<Held>>> {
+    static LIVE: OnceLock<Mutex<Vec<Weak<Held>>>> = OnceLock::new();
+    LIVE.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Discards every message still held and every queued one; run by `MPI_Finalize` (the
+/// `MPI_COMM_SELF` delete callback of `spec::datatype`, MPI-4.1 §9.5.1), on the thread
+/// that finalizes, while MPI still works.
+pub(crate) fn discard_all_at_finalize() {
+    let live: Vec<Arc<Held>> = registry().drain(..).filter_map(|w| w.upgrade()).collect();
+    for held in live {
+        let taken = held
+            .message
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(mut matched) = taken {
+            matched.discard_now();
+        }
+    }
+    drain_deferred();
 }
 
 /// An incoming message that a receive matched but did not receive because it does not fit
@@ -198,8 +302,10 @@ impl Drop for Matched {
 ///   [`Error::AlreadyReceived`].
 /// - When the last clone is dropped with the message still held, it is received into
 ///   scratch memory and discarded (`MPI_Mrecv`, blocking until the sender's data is in),
-///   so that ignoring the error never hangs the sender nor panics; after `MPI_Finalize`
-///   the handle is simply forgotten.
+///   so that ignoring the error never hangs the sender nor panics. Dropped on a thread
+///   that may not call MPI (below `MPI_THREAD_MULTIPLE`, not the thread that initialized
+///   MPI), it is queued and discarded by the main thread's next discard or at
+///   `MPI_Finalize`; one still held at `MPI_Finalize` is discarded there (module docs).
 ///
 /// Equality is identity: two values are equal when they hold the same message.
 #[derive(Clone)]
@@ -215,16 +321,29 @@ struct Held {
 
 impl Unreceived {
     /// Holds `matched`; `sent` is the dtype and shape the checked protocol's header gave
-    /// (`None` for a plain message).
+    /// (`None` for a plain message). Registers it for [`discard_all_at_finalize`], which
+    /// the caller hooks to `MPI_Finalize` (`spec::datatype::hook_finalize`, in
+    /// `comm::p2p::unfit`: this module stays below `spec`).
     pub(crate) fn new(matched: Matched, sent: Option<(DType, Vec<i64>)>) -> Self {
         let status = matched.status();
-        Unreceived(Arc::new(Held {
+        let held = Arc::new(Held {
             source_rank: status.source_rank(),
             tag: status.tag(),
             len_bytes: matched.len_bytes(),
             message: Mutex::new(Some(matched)),
             sent,
-        }))
+        });
+        let mut live = registry();
+        live.retain(|w| w.strong_count() > 0);
+        live.push(Arc::downgrade(&held));
+        Unreceived(held)
+    }
+
+    /// Messages dropped unreceived on a thread that may not call MPI (below
+    /// `MPI_THREAD_MULTIPLE`, not MPI's main thread), waiting to be discarded by the next
+    /// discard on the main thread or by `MPI_Finalize` (see the module docs).
+    pub fn deferred_discards() -> usize {
+        deferred().len()
     }
 
     fn slot(&self) -> MutexGuard<'_, Option<Matched>> {
@@ -279,7 +398,9 @@ impl Unreceived {
     }
 
     /// Receives the message into scratch memory now and drops it (what dropping the last
-    /// clone does). Does nothing when it is no longer held.
+    /// clone does). Does nothing when it is no longer held. On a thread that may not call
+    /// MPI (below `MPI_THREAD_MULTIPLE`, not MPI's main thread) the message is queued for
+    /// the main thread instead (see [`Unreceived::deferred_discards`]).
     pub fn discard(&self) {
         drop(self.slot().take());
     }

@@ -79,8 +79,10 @@ extern "C" {
 /// Frees every cached datatype; run by `MPI_Finalize` (through an `MPI_COMM_SELF` attribute,
 /// MPI-4.1 §9.5.1), so that no committed type outlives MPI (MPICH's yaksa engine reports
 /// the ones that do as leaked handle-pool objects).
-/// The same callback empties the pack scratch pool (`scratch`).
+/// The same callback empties the pack scratch pool (`scratch`) and first discards the
+/// messages still held by [`crate::Error::Unfit`] errors (so that no sender stays blocked).
 extern "C" fn free_cache_at_finalize() {
+    crate::error::discard_all_at_finalize();
     super::scratch::release_all();
     let mut map = cache()
         .lock()
