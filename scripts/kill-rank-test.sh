@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A rank lost in the middle of a job: starts `dlpack-mpi check` (release build, Rust-made
+# A rank lost in the middle of a job: starts `dlpack-mpi check -v` (release build, Rust-made
 # tensors) at each rank count given (default: 2 4), waits until rank 0 has reported 20 cases
 # (the run is under way, all ranks inside MPI), kills one non-root rank with SIGKILL (rank 1
 # at 2 ranks, rank 2 at 4), and asserts that
@@ -58,7 +58,7 @@ kill_one() {
     token="$$-$n-$RANDOM"
     log=$(mktemp)
     DLPACK_MPI_FAULT_TOKEN=$token "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$BIN" check \
-        --producer rust >"$log" 2>&1 &
+        --producer rust -v >"$log" 2>&1 &
     job=$!
     # Under way: 20 PASS lines from rank 0 (at most 300 s to get there on a loaded machine).
     deadline=$((SECONDS + 300))
