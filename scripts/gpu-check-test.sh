@@ -99,7 +99,7 @@ grep -q 'rank 0: c61_real_kernel_staged: rank 1 failed at this step' "$work/allo
 # receiver returns SenderAborted naming it, and the job ends without a watchdog.
 gpu_at_2 abort "$work/copy0"
 ((gpu_rc == 1 && gpu_took < 30)) || fail "abort: exit $gpu_rc after $gpu_took s, want 1 within 30 s"
-grep -q 'rank 0 aborted its pipelined message at part' "$work/abort.txt" || fail "abort: the receiver did not name the aborting sender"
+grep -q 'SenderAborted { rank: 0, part: ' "$work/abort.txt" || fail "abort: the receiver did not name the aborting sender"
 # A device copy that never returns: the case watchdog ends the job.
 gpu_at_2 watchdog "$work/hang0" DLPACK_MPI_CASE_TIMEOUT_S=5
 ((gpu_rc != 0 && gpu_rc != 124 && gpu_took < 30)) || fail "watchdog: exit $gpu_rc after $gpu_took s, want an abort within 30 s"
