@@ -12,7 +12,7 @@
 # canary bounds harness at 2-3 ranks under every packing policy, threads under
 # MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri beside a 60 s fuzz run (two targets), every
 # example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; Rust
-# again under DLPACK_MPI_PACKING=derived at 2 and 4; JAX and Paddle at 2 and 4, auto at 4;
+# again under DLPACK_MPI_PACKING=derived at 1-4; JAX and Paddle at 2 and 4, auto at 4;
 # simulated CUDA memory at 2), a rank killed mid-check at 2
 # and 4 ranks (scripts/kill-rank-test.sh: the job ends within 30 s, non-zero, naming the
 # rank), a two-host run over TCP between two network namespaces (scripts/netns-test.sh;
@@ -122,11 +122,13 @@ check_at() {
     timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$TARGET_DIR"/release/dlpack-mpi check -q "$@"
 }
 
-# The Rust check matrix at 2 and 4 ranks under DLPACK_MPI_PACKING=derived.
+# The Rust check matrix at 1-4 ranks under DLPACK_MPI_PACKING=derived.
 check_derived() {
-    local DLPACK_MPI_PACKING=derived
+    local DLPACK_MPI_PACKING=derived n
     export DLPACK_MPI_PACKING
-    check_at 2 --producer rust && check_at 4 --producer rust
+    for n in 1 2 3 4; do
+        check_at "$n" --producer rust || return 1
+    done
 }
 
 # The GPU routes on simulated CUDA memory: direct (MPI declared CUDA-aware; the "device"
@@ -245,8 +247,8 @@ for n in 2 3 4; do
     stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
 done
 # The same Rust matrix with every strided tensor as a derived datatype (not the default
-# Packing::Auto), at 2 and 4 ranks: the counts equal those of the default stages above.
-stage "dlpack-mpi check at 2 and 4 ranks (Rust-made tensors), DLPACK_MPI_PACKING=derived" \
+# Packing::Auto), at 1-4 ranks: the counts equal those of the default stages above.
+stage "dlpack-mpi check at 1-4 ranks (Rust-made tensors), DLPACK_MPI_PACKING=derived" \
     check_derived
 # The ML producers (setup.sh installs them; a package that did not install is a SKIP line):
 # each pinned at 2 and 4 ranks, and `auto` (each dtype from NumPy, JAX, Paddle, then Rust) at 4.
