@@ -14,21 +14,25 @@
 //! **The threshold** ([`pack_threshold_bytes`]; settable by [`set_pack_threshold_bytes`] or
 //! `DLPACK_MPI_PACK_THRESHOLD_BYTES`) has a default per MPI library, read at run time from
 //! `MPI_Get_library_version` (MPI-4.1 §9.1.1) by [`default_pack_threshold_for`]:
-//! [`MPICH_PACK_THRESHOLD_BYTES`] (32 KiB) when the version string names MPICH, else
-//! [`DEFAULT_PACK_THRESHOLD_BYTES`] (256 bytes). Measured with `dlpack-mpi bench --op
-//! strided` (2 ranks, one host, shared memory; `[N / block, block]` f32 views with a gap of
-//! one block, blocks of 1 … 4096 elements, 32 MiB packed; tables and commands in
-//! `docs/PERFORMANCE.md`, "Four paths per case"):
+//! [`MPICH_PACK_THRESHOLD_BYTES`] (64 bytes) when the version string names MPICH, else
+//! [`DEFAULT_PACK_THRESHOLD_BYTES`] (16 bytes). Measured on a quiet machine (load average
+//! below 2) with `dlpack-mpi bench --op strided` (2 ranks, one host, shared memory;
+//! `[N / block, block]` f32 views with a gap of one block, blocks of 1 … 4096 elements,
+//! 32 MiB packed; tables and commands in `docs/PERFORMANCE.md`, "Four paths per case"):
 //!
-//! - **MPICH 4.0.2**: the derived datatype was slower than packing at **every** block, 16 KiB
-//!   (4096 f32) included (1.6× at 16 KiB, 4–11× at 1–32 elements), so every measured block
-//!   is packed and the switch sits just above the largest one.
-//! - **Open MPI 4.1.4** (three runs): packing won at 1–16 f32 (up to 64 bytes) in every run;
-//!   from 128 f32 (512 bytes) to 16 KiB the derived datatype won in the two less loaded runs
-//!   (1.4–2.8×; in the quietest, load average 4–7, it even beat the contiguous send at
-//!   4–16 KiB blocks, the two ranks copying in parallel) and lost only in the heavily loaded
-//!   one (load 18–20, where its two-process pipeline starved); 32 and 64 f32 went either
-//!   way. The switch is set at 256 bytes: blocks of 64 f32 and more go as derived datatypes.
+//! - **Open MPI 4.1.4**: packing won only for one-element blocks (4 bytes: 22 ms against
+//!   31 ms); from 2 elements (8 bytes) the derived datatype was faster (1.2× at 8 bytes,
+//!   1.6–2.9× from 16 bytes), and from 64 elements it even beat the contiguous send (the two
+//!   ranks copy in parallel). The switch is set at 16 bytes rather than 8, so that every
+//!   single element of up to 8 bytes (an f64 transpose) is packed: a transpose as a derived
+//!   datatype was 4.3× slower than packing (no cache blocking), and 8-byte blocks cost
+//!   packing 19 % there.
+//! - **MPICH 4.0.2**: packing won up to 8 elements (32 bytes; 0.92× of derived at 32 bytes,
+//!   0.12–0.57× below), the derived datatype from 16 elements (64 bytes; 1.1× faster, 1.3–2.2×
+//!   from 128 bytes). The switch is at 64 bytes.
+//!
+//! Under heavy load (other processes on the same cores) the derived path loses much more
+//! (its two-process pipeline starves); the loaded runs are in `docs/PERFORMANCE.md` too.
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
@@ -80,15 +84,15 @@ pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
 pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
 
 /// The default threshold of [`Packing::Auto`] under every MPI library but MPICH (Open MPI
-/// among them): inner blocks shorter than 256 bytes are packed (measured under Open MPI 4.1;
+/// among them): inner blocks shorter than 16 bytes are packed (measured under Open MPI 4.1;
 /// see the module docs).
-pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 256;
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 16;
 
 /// The default threshold of [`Packing::Auto`] under MPICH (and libraries whose version
-/// string names it): inner blocks shorter than 32 KiB are packed (measured under MPICH 4.0.2,
-/// where packing beat the derived datatype at every block up to 16 KiB; see the module
+/// string names it): inner blocks shorter than 64 bytes are packed (measured under MPICH
+/// 4.0.2, where packing beat the derived datatype up to 32-byte blocks; see the module
 /// docs).
-pub const MPICH_PACK_THRESHOLD_BYTES: usize = 32 << 10;
+pub const MPICH_PACK_THRESHOLD_BYTES: usize = 64;
 
 /// The default threshold for the MPI library whose `MPI_Get_library_version` string is
 /// `library`: [`MPICH_PACK_THRESHOLD_BYTES`] when it contains `MPICH` (any case), else
@@ -301,13 +305,13 @@ mod tests {
     #[test]
     fn default_threshold_per_library() {
         let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
-        assert_eq!(default_pack_threshold_for(mpich), 32768);
+        assert_eq!(default_pack_threshold_for(mpich), 64);
         let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
-        assert_eq!(default_pack_threshold_for(ompi), 256);
+        assert_eq!(default_pack_threshold_for(ompi), 16);
         assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
     }
 
-    /// Auto's decision on representative layouts, with the default threshold (256 bytes).
+    /// Auto's decision on representative layouts, with the default threshold (16 bytes).
     #[test]
     fn auto_decides_by_inner_block() {
         let t = DEFAULT_PACK_THRESHOLD_BYTES;
@@ -321,16 +325,14 @@ mod tests {
         assert!(Packing::Auto.packs(block(&[4096, 4096], &[1, 4096], 4), t));
         // Fortran order of 64 × 64 f64 → pack
         assert!(Packing::Auto.packs(block(&[64, 64], &[1, 64], 8), t));
-        // rows of 64 f32 with a gap of one row: 256-byte blocks → derived
-        assert_eq!(block(&[16, 64], &[128, 1], 4), 256);
-        assert!(!Packing::Auto.packs(block(&[16, 64], &[128, 1], 4), t));
-        // rows of 63 f32: just below → pack
-        assert!(Packing::Auto.packs(block(&[16, 63], &[126, 1], 4), t));
-        // under MPICH's default, 16 KiB blocks are packed too
-        assert!(Packing::Auto.packs(
-            block(&[16, 4096], &[8192, 1], 4),
-            MPICH_PACK_THRESHOLD_BYTES
-        ));
+        // rows of 4 f32 with a gap of one row: 16-byte blocks → derived
+        assert_eq!(block(&[16, 4], &[8, 1], 4), 16);
+        assert!(!Packing::Auto.packs(block(&[16, 4], &[8, 1], 4), t));
+        // rows of 3 f32: just below → pack
+        assert!(Packing::Auto.packs(block(&[16, 3], &[6, 1], 4), t));
+        // under MPICH's default, 32-byte blocks are packed too, 64-byte ones are not
+        assert!(Packing::Auto.packs(block(&[16, 8], &[16, 1], 4), MPICH_PACK_THRESHOLD_BYTES));
+        assert!(!Packing::Auto.packs(block(&[16, 16], &[32, 1], 4), MPICH_PACK_THRESHOLD_BYTES));
         // merged axes: [4, 8, 512] with the two inner axes contiguous = 4096-element runs
         assert_eq!(block(&[4, 8, 512], &[8192, 512, 1], 4), 16384);
         // the other policies ignore the block
