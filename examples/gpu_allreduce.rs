@@ -7,6 +7,7 @@
 //! mpirun -n 2 target/release/examples/gpu_allreduce
 //! ```
 
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::cuda::CudaExport;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions};
 use dlpack_mpi::dtype::ReduceOp;

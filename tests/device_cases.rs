@@ -11,6 +11,7 @@
 #[macro_use]
 mod harness;
 
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{
     acquire_with_runtime, AcquireOptions, DLDataType, DLTensor, ExportRequest, Exporter,

@@ -20,6 +20,7 @@
 #[macro_use]
 mod harness;
 
+use dlpack_mpi::comm::TensorComm;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

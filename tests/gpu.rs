@@ -23,6 +23,7 @@
 #[macro_use]
 mod harness;
 
+use dlpack_mpi::comm::TensorComm;
 use std::ffi::c_void;
 use std::io::Write;
 use std::sync::{Arc, Mutex};

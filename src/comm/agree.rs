@@ -46,18 +46,6 @@ use mpi::traits::*;
 
 use crate::error::{Error, Result};
 
-/// `$e?` inside a local-preparation block labelled `$l`: an error leaves the block with it
-/// (`break $l Err(e)`), so that every error of the preparation reaches [`agree`] instead of
-/// returning before the ranks have agreed.
-macro_rules! local {
-    ($l:lifetime, $e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(e) => break $l Err(e),
-        }
-    };
-}
-
 /// Whether the collectives of [`super::TensorComm`] agree across ranks before moving data
 /// (see the module docs of `comm` and [`set_agreement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

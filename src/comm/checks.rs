@@ -6,7 +6,7 @@
 //! `check_rank` and `check_tag` also serve the self-describing messages (`checked`) and the
 //! transport, which sit above this module.
 
-use mpi::datatype::{AsDatatype, Equivalence};
+use mpi::datatype::{AsDatatype, Collection, Equivalence};
 use mpi::point_to_point::Status;
 use mpi::topology::{Communicator, Rank};
 use mpi::Count;
@@ -14,8 +14,9 @@ use mpi::Tag;
 
 use crate::dtype::ElementType;
 use crate::error::{Error, Result};
-use crate::spec::flat::FlatSpec;
-use crate::spec::{self, RecvSpec, SendSpec};
+use crate::spec::facts::Facts;
+use crate::spec::side::{Out, Side};
+use crate::spec::{self};
 
 extern "C" {
     /// `MPI_TAG_UB` of `MPI_COMM_WORLD`, or -1, from `src/shim.c`.
@@ -72,11 +73,10 @@ pub(super) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
 }
 
 /// MPI forbids a send and a receive buffer of one call to overlap (MPI-4.1 §2.3, "buffers
-/// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges.
-pub(super) fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
-    // Address ranges (conservative for interleaved strided tensors).
-    let (s0, s1) = s.byte_range();
-    let (r0, r1) = r.byte_range();
+/// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges
+/// (conservative for interleaved strided tensors).
+pub(super) fn check_disjoint(s: &Facts, r: &Facts) -> Result<()> {
+    let (s0, s1, r0, r1) = (s.start, s.end, r.start, r.end);
     if s0 < s1 && r0 < r1 && s0 < r1 && r0 < s1 {
         Err(Error::BuffersAlias {
             send_address: s0,
@@ -90,13 +90,10 @@ pub(super) fn check_disjoint(s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
 }
 
 /// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
-pub(super) fn check_pair(what: &'static str, s: &SendSpec<'_>, r: &RecvSpec<'_>) -> Result<()> {
-    if s.dtype() != r.dtype() {
-        return Err(Error::DtypeMismatch {
-            what,
-            left: s.dtype(),
-            right: r.dtype(),
-        });
+pub(super) fn check_pair(what: &'static str, s: &Facts, r: &Facts) -> Result<()> {
+    let (left, right) = (s.element.dtype, r.element.dtype);
+    if left != right {
+        return Err(Error::DtypeMismatch { what, left, right });
     }
     check_disjoint(s, r)
 }
@@ -163,41 +160,15 @@ pub(super) fn rank_blocks<C: Communicator + ?Sized>(
     spec::blocks_in_units(len_elems, element, counts, displs, disjoint)
 }
 
-/// Compares a probed message with a flat receive buffer: the message must be exactly its
-/// units; the error reports elements.
-pub(super) fn check_incoming_flat(flat: &FlatSpec, status: &Status) -> Result<()> {
-    // A negative count (MPI_UNDEFINED) never matches. A flat beyond `int` units is one
-    // large-count datatype (`FlatSpec::whole`): the message must be exactly one of it.
-    let matches = if flat.is_large() {
-        status.count(flat.as_datatype()) == 1
-    } else {
-        usize::try_from(status.count(flat.unit.datatype())).is_ok_and(|n| n == flat.units)
-    };
-    if matches {
-        return Ok(());
-    }
-    let bytes = i64::from(status.count(u8::equivalent_datatype()));
-    let elem = flat.element.size_bytes_i64();
-    Err(Error::CountMismatch {
-        what: format!(
-            "incoming message from rank {} tag {} ({bytes} bytes of {elem}-byte elements)",
-            status.source_rank(),
-            status.tag()
-        ),
-        expected: flat.len_elems,
-        actual: if bytes >= 0 { bytes / elem } else { -1 },
-    })
-}
-
-/// Compares a probed message with a receive spec: the message must be exactly `count`
-/// items of the spec's datatype (so strided and large-count receives compare whole
+/// Compares a probed message with a receive side: the message must be exactly `count`
+/// items of the side's datatype (so strided, packed and large-count receives compare whole
 /// messages); the error reports elements.
-pub(super) fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()> {
-    if status.count(spec.as_datatype()) == spec.mpi_count() {
+pub(super) fn check_incoming(side: &Side<'_, Out>, status: &Status) -> Result<()> {
+    if status.count(side.as_datatype()) == side.count() {
         return Ok(());
     }
     let bytes = i64::from(status.count(u8::equivalent_datatype()));
-    let elem = spec.element_type().size_bytes_i64();
+    let elem = side.element().size_bytes_i64();
     Err(Error::CountMismatch {
         what: format!(
             "incoming message from rank {} tag {} ({} of {}-byte elements)",
@@ -210,7 +181,7 @@ pub(super) fn check_incoming(spec: &RecvSpec<'_>, status: &Status) -> Result<()>
             },
             elem
         ),
-        expected: spec.len_elems(),
+        expected: side.len_elems(),
         actual: if bytes >= 0 { bytes / elem } else { -1 },
     })
 }

@@ -1,14 +1,14 @@
 //! The collectives of [`super::TensorComm`] that move data without reducing it: broadcast,
 //! gather, scatter, all-gather and all-to-all, with their v-variants.
 //!
-//! Receive buffers of gathers and all-to-alls, and send buffers of scatters, are handed to
-//! MPI as [`FlatSpec`]s: per-rank blocks need a buffer that splits into equal units of the
-//! predefined type, so a strided side travels as a packed copy.
-//!
-//! Each operation first runs every fallible step in a preparation block (checks, specs,
-//! packed copies, scratch; an error leaves the block through `local!`), then agrees on the
+//! Each operation declares its operands to the communicator's stager (what MPI does with
+//! each, [`Access`]), then runs every fallible step on the stand-ins in one preparation
+//! (facts, checks against each other, sides with their packed copies), agrees on the
 //! outcome across the ranks (`agree`, see [`super::Agreement`]), and only then calls MPI:
-//! after agreement nothing can fail before the data operation.
+//! after agreement nothing can fail before the data operation. Per-rank blocks need a
+//! buffer that splits into equal units of the predefined type ([`Need::Units`]: a strided
+//! side travels as a packed copy); a broadcast's buffers and a gather's send follow the
+//! packing policy ([`Need::Counted`]).
 
 use mpi::datatype::{AsDatatype, Collection, Partition, PartitionMut, Pointer};
 use mpi::raw::AsRaw;
@@ -22,66 +22,44 @@ use super::bcast::BroadcastBuffer;
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use super::packing::{inner_run_elems, packs_run};
-use super::sides::{RecvSide, SendSide};
+use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
+use super::stager::{with_stand_ins, Kind};
+use super::{takes_unused, TensorComm};
 use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
 use crate::error::Result;
 use crate::raw;
-use crate::spec::flat::FlatSpec;
-use crate::spec::{RecvSpec, SendSpec};
-
-/// The receive side `$r` (a `RecvSpec` of `$recv`) as the policy wants it (`$packed`): the
-/// spec, or a scratch (not preserved: the operation writes every element). An error leaves
-/// the preparation block `$l` (see `local!`).
-macro_rules! recv_side {
-    ($l:lifetime, $r:ident, $packed:expr, $recv:expr) => {
-        if $packed {
-            RecvSide::Packed(local!(
-                $l,
-                FlatSpec::recv(&mut $r)
-                    .and_then(|f| f.ready(&*$recv, false))
-                    .and_then(FlatSpec::counted)
-            ))
-        } else {
-            RecvSide::Spec($r)
-        }
-    };
-}
-
-/// Copies a packed receive side `$side` back into `$recv` after the operation.
-macro_rules! finish_side {
-    ($side:expr, $recv:expr) => {
-        match $side {
-            RecvSide::Packed(f) => f.finish($recv),
-            RecvSide::Spec(_) => Ok(()),
-        }
-    };
-}
+use crate::spec::encoding::Need;
+use crate::spec::Access;
 
 /// [`super::TensorComm::broadcast_tensor_from`] and [`super::TensorComm::broadcast_tensor`].
-pub(super) fn broadcast<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn broadcast<T: TensorComm + ?Sized>(
+    tc: &T,
     buffer: BroadcastBuffer<'_>,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
     let root_ok = check_rank(root, comm.size());
+    let (stager, kind) = (tc.stager(), Kind::Collective);
     if comm.rank() == root {
         let t = buffer.sent();
-        let side = agree(
-            comm,
-            root_ok.and_then(|()| SendSide::new(t, SendSpec::new(t)?)),
-        )?;
-        let (ptr, count, datatype) = (
-            side.pointer() as *mut std::ffi::c_void,
-            side.count(),
-            side.as_datatype().as_raw(),
-        );
-        // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); it holds
-        // `count` readable units of `datatype` (the tensor, or its packed copy).
-        unsafe { raw::bcast(ptr, count, datatype, root, comm.as_raw()) };
-        return Ok(());
+        return with_stand_ins(stager, comm, kind, Some(t), None, None, |s, _| {
+            let prepared = root_ok.and_then(|()| {
+                let (t, reach) = s.ok_or_else(|| missing("broadcast buffer"))?;
+                read_side(t, reach, Need::Counted)
+            });
+            let side = agree(comm, prepared)?;
+            let (ptr, count, datatype) = (
+                side.pointer().cast_mut(),
+                side.count(),
+                side.as_datatype().as_raw(),
+            );
+            // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); it holds
+            // `count` readable units of `datatype` (the tensor, or its packed copy).
+            unsafe { raw::bcast(ptr, count, datatype, root, comm.as_raw()) };
+            Ok(())
+        });
     }
     // A non-root that passed the root's form (`BroadcastBuffer::Send`) refuses like any
     // other local check: through the agreement, so that no rank is left in MPI_Bcast.
@@ -89,72 +67,78 @@ pub(super) fn broadcast<C: Communicator + ?Sized>(
         Ok(tensor) => tensor,
         Err(e) => return agree(comm, Err(e)),
     };
-    let run = inner_run_elems(&*tensor);
-    let prepared = 'prep: {
-        local!('prep, root_ok);
-        let mut r = local!('prep, RecvSpec::new(&mut *tensor));
-        let elem = r.element_type().size_bytes();
-        let packed = local!('prep, packs_run(r.is_contiguous(), run, elem));
-        Ok(recv_side!('prep, r, packed, tensor))
-    };
-    let mut side = agree(comm, prepared)?;
-    comm.process_at_rank(root).broadcast_into(&mut side);
-    finish_side!(side, tensor)
+    let recv = Some((tensor, Access::Write));
+    with_stand_ins(stager, comm, kind, None, recv, None, |_, r| {
+        let prepared = root_ok.and_then(|()| {
+            let (t, reach) = r.ok_or_else(|| missing("broadcast buffer"))?;
+            write_side(t, Access::Write, reach, Need::Counted)
+        });
+        let mut side = agree(comm, prepared)?;
+        comm.process_at_rank(root).broadcast_into(&mut side);
+        side.finish()
+    })
 }
 
 /// [`super::TensorComm::gather_tensor`]. A `recv` given at a non-root rank is checked as at
-/// the root (and not used).
-pub(super) fn gather<C: Communicator + ?Sized>(
-    comm: &C,
+/// the root (and not used); a device stager does not take it there.
+pub(super) fn gather<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
-    mut recv: Option<&mut dyn Tensor>,
+    recv: Option<&mut dyn Tensor>,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let prepared = 'prep: {
-        local!('prep, check_rank(root, size));
-        let s = local!('prep, SendSpec::new(send));
-        let rf = match recv.as_deref_mut() {
-            Some(recv) => {
-                let mut r = local!('prep, RecvSpec::new(&mut *recv));
-                local!('prep, check_pair("gather send vs receive", &s, &r));
-                local!(
-                    'prep,
-                    check_count(
-                        || format!("gather receive (= send count × {size} ranks)"),
-                        s.len_elems().saturating_mul(i64::from(size)),
-                        r.len_elems(),
-                    )
-                );
-                if !is_root {
-                    None
-                } else {
-                    Some(local!(
-                        'prep,
-                        FlatSpec::recv(&mut r)
-                            .and_then(|f| f.ready(&*recv, false))
-                            .and_then(FlatSpec::counted)
-                    ))
+    let recv = recv
+        .filter(|_| is_root || takes_unused(tc))
+        .map(|r| (r, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                check_rank(root, size)?;
+                let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
+                let sf = read_facts(s, s_reach)?;
+                let rf = match r {
+                    Some((r, r_reach)) => {
+                        let rf = write_facts(&*r, Access::Write, r_reach)?;
+                        check_pair("gather send vs receive", &sf, &rf)?;
+                        check_count(
+                            || format!("gather receive (= send count × {size} ranks)"),
+                            sf.len_elems.saturating_mul(i64::from(size)),
+                            rf.len_elems,
+                        )?;
+                        if is_root {
+                            Some(side_out(r, rf, Need::Units, Access::Write)?)
+                        } else {
+                            None
+                        }
+                    }
+                    None if is_root => return Err(missing("gather receive buffer")),
+                    None => None,
+                };
+                Ok((side_in(s, sf, Need::Counted)?, rf))
+            })();
+            let (side, rf) = agree(comm, prepared)?;
+            let process = comm.process_at_rank(root);
+            match rf {
+                Some(mut rf) => {
+                    process.gather_into_root(&side, &mut rf);
+                    rf.finish()
+                }
+                None => {
+                    process.gather_into(&side);
+                    Ok(())
                 }
             }
-            None if is_root => break 'prep Err(missing("gather receive buffer")),
-            None => None,
-        };
-        Ok((local!('prep, SendSide::new(send, s)), rf))
-    };
-    let (side, rf) = agree(comm, prepared)?;
-    let process = comm.process_at_rank(root);
-    match (rf, recv) {
-        (Some(mut rf), Some(recv)) => {
-            process.gather_into_root(&side, &mut rf);
-            rf.finish(recv)
-        }
-        _ => {
-            process.gather_into(&side);
-            Ok(())
-        }
-    }
+        },
+    )
 }
 
 /// The checks of a v-collective's per-rank side at `rank` (`(tensor elements, element
@@ -181,316 +165,376 @@ fn own_blocks<C: Communicator + ?Sized>(
 
 /// [`super::TensorComm::gatherv_tensor`]. A `recv` given at a non-root rank is checked as
 /// at the root (its `counts[rank]` against this rank's send; not used).
-pub(super) fn gatherv<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn gatherv<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
-    mut recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
+    recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let prepared = 'prep: {
-        local!('prep, check_rank(root, comm.size()));
-        let s = local!('prep, SendSpec::new(send));
-        let at_root = match recv.as_mut() {
-            Some((recv, counts, displs)) => {
-                let mut r = local!('prep, RecvSpec::new(&mut **recv));
-                local!('prep, check_pair("gatherv send vs receive", &s, &r));
-                let (len, e) = (r.len_elems(), r.element_type());
-                let blocks = local!(
-                    'prep,
-                    own_blocks(comm, "gatherv", (len, &e), counts, displs, true, s.len_elems())
-                );
-                if !is_root {
-                    None
-                } else {
-                    let rf = local!(
-                        'prep,
-                        FlatSpec::recv(&mut r)
-                            .and_then(|f| f.ready(&**recv, true))
-                            .and_then(FlatSpec::counted)
-                    );
-                    Some((rf, blocks))
+    let (recv, lists) = match recv.filter(|_| is_root || takes_unused(tc)) {
+        Some((r, c, d)) => (Some((r, Access::Update)), Some((c, d))),
+        None => (None, None),
+    };
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                check_rank(root, comm.size())?;
+                let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
+                let sf = read_facts(s, s_reach)?;
+                let at_root = match r.zip(lists) {
+                    Some(((r, r_reach), (counts, displs))) => {
+                        let rf = write_facts(&*r, Access::Update, r_reach)?;
+                        check_pair("gatherv send vs receive", &sf, &rf)?;
+                        let shape = (rf.len_elems, &rf.element);
+                        let blocks =
+                            own_blocks(comm, "gatherv", shape, counts, displs, true, sf.len_elems)?;
+                        if is_root {
+                            Some((side_out(r, rf, Need::Units, Access::Update)?, blocks))
+                        } else {
+                            None
+                        }
+                    }
+                    None if is_root => return Err(missing("gatherv receive buffer")),
+                    None => None,
+                };
+                Ok((side_in(s, sf, Need::Counted)?, at_root))
+            })();
+            let (sent, at_root) = agree(comm, prepared)?;
+            let process = comm.process_at_rank(root);
+            match at_root {
+                Some((mut rf, (cu, du))) => {
+                    {
+                        let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
+                        process.gather_varcount_into_root(&sent, &mut part);
+                    }
+                    rf.finish()
+                }
+                None => {
+                    process.gather_varcount_into(&sent);
+                    Ok(())
                 }
             }
-            None if is_root => break 'prep Err(missing("gatherv receive buffer")),
-            None => None,
-        };
-        Ok((local!('prep, SendSide::new(send, s)), at_root))
-    };
-    let (sent, at_root) = agree(comm, prepared)?;
-    let process = comm.process_at_rank(root);
-    match (at_root, recv) {
-        (Some((mut rf, (cu, du))), Some((recv, _, _))) => {
-            {
-                let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
-                process.gather_varcount_into_root(&sent, &mut part);
-            }
-            rf.finish(recv)
-        }
-        _ => {
-            process.gather_varcount_into(&sent);
-            Ok(())
-        }
-    }
+        },
+    )
 }
 
 /// [`super::TensorComm::scatter_tensor`]. A `send` given at a non-root rank is checked as
-/// at the root (and not used).
-pub(super) fn scatter<C: Communicator + ?Sized>(
-    comm: &C,
+/// at the root (and not used); a device stager does not take it there.
+pub(super) fn scatter<T: TensorComm + ?Sized>(
+    tc: &T,
     send: Option<&dyn Tensor>,
     recv: &mut dyn Tensor,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let run = inner_run_elems(&*recv);
-    let prepared = 'prep: {
-        local!('prep, check_rank(root, size));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        let elem = r.element_type().size_bytes();
-        let packed = local!('prep, packs_run(r.is_contiguous(), run, elem));
-        let sf = match send {
-            Some(send) => {
-                let s = local!('prep, SendSpec::new(send));
-                local!('prep, check_pair("scatter send vs receive", &s, &r));
-                local!(
-                    'prep,
-                    check_count(
-                        || format!("scatter send (= receive count × {size} ranks)"),
-                        r.len_elems().saturating_mul(i64::from(size)),
-                        s.len_elems(),
-                    )
-                );
-                let flat = || FlatSpec::send(send, &s).and_then(FlatSpec::counted);
-                if is_root {
-                    Some(local!('prep, flat()))
-                } else {
-                    None
-                }
+    let send = send.filter(|_| is_root || takes_unused(tc));
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        send,
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                check_rank(root, size)?;
+                let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                let sf = match s {
+                    Some((s, s_reach)) => {
+                        let sf = read_facts(s, s_reach)?;
+                        check_pair("scatter send vs receive", &sf, &rf)?;
+                        check_count(
+                            || format!("scatter send (= receive count × {size} ranks)"),
+                            rf.len_elems.saturating_mul(i64::from(size)),
+                            sf.len_elems,
+                        )?;
+                        if is_root {
+                            Some(side_in(s, sf, Need::Units)?)
+                        } else {
+                            None
+                        }
+                    }
+                    None if is_root => return Err(missing("scatter send buffer")),
+                    None => None,
+                };
+                Ok((sf, side_out(r, rf, Need::Counted, Access::Write)?))
+            })();
+            let (sf, mut side) = agree(comm, prepared)?;
+            let process = comm.process_at_rank(root);
+            match &sf {
+                Some(sf) => process.scatter_into_root(sf, &mut side),
+                None => process.scatter_into(&mut side),
             }
-            None if is_root => break 'prep Err(missing("scatter send buffer")),
-            None => None,
-        };
-        Ok((sf, recv_side!('prep, r, packed, recv)))
-    };
-    let (sf, mut side) = agree(comm, prepared)?;
-    let process = comm.process_at_rank(root);
-    match &sf {
-        Some(sf) => process.scatter_into_root(sf, &mut side),
-        None => process.scatter_into(&mut side),
-    }
-    finish_side!(side, recv)
+            side.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::scatterv_tensor`]. A `send` given at a non-root rank is checked as
-/// at the root (its `counts[rank]` against this rank's receive; not used).
-pub(super) fn scatterv<C: Communicator + ?Sized>(
-    comm: &C,
+/// at the root (its `counts[rank]` against this rank's receive; not used). The receive
+/// tensor is written whole (its count is this rank's block).
+pub(super) fn scatterv<T: TensorComm + ?Sized>(
+    tc: &T,
     send: Option<(&dyn Tensor, &[i64], &[i64])>,
     recv: &mut dyn Tensor,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let run = inner_run_elems(&*recv);
-    let prepared = 'prep: {
-        local!('prep, check_rank(root, comm.size()));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        let elem = r.element_type().size_bytes();
-        let packed = local!('prep, packs_run(r.is_contiguous(), run, elem));
-        let at_root = match send {
-            Some((send, counts, displs)) => {
-                let s = local!('prep, SendSpec::new(send));
-                local!('prep, check_pair("scatterv send vs receive", &s, &r));
-                let (len, e) = (s.len_elems(), s.element_type());
-                let blocks = local!(
-                    'prep,
-                    own_blocks(comm, "scatterv", (len, &e), counts, displs, false, r.len_elems())
-                );
-                let flat = || FlatSpec::send(send, &s).and_then(FlatSpec::counted);
-                if is_root {
-                    Some((local!('prep, flat()), blocks))
-                } else {
-                    None
-                }
-            }
-            None if is_root => break 'prep Err(missing("scatterv send buffer")),
-            None => None,
-        };
-        Ok((at_root, recv_side!('prep, r, packed, recv)))
+    let (send, lists) = match send.filter(|_| is_root || takes_unused(tc)) {
+        Some((s, c, d)) => (Some(s), Some((c, d))),
+        None => (None, None),
     };
-    let (at_root, mut side) = agree(comm, prepared)?;
-    let process = comm.process_at_rank(root);
-    match &at_root {
-        Some((sf, (cu, du))) => {
-            let part = Partition::new(sf, &cu[..], &du[..]);
-            process.scatter_varcount_into_root(&part, &mut side);
-        }
-        None => process.scatter_varcount_into(&mut side),
-    }
-    finish_side!(side, recv)
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        send,
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                check_rank(root, comm.size())?;
+                let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                let at_root = match s.zip(lists) {
+                    Some(((s, s_reach), (counts, displs))) => {
+                        let sf = read_facts(s, s_reach)?;
+                        check_pair("scatterv send vs receive", &sf, &rf)?;
+                        let shape = (sf.len_elems, &sf.element);
+                        let blocks = own_blocks(
+                            comm,
+                            "scatterv",
+                            shape,
+                            counts,
+                            displs,
+                            false,
+                            rf.len_elems,
+                        )?;
+                        if is_root {
+                            Some((side_in(s, sf, Need::Units)?, blocks))
+                        } else {
+                            None
+                        }
+                    }
+                    None if is_root => return Err(missing("scatterv send buffer")),
+                    None => None,
+                };
+                Ok((at_root, side_out(r, rf, Need::Counted, Access::Write)?))
+            })();
+            let (at_root, mut side) = agree(comm, prepared)?;
+            let process = comm.process_at_rank(root);
+            match &at_root {
+                Some((sf, (cu, du))) => {
+                    let part = Partition::new(sf, &cu[..], &du[..]);
+                    process.scatter_varcount_into_root(&part, &mut side);
+                }
+                None => process.scatter_varcount_into(&mut side),
+            }
+            side.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::all_gather_tensor`].
-pub(super) fn all_gather<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn all_gather<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
     recv: &mut dyn Tensor,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    let prepared = 'prep: {
-        let s = local!('prep, SendSpec::new(send));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        local!('prep, check_pair("all-gather send vs receive", &s, &r));
-        let size = comm.size();
-        local!(
-            'prep,
-            check_count(
-                || format!("all-gather receive (= send count × {size} ranks)"),
-                s.len_elems().saturating_mul(i64::from(size)),
-                r.len_elems(),
-            )
-        );
-        let rf = local!(
-            'prep,
-            FlatSpec::recv(&mut r)
-                .and_then(|f| f.ready(&*recv, false))
-                .and_then(FlatSpec::counted)
-        );
-        Ok((local!('prep, SendSide::new(send, s)), rf))
-    };
-    let (side, mut rf) = agree(comm, prepared)?;
-    comm.all_gather_into(&side, &mut rf);
-    rf.finish(recv)
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                let ((s, s_reach), (r, r_reach)) =
+                    s.zip(r).ok_or_else(|| missing("all-gather buffers"))?;
+                let sf = read_facts(s, s_reach)?;
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                check_pair("all-gather send vs receive", &sf, &rf)?;
+                let size = comm.size();
+                check_count(
+                    || format!("all-gather receive (= send count × {size} ranks)"),
+                    sf.len_elems.saturating_mul(i64::from(size)),
+                    rf.len_elems,
+                )?;
+                let rf = side_out(r, rf, Need::Units, Access::Write)?;
+                Ok((side_in(s, sf, Need::Counted)?, rf))
+            })();
+            let (side, mut rf) = agree(comm, prepared)?;
+            comm.all_gather_into(&side, &mut rf);
+            rf.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::all_gatherv_tensor`].
-pub(super) fn all_gatherv<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
     recv: &mut dyn Tensor,
     counts: &[i64],
     displacements: &[i64],
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    let prepared = 'prep: {
-        let s = local!('prep, SendSpec::new(send));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        local!('prep, check_pair("all-gatherv send vs receive", &s, &r));
-        let (len, e, own) = (r.len_elems(), r.element_type(), s.len_elems());
-        let blocks = local!(
-            'prep,
-            own_blocks(comm, "all-gatherv", (len, &e), counts, displacements, true, own)
-        );
-        let rf = local!(
-            'prep,
-            FlatSpec::recv(&mut r)
-                .and_then(|f| f.ready(&*recv, true))
-                .and_then(FlatSpec::counted)
-        );
-        // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks when
-        // one rank sends a derived datatype of 64 Ki elements (found by `dlpack-mpi check
-        // --layout step`).
-        let sf = local!('prep, FlatSpec::send(send, &s).and_then(FlatSpec::counted));
-        Ok((sf, rf, blocks))
-    };
-    let (sf, mut rf, (cu, du)) = agree(comm, prepared)?;
-    {
-        let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
-        comm.all_gather_varcount_into(&sf, &mut part);
-    }
-    rf.finish(recv)
+    let recv = Some((recv, Access::Update));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                let ((s, s_reach), (r, r_reach)) =
+                    s.zip(r).ok_or_else(|| missing("all-gatherv buffers"))?;
+                let sf = read_facts(s, s_reach)?;
+                let rf = write_facts(&*r, Access::Update, r_reach)?;
+                check_pair("all-gatherv send vs receive", &sf, &rf)?;
+                let (shape, own) = ((rf.len_elems, &rf.element), sf.len_elems);
+                let blocks =
+                    own_blocks(comm, "all-gatherv", shape, counts, displacements, true, own)?;
+                let rf = side_out(r, rf, Need::Units, Access::Update)?;
+                // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks
+                // when one rank sends a derived datatype of 64 Ki elements (found by
+                // `dlpack-mpi check --layout step`).
+                Ok((side_in(s, sf, Need::Units)?, rf, blocks))
+            })();
+            let (sf, mut rf, (cu, du)) = agree(comm, prepared)?;
+            {
+                let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
+                comm.all_gather_varcount_into(&sf, &mut part);
+            }
+            rf.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::all_to_all_tensor`].
-pub(super) fn all_to_all<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn all_to_all<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
     recv: &mut dyn Tensor,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    let prepared = 'prep: {
-        let s = local!('prep, SendSpec::new(send));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        local!('prep, check_pair("all-to-all send vs receive", &s, &r));
-        let n = s.len_elems();
-        local!(
-            'prep,
-            check_count(|| "all-to-all receive".into(), n, r.len_elems())
-        );
-        let size = i64::from(comm.size());
-        local!(
-            'prep,
-            check_count(
-                || format!("all-to-all send (a multiple of {size} ranks)"),
-                n - n % size,
-                n,
-            )
-        );
-        let rf = local!(
-            'prep,
-            FlatSpec::recv(&mut r)
-                .and_then(|f| f.ready(&*recv, false))
-                .and_then(FlatSpec::counted)
-        );
-        let sf = local!('prep, FlatSpec::send(send, &s).and_then(FlatSpec::counted));
-        Ok((sf, rf))
-    };
-    let (sf, mut rf) = agree(comm, prepared)?;
-    comm.all_to_all_into(&sf, &mut rf);
-    rf.finish(recv)
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                let ((s, s_reach), (r, r_reach)) =
+                    s.zip(r).ok_or_else(|| missing("all-to-all buffers"))?;
+                let sf = read_facts(s, s_reach)?;
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                check_pair("all-to-all send vs receive", &sf, &rf)?;
+                let n = sf.len_elems;
+                check_count(|| "all-to-all receive".into(), n, rf.len_elems)?;
+                let size = i64::from(comm.size());
+                check_count(
+                    || format!("all-to-all send (a multiple of {size} ranks)"),
+                    n - n % size,
+                    n,
+                )?;
+                let rf = side_out(r, rf, Need::Units, Access::Write)?;
+                Ok((side_in(s, sf, Need::Units)?, rf))
+            })();
+            let (sf, mut rf) = agree(comm, prepared)?;
+            comm.all_to_all_into(&sf, &mut rf);
+            rf.finish()
+        },
+    )
 }
 
-#[allow(clippy::too_many_arguments)]
 /// [`super::TensorComm::all_to_allv_tensor`].
-pub(super) fn all_to_allv<C: Communicator + ?Sized>(
-    comm: &C,
-    send: &dyn Tensor,
-    send_counts: &[i64],
-    send_displacements: &[i64],
-    recv: &mut dyn Tensor,
-    recv_counts: &[i64],
-    recv_displacements: &[i64],
+pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
+    tc: &T,
+    (send, send_counts, send_displacements): (&dyn Tensor, &[i64], &[i64]),
+    (recv, recv_counts, recv_displacements): (&mut dyn Tensor, &[i64], &[i64]),
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    let prepared = 'prep: {
-        let s = local!('prep, SendSpec::new(send));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        local!('prep, check_pair("all-to-allv send vs receive", &s, &r));
-        let (se, re) = (s.element_type(), r.element_type());
-        let sends = local!(
-            'prep,
-            rank_blocks(comm, s.len_elems(), &se, send_counts, send_displacements, false)
-        );
-        let recvs = local!(
-            'prep,
-            rank_blocks(comm, r.len_elems(), &re, recv_counts, recv_displacements, true)
-        );
-        let rank = rank_index(comm.rank());
-        local!(
-            'prep,
-            check_count(
-                || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),
-                send_counts[rank],
-                recv_counts[rank],
-            )
-        );
-        let rf = local!(
-            'prep,
-            FlatSpec::recv(&mut r)
-                .and_then(|f| f.ready(&*recv, true))
-                .and_then(FlatSpec::counted)
-        );
-        let sf = local!('prep, FlatSpec::send(send, &s).and_then(FlatSpec::counted));
-        Ok((sf, rf, sends, recvs))
-    };
-    let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, prepared)?;
-    {
-        let sp = Partition::new(&sf, &scu[..], &sdu[..]);
-        let mut rp = PartitionMut::new(&mut rf, &rcu[..], &rdu[..]);
-        comm.all_to_all_varcount_into(&sp, &mut rp);
-    }
-    rf.finish(recv)
+    let recv = Some((recv, Access::Update));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::Collective,
+        Some(send),
+        recv,
+        None,
+        |s, r| {
+            let prepared = (move || {
+                let ((s, s_reach), (r, r_reach)) =
+                    s.zip(r).ok_or_else(|| missing("all-to-allv buffers"))?;
+                let sf = read_facts(s, s_reach)?;
+                let rf = write_facts(&*r, Access::Update, r_reach)?;
+                check_pair("all-to-allv send vs receive", &sf, &rf)?;
+                let (se, re) = (sf.element, rf.element);
+                let sends = rank_blocks(
+                    comm,
+                    sf.len_elems,
+                    &se,
+                    send_counts,
+                    send_displacements,
+                    false,
+                )?;
+                let recvs = rank_blocks(
+                    comm,
+                    rf.len_elems,
+                    &re,
+                    recv_counts,
+                    recv_displacements,
+                    true,
+                )?;
+                let rank = rank_index(comm.rank());
+                check_count(
+                    || {
+                        format!(
+                            "all-to-allv recv_counts[{rank}] (the block this rank sends itself)"
+                        )
+                    },
+                    send_counts[rank],
+                    recv_counts[rank],
+                )?;
+                let rf = side_out(r, rf, Need::Units, Access::Update)?;
+                Ok((side_in(s, sf, Need::Units)?, rf, sends, recvs))
+            })();
+            let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, prepared)?;
+            {
+                let sp = Partition::new(&sf, &scu[..], &sdu[..]);
+                let mut rp = PartitionMut::new(&mut rf, &rcu[..], &rdu[..]);
+                comm.all_to_all_varcount_into(&sp, &mut rp);
+            }
+            rf.finish()
+        },
+    )
 }

@@ -24,7 +24,7 @@
 
 use std::fmt;
 
-use mpi::datatype::{AsDatatype, Collection, DatatypeRef, Pointer, PointerMut};
+use mpi::datatype::{AsDatatype, Collection, DatatypeRef, Pointer};
 use mpi::point_to_point::Status;
 use mpi::raw::AsRaw;
 use mpi::request::{Request, Scope};
@@ -33,13 +33,16 @@ use mpi::traits::Equivalence;
 use mpi::{Count, Tag};
 
 use super::checks::{check_rank, check_tag};
-use super::packing::{inner_run_elems, packs_run};
-use super::sides::SendSide;
+use super::operands::{read_side, write_side};
+use super::stager::Operand;
+use super::TensorComm;
 use crate::dlpack::Tensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::raw;
-use crate::spec::flat::FlatSpec;
-use crate::spec::{RecvSpec, SendSpec};
+use crate::spec::encoding::Need;
+use crate::spec::side::{In, Out, Side};
+use crate::spec::{Access, Reach};
 
 /// A posted nonblocking send or receive of a tensor, registered with an rsmpi scope `Sc`;
 /// made by [`super::TensorComm::immediate_send_tensor`],
@@ -97,20 +100,19 @@ use crate::spec::{RecvSpec, SendSpec};
 pub struct TensorRequest<'a, Sc: Scope<'a>> {
     /// The MPI request; `None` once completed.
     request: Option<Request<'a, (), Sc>>,
-    /// What completion does.
-    side: Side<'a>,
+    /// What completion does; `None` once completed.
+    side: Option<Posted<'a>>,
 }
 
-/// The buffers of a posted request and what its completion does with them.
-enum Side<'a> {
+/// The side of a posted request and what its completion does with it.
+enum Posted<'a> {
     /// A send: the tensor's run or derived datatype (borrowing it for `'a`), or a packed
     /// copy owned here until completion.
-    Send(SendSide<'a>),
-    /// A receive into `tensor`: straight into its memory (`packed` is `None`) or into a
-    /// packed copy that completion unpacks into it.
+    Send(Side<'a, In>),
+    /// A receive: straight into the tensor's memory, or into a packed copy that completion
+    /// unpacks into it ([`Side::finish`]).
     Recv {
-        tensor: &'a mut dyn Tensor,
-        packed: Option<FlatSpec>,
+        side: Side<'a, Out>,
         expected: Expected,
     },
 }
@@ -174,25 +176,20 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// Whether this request packed its tensor (the policy chose a packed copy).
     pub fn is_packed(&self) -> bool {
         match &self.side {
-            Side::Send(SendSide::Packed(_)) => true,
-            Side::Send(SendSide::Spec(_)) => false,
-            Side::Recv { packed, .. } => packed.is_some(),
+            Some(Posted::Send(side)) => side.is_packed(),
+            Some(Posted::Recv { side, .. }) => side.is_packed(),
+            None => false,
         }
     }
 
     /// After MPI completed the request: check a receive's size and unpack it.
     fn complete(&mut self, status: &Status) -> Result<()> {
-        let Side::Recv {
-            tensor,
-            packed,
-            expected,
-        } = &mut self.side
-        else {
+        let Some(Posted::Recv { side, expected }) = self.side.take() else {
             return Ok(());
         };
-        let e = *expected;
+        let e = expected;
         if status.count(e.datatype) != e.count {
-            *packed = None; // back to the pool; the tensor keeps its values
+            side.discard(); // back to the pool; the tensor keeps its values
             let bytes = i64::from(status.count(u8::equivalent_datatype()));
             return Err(Error::CountMismatch {
                 what: format!(
@@ -207,10 +204,7 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
                 actual: if bytes >= 0 { bytes / e.elem_bytes } else { -1 },
             });
         }
-        match packed.take() {
-            Some(flat) => flat.finish(&mut **tensor),
-            None => Ok(()),
-        }
+        side.finish()
     }
 }
 
@@ -228,18 +222,10 @@ impl<'a, Sc: Scope<'a>> fmt::Debug for TensorRequest<'a, Sc> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TensorRequest")
             .field("pending", &self.request.is_some())
-            .field("send", &matches!(self.side, Side::Send(_)))
+            .field("send", &matches!(self.side, Some(Posted::Send(_))))
             .field("packed", &self.is_packed())
             .finish()
     }
-}
-
-/// The `(pointer, count, datatype)` of an rsmpi buffer, for a raw post.
-fn parts<B: Pointer + Collection + AsDatatype>(b: &B) -> (*const u8, Count, DatatypeRef<'static>)
-where
-    B::Out: Into<DatatypeRef<'static>>,
-{
-    (b.pointer().cast(), b.count(), b.as_datatype().into())
 }
 
 /// A count MPI was given as a `usize` (counts of specs and flats are never negative).
@@ -248,19 +234,42 @@ fn units(count: Count) -> usize {
 }
 
 /// `(first byte, count, datatype)` of a posted buffer.
-pub(super) type Posted<P> = (P, Count, DatatypeRef<'static>);
+pub(super) type Posting<P> = (P, Count, DatatypeRef<'static>);
+
+/// How a nonblocking operation's operand reaches MPI: `None` when no stager sees it (its
+/// device label is checked as host memory), else the stager's word (a staged copy cannot
+/// outlive the call yet: the stager refuses it).
+///
+/// # Errors
+/// The stager's refusal.
+pub(super) fn immediate_reach<T: TensorComm + ?Sized>(
+    tc: &T,
+    tensor: &dyn Tensor,
+    access: Access,
+    reduce: Option<DType>,
+) -> Result<Option<Reach>> {
+    match tc.stager() {
+        None => Ok(None),
+        Some(stager) => stager.reach_immediate(Operand {
+            tensor,
+            access,
+            reduce,
+        }),
+    }
+}
 
 /// Posts `side` to `dest` (the whole of it, or the part `window` of its packed copy) and
 /// returns the request that owns it.
 pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
-    side: SendSide<'a>,
-    window: Option<Posted<*const u8>>,
+    side: Side<'a, In>,
+    window: Option<Posting<*const u8>>,
     dest: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
-    let (ptr, count, datatype) = window.unwrap_or_else(|| parts(&side));
+    let (ptr, count, datatype) =
+        window.unwrap_or_else(|| (side.pointer().cast(), side.count(), side.as_datatype()));
     // SAFETY: `ptr` holds `count` readable units of `datatype`: the tensor's validated
     // elements (borrowed for 'a by `side`) or (a window of) the packed copy `side` owns,
     // whose heap buffer does not move when `side` moves into the request; neither is
@@ -281,30 +290,27 @@ pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
     Ok(TensorRequest {
         request: Some(request),
-        side: Side::Send(side),
+        side: Some(Posted::Send(side)),
     })
 }
 
-/// Posts a receive into `posted`: the validated receive spec's parts (then `packed` is
-/// `None`), or (a window of) `packed`, a ready scratch of the tensor's packed size that
-/// completion unpacks into `tensor`. `expected_elems`: (elements posted, bytes each).
-#[allow(clippy::too_many_arguments)]
+/// Posts a receive into `posting` (the side's whole buffer, or a window of its packed
+/// copy); completion unpacks a packed side into its tensor. `expected_elems`: (elements
+/// posted, bytes each).
 pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
-    tensor: &'a mut dyn Tensor,
-    packed: Option<FlatSpec>,
-    posted: Posted<*mut u8>,
+    side: Side<'a, Out>,
+    posting: Posting<*mut u8>,
     expected_elems: (i64, i64),
-    source: Rank,
-    tag: Tag,
+    (source, tag): (Rank, Tag),
 ) -> Result<TensorRequest<'a, Sc>> {
-    let (ptr, count, datatype) = posted;
+    let (ptr, count, datatype) = posting;
     // SAFETY: `ptr` has room for `count` units of `datatype`: the tensor's validated,
-    // writable, disjoint elements (borrowed exclusively for 'a by the request) or (a window
-    // of) the scratch the request owns (its heap buffer does not move when `packed` moves
-    // into the request); nothing else touches either before the request completes or is
-    // leaked with it.
+    // writable, disjoint elements (borrowed exclusively for 'a by the side the request
+    // owns) or (a window of) the side's packed copy (its heap buffer does not move when
+    // the side moves into the request); nothing else touches either before the request
+    // completes or is leaked with it.
     let posted = unsafe {
         raw::irecv(
             ptr,
@@ -319,60 +325,48 @@ pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
     Ok(TensorRequest {
         request: Some(request),
-        side: Side::Recv {
-            tensor,
-            packed,
+        side: Some(Posted::Recv {
+            side,
             expected: Expected {
                 count,
                 datatype,
                 len_elems: expected_elems.0,
                 elem_bytes: expected_elems.1,
             },
-        },
+        }),
     })
 }
 
 /// [`super::TensorComm::immediate_send_tensor`].
-pub(super) fn send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
-    comm: &C,
+pub(super) fn send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
+    tc: &T,
     scope: Sc,
     tensor: &'a dyn Tensor,
     dest: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let side = SendSide::new(tensor, SendSpec::new(tensor)?)?;
+    let reach = immediate_reach(tc, tensor, Access::Read, None)?;
+    let side = read_side(tensor, reach, Need::Counted)?;
     post_send(comm, scope, side, None, dest, tag)
 }
 
 /// [`super::TensorComm::immediate_recv_tensor`].
-pub(super) fn recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
-    comm: &C,
+pub(super) fn recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
+    tc: &T,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
     source: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let run = inner_run_elems(&*tensor);
-    let mut spec = RecvSpec::new(&mut *tensor)?;
-    let elem_bytes = spec.element_type().size_bytes_i64();
-    let len_elems = spec.len_elems();
-    let packed = packs_run(spec.is_contiguous(), run, spec.element_type().size_bytes())?;
-    let (posted, packed) = if packed {
-        let recv_flat = FlatSpec::recv(&mut spec)?;
-        let mut flat = recv_flat.ready(&*tensor, false)?.counted()?;
-        let (count, datatype) = (flat.count(), flat.as_datatype());
-        (
-            (flat.pointer_mut().cast::<u8>(), count, datatype),
-            Some(flat),
-        )
-    } else {
-        let (count, datatype) = (spec.count(), spec.as_datatype());
-        ((spec.pointer_mut().cast::<u8>(), count, datatype), None)
-    };
-    let expected = (len_elems, elem_bytes);
-    post_recv(comm, scope, tensor, packed, posted, expected, source, tag)
+    let reach = immediate_reach(tc, &*tensor, Access::Write, None)?;
+    let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
+    let expected = (side.len_elems(), side.element().size_bytes_i64());
+    let posting = (side.ptr().cast::<u8>(), side.count(), side.as_datatype());
+    post_recv(comm, scope, side, posting, expected, (source, tag))
 }

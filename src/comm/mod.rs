@@ -30,24 +30,32 @@
 //!
 //! All counts and displacements are in DLPack elements.
 //!
+//! **One operation list.** [`TensorComm`] is implemented for every rsmpi communicator and
+//! for `transport::DeviceComm`: each operation is written once, over the communicator's
+//! stager ([`Stager`], the device staging plugged in below the operations; none for a plain
+//! communicator). An operation declares its operands (the tensor and what MPI does with it,
+//! [`crate::spec::Access`]), stages them, makes one side per operand, agrees (collectives),
+//! makes one MPI call, and finishes (unpacks, copies back).
+//!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
 //! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
 //! `reduce` (reductions, with the half-precision operations of `halfops`, public as
 //! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
-//! ([`Agreement`]) and `packing` the packing policy ([`Packing`]). Raw MPI calls go through
-//! the crate's private `raw` module.
+//! ([`Agreement`]), `packing` the packing policy ([`Packing`]), `operands` the way from a
+//! tensor to its side, and `stager` the staging seam. Raw MPI calls go through the crate's
+//! private `raw` module.
 
-#[macro_use]
 mod agree;
 mod bcast;
 mod checks;
 mod collective;
 mod immediate;
-mod p2p;
+mod operands;
+pub(crate) mod p2p;
 mod packing;
 pub(crate) mod reduce;
-mod sides;
+mod stager;
 mod window;
 
 use std::ops::Range;
@@ -58,7 +66,6 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-pub(crate) use agree::agree;
 pub use agree::{
     agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
 };
@@ -71,6 +78,8 @@ pub use packing::{
     parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
     DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
 };
+#[doc(hidden)]
+pub use stager::{Operand, StagedTensor, Stager, Staging};
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;
@@ -92,7 +101,20 @@ use crate::spec::{RecvSpec, SendSpec};
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds a value other than
 /// `collective` or `local`. On any error no rank has entered the data operation (under
 /// [`Agreement::Local`]: only this rank).
-pub trait TensorComm: Communicator {
+pub trait TensorComm {
+    /// The rsmpi communicator the operations run on.
+    type Comm: Communicator + ?Sized;
+
+    /// The communicator the operations run on (`self` for an rsmpi communicator).
+    fn communicator(&self) -> &Self::Comm;
+
+    /// The device staging below the operations; `None` (the default): the operands are
+    /// the caller's tensors, which must be host memory.
+    #[doc(hidden)]
+    fn stager(&self) -> Option<&dyn Stager> {
+        None
+    }
+
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
     ///
     /// # Errors
@@ -142,7 +164,7 @@ pub trait TensorComm: Communicator {
         source: Rank,
         recv_tag: Tag,
     ) -> Result<Status> {
-        p2p::sendrecv(self, send, dest, send_tag, recv, source, recv_tag)
+        p2p::sendrecv(self, send, (dest, send_tag), recv, (source, recv_tag))
     }
 
     /// Nonblocking send of all elements of `tensor` to `dest` inside an rsmpi scope
@@ -213,9 +235,10 @@ pub trait TensorComm: Communicator {
         dest: Rank,
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
-        check_rank(dest, self.target_size())?;
+        let comm = self.communicator();
+        check_rank(dest, comm.target_size())?;
         check_tag(tag)?;
-        Ok(self
+        Ok(comm
             .process_at_rank(dest)
             .immediate_send_with_tag(scope, spec, tag))
     }
@@ -234,9 +257,10 @@ pub trait TensorComm: Communicator {
         source: Rank,
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
-        check_rank(source, self.target_size())?;
+        let comm = self.communicator();
+        check_rank(source, comm.target_size())?;
         check_tag(tag)?;
-        Ok(self
+        Ok(comm
             .process_at_rank(source)
             .immediate_receive_into_with_tag(scope, spec, tag))
     }
@@ -489,12 +513,8 @@ pub trait TensorComm: Communicator {
     ) -> Result<()> {
         collective::all_to_allv(
             self,
-            send,
-            send_counts,
-            send_displacements,
-            recv,
-            recv_counts,
-            recv_displacements,
+            (send, send_counts, send_displacements),
+            (recv, recv_counts, recv_displacements),
         )
     }
 
@@ -514,4 +534,17 @@ pub trait TensorComm: Communicator {
     }
 }
 
-impl<C: Communicator + ?Sized> TensorComm for C {}
+impl<C: Communicator + ?Sized> TensorComm for C {
+    type Comm = C;
+
+    #[inline]
+    fn communicator(&self) -> &C {
+        self
+    }
+}
+
+/// Whether `tc`'s operations take an operand only the root uses at the other ranks too
+/// (checked there, not used): yes without a stager, as its stager says otherwise.
+pub(crate) fn takes_unused<T: TensorComm + ?Sized>(tc: &T) -> bool {
+    tc.stager().map_or(true, Stager::takes_unused_root_operands)
+}

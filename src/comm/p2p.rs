@@ -1,122 +1,98 @@
 //! The point-to-point operations of [`super::TensorComm`]: send, receive (matched probe
-//! first) and send-receive, and [`Unreceived::recv_into`] for a message a receive held. A
-//! strided tensor goes as one derived datatype, or as a packed copy when the packing policy
-//! ([`super::Packing`]) packs it; each side is decided on its own. A packed copy beyond
-//! MPI's `int` units goes whole as one large-count datatype ([`FlatSpec::whole`]).
+//! first) and send-receive, and [`Unreceived::recv_into`] for a message a receive held.
+//! Each side is encoded for a message ([`Need::Message`]): its own run, one derived
+//! datatype, or a packed copy when the packing policy ([`super::Packing`]) packs it (beyond
+//! MPI's `int` units one large-count datatype), decided on its own.
 //!
 //! A receive matches its message with `MPI_Mprobe` (MPI-4.1 §3.8.2) and receives exactly
 //! that message with `MPI_Mrecv` (§3.8.3), after comparing its size with the tensor; a
 //! message that does not fit is returned in [`Error::Unfit`], held for a later receive.
 
-use mpi::datatype::{Buffer, BufferMut};
+use mpi::datatype::Buffer;
 use mpi::point_to_point::{Destination, Source, Status};
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
-use super::checks::{check_disjoint, check_incoming, check_incoming_flat, check_rank, check_tag};
-use super::packing::{inner_run_elems, packs, packs_run};
-use super::sides::SendSide;
+use super::checks::{check_disjoint, check_incoming, check_rank, check_tag, missing};
+use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
+use super::stager::{with_stand_ins, Kind};
+use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Matched, Result, Unreceived};
-use crate::layout;
-use crate::spec::flat::FlatSpec;
-use crate::spec::{RecvSpec, SendSpec};
+use crate::spec::encoding::Need;
+use crate::spec::side::{Out, Side};
+use crate::spec::{Access, Reach};
 
 /// [`super::TensorComm::send_tensor`].
-pub(super) fn send<C: Communicator + ?Sized>(
-    comm: &C,
+pub(crate) fn send<T: TensorComm + ?Sized>(
+    tc: &T,
     tensor: &dyn Tensor,
     dest: Rank,
     tag: Tag,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let side = send_side(tensor, SendSpec::new(tensor)?)?;
-    comm.process_at_rank(dest).send_with_tag(&side, tag);
-    Ok(())
+    let kind = Kind::PointToPoint;
+    with_stand_ins(tc.stager(), comm, kind, Some(tensor), None, None, |s, _| {
+        let (t, reach) = s.ok_or_else(|| missing("send tensor"))?;
+        let side = read_side(t, reach, Need::Message)?;
+        comm.process_at_rank(dest).send_with_tag(&side, tag);
+        Ok(())
+    })
 }
 
-/// The send side of a point-to-point message: the spec, or a packed copy of any size
-/// (one large-count datatype beyond `int` units).
-fn send_side<'t>(tensor: &dyn Tensor, spec: SendSpec<'t>) -> Result<SendSide<'t>> {
-    let elem = spec.element_type().size_bytes();
-    if packs(tensor, spec.is_contiguous(), elem)? {
-        return Ok(SendSide::Packed(FlatSpec::send(tensor, &spec)?.whole()?));
-    }
-    Ok(SendSide::Spec(spec))
+/// The receive side for `tensor`: every check of its facts and the packing policy, and
+/// the scratch allocated, before any message is matched.
+fn target(tensor: &mut dyn Tensor, reach: Option<Reach>) -> Result<Side<'_, Out>> {
+    write_side(tensor, Access::Write, reach, Need::Message)
 }
 
-/// A receive buffer made ready before its message is matched: the spec itself (the
-/// tensor's run, or a derived datatype over its elements), or a flat buffer (a packed
-/// scratch, unpacked into the tensor after MPI completes).
-enum Target<'t> {
-    Spec(RecvSpec<'t>),
-    Flat(FlatSpec),
-}
-
-/// The receive buffer for `tensor`: every check of [`RecvSpec::new`] and the packing
-/// policy, and the scratch allocated, before any message is matched.
-fn target(tensor: &mut dyn Tensor) -> Result<Target<'_>> {
-    if layout::check_c_contiguous(tensor.shape(), tensor.strides_elems()).is_ok() {
-        return Ok(Target::Spec(RecvSpec::new(tensor)?));
+/// Receives `matched` into `side` when it is exactly the side's size, and unpacks it;
+/// otherwise returns it held in [`Error::Unfit`] (with `sent`, the checked protocol's dtype
+/// and shape).
+fn receive(
+    mut side: Side<'_, Out>,
+    matched: Matched,
+    sent: Option<(DType, Vec<i64>)>,
+) -> Result<Status> {
+    if let Err(mismatch) = check_incoming(&side, &matched.status()) {
+        return Err(unfit(mismatch, matched, sent));
     }
-    let run = inner_run_elems(&*tensor);
-    let flat = {
-        let mut spec = RecvSpec::new(&mut *tensor)?;
-        let elem = spec.element_type().size_bytes();
-        if packs_run(spec.is_contiguous(), run, elem)? {
-            Some(FlatSpec::recv(&mut spec)?)
-        } else {
-            None
-        }
-    };
-    match flat {
-        Some(flat) => Ok(Target::Flat(flat.ready(&*tensor, false)?.whole()?)),
-        None => Ok(Target::Spec(RecvSpec::new(tensor)?)),
-    }
-}
-
-impl Target<'_> {
-    /// Whether the matched message is exactly this buffer's size.
-    fn fits(&self, status: &Status) -> Result<()> {
-        match self {
-            Target::Spec(spec) => check_incoming(spec, status),
-            Target::Flat(flat) => check_incoming_flat(flat, status),
-        }
-    }
-
-    /// Receives `matched` (which [`Target::fits`]); returns the flat to unpack, if any.
-    fn receive(self, matched: Matched) -> (Status, Option<FlatSpec>) {
-        match self {
-            Target::Spec(mut spec) => (matched.receive_into(&mut spec), None),
-            Target::Flat(mut flat) => (matched.receive_into(&mut flat), Some(flat)),
-        }
-    }
-}
-
-/// Unpacks a packed receive into its tensor (nothing for a spec receive).
-fn finish(flat: Option<FlatSpec>, tensor: &mut dyn Tensor) -> Result<()> {
-    flat.map_or(Ok(()), |f| f.finish(tensor))
+    let status = matched.receive_into(&mut side);
+    side.finish()?;
+    Ok(status)
 }
 
 /// [`super::TensorComm::recv_tensor`].
-pub(super) fn recv<C: Communicator + ?Sized>(
-    comm: &C,
+pub(crate) fn recv<T: TensorComm + ?Sized>(
+    tc: &T,
     tensor: &mut dyn Tensor,
     source: Rank,
     tag: Tag,
 ) -> Result<Status> {
+    let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let target = target(tensor)?;
-    let matched = Matched::probe(&comm.process_at_rank(source), tag);
-    if let Err(mismatch) = target.fits(&matched.status()) {
-        return Err(unfit(mismatch, matched, None));
-    }
-    let (status, flat) = target.receive(matched);
-    finish(flat, tensor)?;
-    Ok(status)
+    let recv = Some((tensor, Access::Write));
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        Kind::PointToPoint,
+        None,
+        recv,
+        None,
+        |_, r| {
+            let (t, reach) = r.ok_or_else(|| missing("receive tensor"))?;
+            let side = target(t, reach)?;
+            receive(
+                side,
+                Matched::probe(&comm.process_at_rank(source), tag),
+                None,
+            )
+        },
+    )
 }
 
 /// [`Error::Unfit`] holding `matched`. Hooks `MPI_Finalize` first, so that a held message
@@ -129,23 +105,18 @@ pub(crate) fn unfit(mismatch: Error, matched: Matched, sent: Option<(DType, Vec<
     }
 }
 
-/// Receives the matched message `matched` into `tensor` when it fits; otherwise returns it
-/// held in [`Error::Unfit`] (with `sent`, the checked protocol's dtype and shape).
+/// Receives the matched message `matched` into `tensor` (host memory) when it fits;
+/// otherwise returns it held in [`Error::Unfit`] (with `sent`, the checked protocol's
+/// dtype and shape).
 pub(crate) fn recv_matched(
     tensor: &mut dyn Tensor,
     matched: Matched,
     sent: Option<(DType, Vec<i64>)>,
 ) -> Result<Status> {
-    let target = match target(tensor) {
-        Ok(t) => t,
-        Err(e) => return Err(unfit(e, matched, sent)),
-    };
-    if let Err(mismatch) = target.fits(&matched.status()) {
-        return Err(unfit(mismatch, matched, sent));
+    match target(tensor, None) {
+        Ok(side) => receive(side, matched, sent),
+        Err(e) => Err(unfit(e, matched, sent)),
     }
-    let (status, flat) = target.receive(matched);
-    finish(flat, tensor)?;
-    Ok(status)
 }
 
 impl Unreceived {
@@ -155,8 +126,8 @@ impl Unreceived {
     ///
     /// # Errors
     /// - [`Error::Unfit`] (with this same held message inside, still held) when `tensor`
-    ///   does not fit it, around [`Error::CountMismatch`] or an error of [`RecvSpec::new`]
-    ///   for `tensor`: try again with another tensor.
+    ///   does not fit it, around [`Error::CountMismatch`] or an error of
+    ///   [`crate::spec::RecvSpec::new`] for `tensor`: try again with another tensor.
     /// - [`Error::AlreadyReceived`] when a clone of this value received or discarded it.
     ///
     /// # Examples
@@ -205,62 +176,51 @@ impl Unreceived {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// [`super::TensorComm::sendrecv_tensor`].
-pub(super) fn sendrecv<C: Communicator + ?Sized>(
-    comm: &C,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sendrecv<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
-    dest: Rank,
-    send_tag: Tag,
+    (dest, send_tag): (Rank, Tag),
     recv: &mut dyn Tensor,
-    source: Rank,
-    recv_tag: Tag,
+    (source, recv_tag): (Rank, Tag),
 ) -> Result<Status> {
+    let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_rank(source, comm.target_size())?;
     check_tag(send_tag)?;
     check_tag(recv_tag)?;
-    let run = inner_run_elems(&*recv);
-    let s = SendSpec::new(send)?;
-    let mut r = RecvSpec::new(&mut *recv)?;
-    check_disjoint(&s, &r)?;
-    let packed = packs_run(r.is_contiguous(), run, r.element_type().size_bytes())?;
-    let sent = send_side(send, s)?;
-    let src = comm.process_at_rank(source);
-    let dst = comm.process_at_rank(dest);
-    if packed {
-        let recv_flat = FlatSpec::recv(&mut r)?;
-        let mut rf = recv_flat.ready(&*recv, false)?.whole()?;
-        let tags = (send_tag, recv_tag);
-        let result = exchange(&dst, &src, tags, &sent, &mut rf, check_incoming_flat)?;
-        rf.finish(recv)?;
-        return Ok(result);
-    }
-    exchange(
-        &dst,
-        &src,
-        (send_tag, recv_tag),
-        &sent,
-        &mut r,
-        check_incoming,
-    )
+    let kind = Kind::PointToPoint;
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, None, |s, r| {
+        let ((s, s_reach), (r, r_reach)) =
+            s.zip(r).ok_or_else(|| missing("send-receive tensors"))?;
+        let sf = read_facts(s, s_reach)?;
+        let rf = write_facts(&*r, Access::Write, r_reach)?;
+        check_disjoint(&sf, &rf)?;
+        let sent = side_in(s, sf, Need::Message)?;
+        let mut side = side_out(r, rf, Need::Message, Access::Write)?;
+        let (src, dst) = (comm.process_at_rank(source), comm.process_at_rank(dest));
+        let status = exchange(&dst, &src, (send_tag, recv_tag), &sent, &mut side)?;
+        side.finish()?;
+        Ok(status)
+    })
 }
 
-/// Sends `s` to `dst` while matching (`MPI_Mprobe`), checking (`check`) and receiving into
-/// `r` the message from `src`: the body of [`sendrecv`], for either form of each side. A
-/// message that does not fit is returned held in [`Error::Unfit`] once the send is done.
-fn exchange<P: Destination + Source, S: Buffer, R: BufferMut>(
+/// Sends `s` to `dst` while matching (`MPI_Mprobe`), checking and receiving into `r` the
+/// message from `src`. A message that does not fit is returned held in [`Error::Unfit`]
+/// once the send is done.
+fn exchange<P: Destination + Source, S: Buffer>(
     dst: &P,
     src: &P,
     (send_tag, recv_tag): (Tag, Tag),
     s: &S,
-    r: &mut R,
-    check: impl FnOnce(&R, &Status) -> Result<()>,
+    r: &mut Side<'_, Out>,
 ) -> Result<Status> {
     mpi::request::scope(|scope| {
         let req = dst.immediate_send_with_tag(scope, s, send_tag);
         let matched = Matched::probe(src, recv_tag);
-        let result = match check(r, &matched.status()) {
+        let result = match check_incoming(r, &matched.status()) {
             Ok(()) => Ok(matched.receive_into(r)),
             Err(mismatch) => Err(unfit(mismatch, matched, None)),
         };

@@ -36,7 +36,6 @@
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-use crate::dlpack::Tensor;
 use crate::error::{Error, Result};
 use crate::layout;
 
@@ -227,46 +226,18 @@ pub fn inner_block_bytes(
     Ok(run.saturating_mul(elem_bytes))
 }
 
-/// The contiguous inner run of `tensor` in elements, for [`packs_run`]: read before a
-/// receive spec borrows the tensor. 0 when the tensor is C-contiguous or the policy does
-/// not look at runs (then nothing is computed), 1 for a layout [`layout::plan`] refuses
-/// (its spec fails anyway).
-pub(crate) fn inner_run_elems(tensor: &dyn Tensor) -> usize {
-    let (shape, strides) = (tensor.shape(), tensor.strides_elems());
-    if layout::check_c_contiguous(shape, strides).is_ok() || !matches!(packing(), Ok(Packing::Auto))
-    {
-        return 0;
-    }
-    inner_block_bytes(shape, strides, 1).unwrap_or(1)
-}
-
-/// Whether the policy packs one side of an operation: `contiguous` (its spec is one run;
-/// never packed), `run_elems` ([`inner_run_elems`] of its tensor), `elem_bytes` (its element
-/// size).
+/// Whether the policy packs a strided operand whose contiguous inner block is
+/// `block_bytes` (see [`inner_block_bytes`]): the question [`crate::spec`]'s encoding asks.
 ///
 /// # Errors
 /// As [`packing`] and [`pack_threshold_bytes`].
-pub(crate) fn packs_run(contiguous: bool, run_elems: usize, elem_bytes: usize) -> Result<bool> {
-    if contiguous {
-        return Ok(false);
-    }
+pub(crate) fn packs_block(block_bytes: usize) -> Result<bool> {
     let policy = packing()?;
     let threshold = match policy {
         Packing::Auto => pack_threshold_bytes()?,
         _ => 0,
     };
-    Ok(policy.packs(run_elems.saturating_mul(elem_bytes), threshold))
-}
-
-/// [`packs_run`] for a tensor that no spec borrows mutably.
-///
-/// # Errors
-/// As [`packs_run`].
-pub(crate) fn packs(tensor: &dyn Tensor, contiguous: bool, elem_bytes: usize) -> Result<bool> {
-    if contiguous {
-        return Ok(false);
-    }
-    packs_run(contiguous, inner_run_elems(tensor), elem_bytes)
+    Ok(policy.packs(block_bytes, threshold))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! reduce-scatter-block.
 //!
 //! rsmpi's safe calls serve the common case (contiguous tensors of a predefined type, at
-//! most `int` units). Otherwise the reduction goes through [`FlatSpec`]s: MPI's predefined
+//! most 2^30 units). Otherwise both sides are encoded [`Encoding::Chunked`]: MPI's predefined
 //! operations take predefined datatypes only, so a strided side is reduced as a packed copy;
 //! more than 2^30 units are reduced in chunks of at most 2^30 (an element-wise reduction may
 //! be cut anywhere); and half-precision dtypes use the user-defined operations of
@@ -13,7 +13,7 @@
 
 pub mod halfops;
 
-use mpi::datatype::{AsDatatype, Collection, Pointer, PointerMut};
+use mpi::datatype::{AsDatatype, Collection};
 use mpi::ffi::MPI_Op;
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
@@ -21,26 +21,44 @@ use mpi::traits::*;
 
 use super::agree::agree;
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
+use super::operands::{read_facts, side_in, side_out, write_facts};
+use super::stager::{with_stand_ins, Kind, ReadIn, WriteIn};
+use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
 use crate::raw;
-use crate::spec::flat::FlatSpec;
-use crate::spec::{RecvSpec, SendSpec};
+#[cfg(doc)]
+use crate::spec::encoding::Encoding;
+use crate::spec::encoding::Need;
+use crate::spec::facts::Facts;
+use crate::spec::side::{In, Out, Side};
+use crate::spec::Access;
 
 /// Units per chunk when a reduction is split: element-wise reductions may be cut anywhere.
 const REDUCE_CHUNK_UNITS: usize = 1 << 30;
 
-/// Whether a reduction takes the flat path: a strided side (packed copy), more than 2^30
-/// units (chunks), or a half-precision dtype (user-defined operation). Every rank decides
-/// the same way for the same element count, so the sequence of MPI calls matches across
-/// ranks.
-fn needs_flat(s: &SendSpec<'_>, recv_derived: bool) -> bool {
-    let units = i128::from(s.len_elems()) * i128::from(s.element_type().units_per_element_i64());
-    s.is_derived()
-        || recv_derived
+/// Whether a reduction takes the chunked path: a strided or beyond-`int` side (packed or
+/// large; `recv`: the receive side's facts where one is used), more than 2^30 units
+/// (chunks), or a half-precision dtype (user-defined operation). Every rank decides the same
+/// way for the same element count, so the sequence of MPI calls matches across ranks.
+fn needs_chunks(s: &Facts, recv: Option<&Facts>) -> bool {
+    let derived =
+        |f: &Facts| !f.is_contiguous() || f.units().map_or(true, |u| u > i32::MAX as usize);
+    let units = i128::from(s.len_elems) * i128::from(s.element.units_per_element_i64());
+    derived(s)
+        || recv.is_some_and(derived)
         || units > REDUCE_CHUNK_UNITS as i128
-        || halfops::is_half(s.dtype())
+        || halfops::is_half(s.element.dtype)
+}
+
+/// The encoding both sides of a reduction need.
+fn need(chunked: bool) -> Need {
+    if chunked {
+        Need::Chunks
+    } else {
+        Need::Units
+    }
 }
 
 /// The MPI operation for `op` on `dtype`: predefined, or user-defined for half precision.
@@ -75,307 +93,292 @@ fn at(ptr: *mut std::ffi::c_void, offset_bytes: usize) -> *mut std::ffi::c_void 
     ptr.cast::<u8>().wrapping_add(offset_bytes).cast()
 }
 
-/// The preparation of a reduction with a send and a receive tensor (`$pair` and `$count`
-/// name them in errors): every check, then the specs or the flat runs, as one `Result`
-/// (errors leave through `local!`, so that the ranks agree on them).
-macro_rules! prepare {
-    ($pair:expr, $count:expr, $send:expr, $recv:expr, $op:expr) => {
-        'prep: {
-            let s = local!('prep, SendSpec::new($send));
-            local!('prep, s.element_type().check_reduction($op));
-            let mop = local!('prep, op_handle($op, s.dtype()));
-            let mut r = local!('prep, RecvSpec::new(&mut *$recv));
-            local!('prep, check_pair($pair, &s, &r));
-            local!(
-                'prep,
-                check_count(|| $count.into(), s.len_elems(), r.len_elems())
-            );
-            if !needs_flat(&s, r.is_derived()) {
-                break 'prep Ok(Reduction::Specs(s, Some(r)));
-            }
-            let rf = local!(
-                'prep,
-                FlatSpec::recv(&mut r).and_then(|f| f.ready(&*$recv, false))
-            );
-            // `r` ends here (non-lexical lifetime): the tensor is used directly above.
-            let sf = local!('prep, FlatSpec::send($send, &s));
-            Ok(Reduction::Flat(sf, Some(rf), mop))
-        }
-    };
+/// A reduction's sides after its preparation: send, receive (`None` at a non-root rank of
+/// a reduce), the operation's handle, and whether it goes in chunks (raw calls) rather than
+/// through rsmpi's safe call.
+struct Reduction<'s, 'r> {
+    send: Side<'s, In>,
+    recv: Option<Side<'r, Out>>,
+    op: MPI_Op,
+    chunked: bool,
 }
 
-/// The buffers of a reduction after its preparation: the specs as built (rsmpi's safe
-/// call), or flat runs (the raw chunked call). The receive side is `None` at a non-root
-/// rank of a reduce.
-enum Reduction<'s, 'r> {
-    /// Contiguous sides of a predefined type, at most `int` units.
-    Specs(SendSpec<'s>, Option<RecvSpec<'r>>),
-    /// Flat runs (packed copies where strided), the operation's handle.
-    Flat(FlatSpec, Option<FlatSpec>, MPI_Op),
+/// Every check of a reduction with a send and a receive tensor (`pair` and `count` name
+/// them in errors), then both sides.
+fn prepare<'s, 'r>(
+    (pair, count): (&'static str, &'static str),
+    (send, s_reach): ReadIn<'s>,
+    (recv, r_reach): WriteIn<'r>,
+    op: ReduceOp,
+) -> Result<Reduction<'s, 'r>> {
+    let sf = read_facts(send, s_reach)?;
+    sf.element.check_reduction(op)?;
+    let mop = op_handle(op, sf.element.dtype)?;
+    let rf = write_facts(&*recv, Access::Write, r_reach)?;
+    check_pair(pair, &sf, &rf)?;
+    check_count(|| count.into(), sf.len_elems, rf.len_elems)?;
+    let chunked = needs_chunks(&sf, Some(&rf));
+    let recv = side_out(recv, rf, need(chunked), Access::Write)?;
+    Ok(Reduction {
+        send: side_in(send, sf, need(chunked))?,
+        recv: Some(recv),
+        op: mop,
+        chunked,
+    })
 }
 
 /// [`super::TensorComm::reduce_tensor`]. A `recv` given at a non-root rank is checked as at
-/// the root (and not used).
-pub(super) fn reduce<C: Communicator + ?Sized>(
-    comm: &C,
+/// the root (and not used); a device stager does not take it there.
+pub(super) fn reduce<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
     recv: Option<&mut dyn Tensor>,
     op: ReduceOp,
     root: Rank,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    match recv {
-        Some(recv) if comm.rank() == root => reduce_at_root(comm, send, recv, op),
-        None if comm.rank() == root => agree(comm, Err(missing("reduce receive buffer"))),
-        recv => reduce_at_leaf(comm, send, recv, op, root),
-    }
+    let is_root = comm.rank() == root;
+    let recv = recv.filter(|_| is_root || super::takes_unused(tc));
+    let dt = Some(send.dtype());
+    let recv = recv.map(|r| (r, Access::Write));
+    let kind = Kind::Collective;
+    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
+        let s = s.ok_or_else(|| missing("reduce send buffer"))?;
+        match r {
+            Some(r) if is_root => reduce_at_root(comm, s, r, op),
+            None if is_root => agree(comm, Err(missing("reduce receive buffer"))),
+            r => reduce_at_leaf(comm, s, r, op, root),
+        }
+    })
 }
 
 /// A non-root rank's side of [`reduce`] (also a rank whose `root` is out of range).
 fn reduce_at_leaf<C: Communicator + ?Sized>(
     comm: &C,
-    send: &dyn Tensor,
-    recv: Option<&mut dyn Tensor>,
+    send: ReadIn<'_>,
+    recv: Option<WriteIn<'_>>,
     op: ReduceOp,
     root: Rank,
 ) -> Result<()> {
-    let prepared = 'prep: {
-        local!('prep, check_rank(root, comm.size()));
-        let s = local!('prep, SendSpec::new(send));
-        local!('prep, s.element_type().check_reduction(op));
-        let mop = local!('prep, op_handle(op, s.dtype()));
-        if let Some(recv) = recv {
-            let r = local!('prep, RecvSpec::new(recv));
-            local!('prep, check_pair("reduce send vs receive", &s, &r));
-            local!(
-                'prep,
-                check_count(|| "reduce receive".into(), s.len_elems(), r.len_elems())
+    let prepared = (move || {
+        check_rank(root, comm.size())?;
+        let sf = read_facts(send.0, send.1)?;
+        sf.element.check_reduction(op)?;
+        let mop = op_handle(op, sf.element.dtype)?;
+        if let Some((recv, r_reach)) = recv {
+            let rf = write_facts(&*recv, Access::Write, r_reach)?;
+            check_pair("reduce send vs receive", &sf, &rf)?;
+            check_count(|| "reduce receive".into(), sf.len_elems, rf.len_elems)?;
+        }
+        let chunked = needs_chunks(&sf, None);
+        Ok(Reduction {
+            send: side_in(send.0, sf, need(chunked))?,
+            recv: None,
+            op: mop,
+            chunked,
+        })
+    })();
+    let r = agree(comm, prepared)?;
+    if !r.chunked {
+        comm.process_at_rank(root)
+            .reduce_into(&r.send, op.system_operation());
+        return Ok(());
+    }
+    let (sp, datatype) = (r.send.ptr(), r.send.unit_datatype().as_raw());
+    in_chunks(r.send.units(), r.send.unit_bytes(), |offset, n| {
+        // SAFETY: the send buffer holds `units` units of `datatype` and the chunk lies
+        // inside it; the receive buffer is not significant at non-root ranks (MPI-4.1
+        // §6.9.1); every rank makes the same chunked calls (`needs_chunks`).
+        unsafe {
+            raw::reduce(
+                at(sp, offset),
+                std::ptr::null_mut(),
+                n,
+                datatype,
+                r.op,
+                root,
+                comm.as_raw(),
             );
         }
-        if !needs_flat(&s, false) {
-            break 'prep Ok(Reduction::Specs(s, None));
-        }
-        Ok(Reduction::Flat(
-            local!('prep, FlatSpec::send(send, &s)),
-            None,
-            mop,
-        ))
-    };
-    match agree(comm, prepared)? {
-        Reduction::Specs(s, _) => {
-            comm.process_at_rank(root)
-                .reduce_into(&s, op.system_operation());
-        }
-        Reduction::Flat(sf, _, mop) => {
-            let datatype = sf.unit.datatype().as_raw();
-            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-                // SAFETY: the send buffer holds `units` units of `datatype` and the chunk
-                // lies inside it; the receive buffer is not significant at non-root ranks
-                // (MPI-4.1 §6.9.1); every rank makes the same chunked calls (`needs_flat`).
-                unsafe {
-                    raw::reduce(
-                        at(sf.ptr, offset),
-                        std::ptr::null_mut(),
-                        n,
-                        datatype,
-                        mop,
-                        root,
-                        comm.as_raw(),
-                    );
-                }
-            });
-        }
-    }
+    });
     Ok(())
 }
 
 /// The root's side of [`reduce`].
 fn reduce_at_root<C: Communicator + ?Sized>(
     comm: &C,
-    send: &dyn Tensor,
-    recv: &mut dyn Tensor,
+    send: ReadIn<'_>,
+    recv: WriteIn<'_>,
     op: ReduceOp,
 ) -> Result<()> {
     let root = comm.rank();
-    let prepared = prepare!("reduce send vs receive", "reduce receive", send, recv, op);
-    match agree(comm, prepared)? {
-        Reduction::Specs(s, r) => {
-            if let Some(mut r) = r {
-                comm.process_at_rank(root)
-                    .reduce_into_root(&s, &mut r, op.system_operation());
-            }
-            Ok(())
-        }
-        Reduction::Flat(sf, rf, mop) => {
-            let Some(rf) = rf else { return Ok(()) };
-            let datatype = sf.unit.datatype().as_raw();
-            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-                // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
-                // spans); the chunk lies inside both; send and receive are disjoint (checked).
-                unsafe {
-                    raw::reduce(
-                        at(sf.ptr, offset),
-                        at(rf.ptr, offset),
-                        n,
-                        datatype,
-                        mop,
-                        root,
-                        comm.as_raw(),
-                    );
-                }
-            });
-            rf.finish(recv)
-        }
-    }
-}
-
-/// [`super::TensorComm::all_reduce_tensor`].
-pub(super) fn all_reduce<C: Communicator + ?Sized>(
-    comm: &C,
-    send: &dyn Tensor,
-    recv: &mut dyn Tensor,
-    op: ReduceOp,
-) -> Result<()> {
-    check_intra(comm)?;
-    let prepared = prepare!(
-        "all-reduce send vs receive",
-        "all-reduce receive",
+    let names = ("reduce send vs receive", "reduce receive");
+    let r = agree(comm, prepare(names, send, recv, op))?;
+    let Reduction {
         send,
         recv,
-        op
-    );
-    match agree(comm, prepared)? {
-        Reduction::Specs(s, r) => {
-            if let Some(mut r) = r {
-                comm.all_reduce_into(&s, &mut r, op.system_operation());
-            }
-            Ok(())
-        }
-        Reduction::Flat(sf, rf, mop) => {
-            // Strided or beyond-int: predefined reductions need predefined datatypes, so
-            // reduce contiguous copies (or the tensors' own runs) in chunks of at most 2^30
-            // units.
-            let Some(rf) = rf else { return Ok(()) };
-            let datatype = sf.unit.datatype().as_raw();
-            in_chunks(sf.units, sf.unit.size_bytes(), |offset, n| {
-                // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
-                // spans); the chunk lies inside both; send and receive are disjoint (checked).
-                unsafe {
-                    raw::all_reduce(
-                        at(sf.ptr, offset),
-                        at(rf.ptr, offset),
-                        n,
-                        datatype,
-                        mop,
-                        comm.as_raw(),
-                    );
-                }
-            });
-            rf.finish(recv)
-        }
+        op: mop,
+        chunked,
+    } = r;
+    let Some(mut recv) = recv else { return Ok(()) };
+    if !chunked {
+        comm.process_at_rank(root)
+            .reduce_into_root(&send, &mut recv, op.system_operation());
+        return recv.finish();
     }
-}
-
-/// [`super::TensorComm::all_reduce_tensor_in_place`].
-pub(super) fn all_reduce_in_place<C: Communicator + ?Sized>(
-    comm: &C,
-    tensor: &mut dyn Tensor,
-    op: ReduceOp,
-) -> Result<()> {
-    check_intra(comm)?;
-    let prepared = 'prep: {
-        let mut r = local!('prep, RecvSpec::new(&mut *tensor));
-        local!('prep, r.element_type().check_reduction(op));
-        let mop = local!('prep, op_handle(op, r.dtype()));
-        let (derived, count) = (r.is_derived(), r.mpi_count());
-        let flat = local!('prep, FlatSpec::recv(&mut r));
-        // `r` ends here (non-lexical lifetime): the tensor is used directly below.
-        if !derived && flat.units <= REDUCE_CHUNK_UNITS {
-            break 'prep Ok((flat, Some(count), mop));
-        }
-        Ok((local!('prep, flat.ready(&*tensor, true)), None, mop))
-    };
-    let (flat, direct, mop) = agree(comm, prepared)?;
-    let datatype = flat.unit.datatype().as_raw();
-    if let Some(count) = direct {
-        // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the tensor's
-        // `count` units, which the receive spec proved writable and disjoint.
+    let datatype = send.unit_datatype().as_raw();
+    let (sp, rp) = (send.ptr(), recv.ptr());
+    in_chunks(send.units(), send.unit_bytes(), |offset, n| {
+        // SAFETY: both buffers hold `units` units of `datatype` (checked counts and spans);
+        // the chunk lies inside both; send and receive are disjoint (checked).
         unsafe {
-            raw::all_reduce(
-                raw::in_place(),
-                flat.ptr,
-                count,
-                datatype,
-                mop,
-                comm.as_raw(),
-            )
-        };
-        return Ok(());
-    }
-    in_chunks(flat.units, flat.unit.size_bytes(), |offset, n| {
-        // SAFETY: the flat buffer holds `units` units of `datatype` (the tensor's own run or
-        // a packed copy of its values); the chunk lies inside it.
-        unsafe {
-            raw::all_reduce(
-                raw::in_place(),
-                at(flat.ptr, offset),
+            raw::reduce(
+                at(sp, offset),
+                at(rp, offset),
                 n,
                 datatype,
                 mop,
+                root,
                 comm.as_raw(),
             );
         }
     });
-    flat.finish(tensor)
+    recv.finish()
 }
 
-/// [`super::TensorComm::reduce_scatter_block_tensor`].
-pub(super) fn reduce_scatter_block<C: Communicator + ?Sized>(
-    comm: &C,
+/// [`super::TensorComm::all_reduce_tensor`].
+pub(super) fn all_reduce<T: TensorComm + ?Sized>(
+    tc: &T,
     send: &dyn Tensor,
     recv: &mut dyn Tensor,
     op: ReduceOp,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_intra(comm)?;
-    let prepared = 'prep: {
-        let s = local!('prep, SendSpec::new(send));
-        local!('prep, s.element_type().check_reduction(op));
-        let mop = local!('prep, op_handle(op, s.dtype()));
-        let mut r = local!('prep, RecvSpec::new(&mut *recv));
-        local!(
-            'prep,
-            check_pair("reduce-scatter-block send vs receive", &s, &r)
-        );
-        let size = comm.size();
-        local!(
-            'prep,
+    let (dt, kind) = (Some(send.dtype()), Kind::Collective);
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
+        let (s, r) = s.zip(r).ok_or_else(|| missing("all-reduce buffers"))?;
+        let names = ("all-reduce send vs receive", "all-reduce receive");
+        let prepared = prepare(names, s, r, op);
+        let Reduction {
+            send,
+            recv,
+            op: mop,
+            chunked,
+        } = agree(comm, prepared)?;
+        let Some(mut recv) = recv else { return Ok(()) };
+        if !chunked {
+            comm.all_reduce_into(&send, &mut recv, op.system_operation());
+            return recv.finish();
+        }
+        // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
+        // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
+        let datatype = send.unit_datatype().as_raw();
+        let (sp, rp) = (send.ptr(), recv.ptr());
+        in_chunks(send.units(), send.unit_bytes(), |offset, n| {
+            // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
+            // spans); the chunk lies inside both; send and receive are disjoint (checked).
+            unsafe {
+                raw::all_reduce(
+                    at(sp, offset),
+                    at(rp, offset),
+                    n,
+                    datatype,
+                    mop,
+                    comm.as_raw(),
+                );
+            }
+        });
+        recv.finish()
+    })
+}
+
+/// [`super::TensorComm::all_reduce_tensor_in_place`]: the tensor's own run, or a packed
+/// copy of its values, reduced in place in chunks of at most 2^30 units (one call for most
+/// tensors).
+pub(super) fn all_reduce_in_place<T: TensorComm + ?Sized>(
+    tc: &T,
+    tensor: &mut dyn Tensor,
+    op: ReduceOp,
+) -> Result<()> {
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let (dt, kind) = (Some(tensor.dtype()), Kind::Collective);
+    let recv = Some((tensor, Access::Update));
+    with_stand_ins(tc.stager(), comm, kind, None, recv, dt, |_, r| {
+        let prepared = (move || {
+            let (t, reach) = r.ok_or_else(|| missing("in-place all-reduce buffer"))?;
+            let rf = write_facts(&*t, Access::Update, reach)?;
+            rf.element.check_reduction(op)?;
+            let mop = op_handle(op, rf.element.dtype)?;
+            Ok((side_out(t, rf, Need::Chunks, Access::Update)?, mop))
+        })();
+        let (side, mop) = agree(comm, prepared)?;
+        let (ptr, datatype) = (side.ptr(), side.unit_datatype().as_raw());
+        in_chunks(side.units(), side.unit_bytes(), |offset, n| {
+            // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the side's
+            // units (the tensor's own run, checked writable and disjoint, or a packed copy
+            // of its values); the chunk lies inside it.
+            unsafe {
+                raw::all_reduce(
+                    raw::in_place(),
+                    at(ptr, offset),
+                    n,
+                    datatype,
+                    mop,
+                    comm.as_raw(),
+                );
+            }
+        });
+        side.finish()
+    })
+}
+
+/// [`super::TensorComm::reduce_scatter_block_tensor`].
+pub(super) fn reduce_scatter_block<T: TensorComm + ?Sized>(
+    tc: &T,
+    send: &dyn Tensor,
+    recv: &mut dyn Tensor,
+    op: ReduceOp,
+) -> Result<()> {
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let (dt, kind) = (Some(send.dtype()), Kind::Collective);
+    let recv = Some((recv, Access::Write));
+    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
+        let prepared = (move || {
+            let ((s, s_reach), (r, r_reach)) = s
+                .zip(r)
+                .ok_or_else(|| missing("reduce-scatter-block buffers"))?;
+            let sf = read_facts(s, s_reach)?;
+            sf.element.check_reduction(op)?;
+            let mop = op_handle(op, sf.element.dtype)?;
+            let rf = write_facts(&*r, Access::Write, r_reach)?;
+            check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
+            let size = comm.size();
             check_count(
                 || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
-                r.len_elems().saturating_mul(i64::from(size)),
-                s.len_elems(),
-            )
-        );
-        let rf = local!(
-            'prep,
-            FlatSpec::recv(&mut r)
-                .and_then(|f| f.ready(&*recv, false))
-                .and_then(FlatSpec::counted)
-        );
-        let sf = local!('prep, FlatSpec::send(send, &s).and_then(FlatSpec::counted));
-        Ok((sf, rf, mop))
-    };
-    let (sf, mut rf, mop) = agree(comm, prepared)?;
-    // SAFETY: `rf` holds `count` units of `unit`, `sf` holds `size × count`; both are
-    // contiguous runs of the predefined type and disjoint (checked).
-    unsafe {
-        raw::reduce_scatter_block(
-            sf.pointer(),
-            rf.pointer_mut(),
-            rf.count(),
-            rf.as_datatype().as_raw(),
-            mop,
-            comm.as_raw(),
-        );
-    }
-    rf.finish(recv)
+                rf.len_elems.saturating_mul(i64::from(size)),
+                sf.len_elems,
+            )?;
+            let recv = side_out(r, rf, Need::Units, Access::Write)?;
+            Ok((side_in(s, sf, Need::Units)?, recv, mop))
+        })();
+        let (send, recv, mop) = agree(comm, prepared)?;
+        // SAFETY: `recv` holds `count` units of the predefined type, `send` holds
+        // `size × count`; both are contiguous runs and disjoint (checked).
+        unsafe {
+            raw::reduce_scatter_block(
+                send.ptr(),
+                recv.ptr(),
+                recv.count(),
+                recv.as_datatype().as_raw(),
+                mop,
+                comm.as_raw(),
+            );
+        }
+        recv.finish()
+    })
 }

@@ -5,7 +5,7 @@
 //!
 //! The bounds are checked first (a typed [`crate::Error::OutOfBounds`] naming the
 //! displacement, count and tensor length, before any MPI call). A contiguous tensor's
-//! window is a [`SendSpec::range`]/[`RecvSpec::range`] (no copy). A strided tensor's window
+//! window is a run of its own elements (no copy). A strided tensor's window
 //! goes through a packed copy of the **whole** tensor (the pack kernels work on whole
 //! layouts): a send packs it and sends the window's part; a receive packs the current
 //! values, receives into the window's part and unpacks the whole, so the elements outside
@@ -15,7 +15,7 @@
 
 use std::ops::Range;
 
-use mpi::datatype::{AsDatatype, Collection, PointerMut};
+use mpi::datatype::DatatypeRef;
 use mpi::point_to_point::{Destination, Status};
 use mpi::raw::AsRaw;
 use mpi::request::Scope;
@@ -23,134 +23,157 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::Equivalence;
 use mpi::Tag;
 
-use super::checks::{check_incoming, check_rank, check_tag};
+use super::checks::{check_incoming, check_rank, check_tag, missing};
+use super::immediate::{immediate_reach, post_recv, post_send, TensorRequest};
+use super::operands::{read_facts, side_in, side_out, write_facts};
 use super::p2p::unfit;
-
-use super::immediate::{post_recv, post_send, Posted, TensorRequest};
-use super::sides::SendSide;
+use super::stager::{with_stand_ins, Kind};
+use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::error::{Error, Matched, Result};
 use crate::layout;
 use crate::raw;
-use crate::spec::flat::FlatSpec;
-use crate::spec::{elems_to_units, RecvSpec, SendSpec};
+use crate::spec::encoding::Need;
+use crate::spec::facts::Facts;
+use crate::spec::side::{In, Out, Side};
+use crate::spec::{Access, Reach};
 
-/// `(displacement, count)` of `elems`, in elements; an end before the start is a negative
-/// count, which the range check refuses.
 fn displacement_count(elems: &Range<i64>) -> (i64, i64) {
     (elems.start, elems.end.saturating_sub(elems.start))
 }
 
-/// The bounds check of a window of a tensor of `len` elements.
 fn check_window(displacement: i64, count: i64, len: i64) -> Result<()> {
     layout::check_range(|| "range".to_string(), displacement, count, len)
 }
 
-/// Elements `[displacement, displacement + count)` (checked) of a packed copy `flat`: their
-/// first byte, their count in units of the predefined unit type, that type.
-fn window_of(flat: &FlatSpec, displacement: i64, count: i64) -> Result<Posted<*mut u8>> {
-    let offset_bytes = layout::byte_span(displacement, flat.elem_bytes)?;
-    let units = elems_to_units(count, &flat.element)?;
-    let ptr = if count == 0 {
-        std::ptr::null_mut() // never the tensor's pointer for an empty buffer (MPI_IN_PLACE)
-    } else {
-        flat.ptr.cast::<u8>().wrapping_add(offset_bytes)
-    };
-    Ok((ptr, units, flat.unit.datatype()))
-}
-
-/// A count MPI was given, as a `usize` (never negative here).
 fn units(count: mpi::Count) -> usize {
     usize::try_from(count).unwrap_or(0)
 }
 
+/// The send side of a window: a run of the tensor's own elements (contiguous), or its
+/// packed copy whole (strided; the caller posts the window's part of it).
+fn window_in<'t>(
+    tensor: &'t dyn Tensor,
+    reach: Option<Reach>,
+    (displacement, count): (i64, i64),
+) -> Result<(Side<'t, In>, bool)> {
+    let facts = read_facts(tensor, reach)?;
+    check_window(displacement, count, facts.len_elems)?;
+    if facts.is_contiguous() {
+        let w = facts.window("range", displacement, count)?;
+        return Ok((side_in(tensor, w, Need::Message)?, false));
+    }
+    Ok((side_in(tensor, facts, Need::Copy)?, true))
+}
+
+/// The receive side of a window: a run of the tensor's own elements (contiguous), or its
+/// packed copy whole, holding the current values (strided: the elements outside the
+/// window keep them when the copy is unpacked).
+fn window_out<'t>(
+    tensor: &'t mut dyn Tensor,
+    reach: Option<Reach>,
+    (displacement, count): (i64, i64),
+) -> Result<(Side<'t, Out>, bool)> {
+    let facts: Facts = write_facts(&*tensor, Access::Update, reach)?;
+    check_window(displacement, count, facts.len_elems)?;
+    if facts.is_contiguous() {
+        let w = facts.window("range", displacement, count)?;
+        return Ok((side_out(tensor, w, Need::Message, Access::Write)?, false));
+    }
+    Ok((side_out(tensor, facts, Need::Copy, Access::Update)?, true))
+}
+
 /// [`super::TensorComm::send_tensor_range`].
-pub(super) fn send<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn send<T: TensorComm + ?Sized>(
+    tc: &T,
     tensor: &dyn Tensor,
     elems: Range<i64>,
     dest: Rank,
     tag: Tag,
 ) -> Result<()> {
+    let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let (displacement, count) = displacement_count(&elems);
-    let spec = SendSpec::new(tensor)?;
-    check_window(displacement, count, spec.len_elems())?;
-    if spec.is_contiguous() {
-        let window = spec.range_of(displacement, count)?;
-        comm.process_at_rank(dest).send_with_tag(&window, tag);
-        return Ok(());
-    }
-    let flat = FlatSpec::send(tensor, &spec)?;
-    let (ptr, count, datatype) = window_of(&flat, displacement, count)?;
-    // SAFETY: `ptr` holds `count` units of `datatype` inside the packed copy `flat`, which
-    // lives until the request is waited for just below.
-    let mut request = Some(unsafe {
-        raw::isend(
-            ptr,
-            units(count),
-            datatype.as_raw(),
-            dest,
-            tag,
-            comm.as_raw(),
-        )
-    }?);
-    raw::wait(&mut request);
-    drop(flat);
-    Ok(())
+    let window = displacement_count(&elems);
+    let kind = Kind::PointToPoint;
+    with_stand_ins(tc.stager(), comm, kind, Some(tensor), None, None, |s, _| {
+        let (t, reach) = s.ok_or_else(|| missing("send tensor"))?;
+        let (side, part) = window_in(t, reach, window)?;
+        if !part {
+            comm.process_at_rank(dest).send_with_tag(&side, tag);
+            return Ok(());
+        }
+        let (ptr, count, datatype) = side.window(window.0, window.1)?;
+        // SAFETY: `ptr` holds `count` units of `datatype` inside the packed copy `side`
+        // owns, which lives until the request is waited for just below.
+        let mut request = Some(unsafe {
+            raw::isend(
+                ptr,
+                units(count),
+                datatype.as_raw(),
+                dest,
+                tag,
+                comm.as_raw(),
+            )
+        }?);
+        raw::wait(&mut request);
+        drop(side);
+        Ok(())
+    })
 }
 
 /// [`super::TensorComm::recv_tensor_range`].
-pub(super) fn recv<C: Communicator + ?Sized>(
-    comm: &C,
+pub(super) fn recv<T: TensorComm + ?Sized>(
+    tc: &T,
     tensor: &mut dyn Tensor,
     elems: Range<i64>,
     source: Rank,
     tag: Tag,
 ) -> Result<Status> {
+    let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let (displacement, count) = displacement_count(&elems);
-    let mut spec = RecvSpec::new(&mut *tensor)?;
-    check_window(displacement, count, spec.len_elems())?;
-    let process = comm.process_at_rank(source);
-    // The message is matched (`MPI_Mprobe`), so a concurrent receiver on the same
-    // (source, tag) cannot take it; one that does not fit is held in `Error::Unfit`.
-    if spec.is_contiguous() {
-        let mut window = RecvSpec::range(&mut *tensor, displacement, count)?;
+    let window = displacement_count(&elems);
+    let kind = Kind::PointToPoint;
+    let recv = Some((tensor, Access::Update));
+    with_stand_ins(tc.stager(), comm, kind, None, recv, None, |_, r| {
+        let (t, reach) = r.ok_or_else(|| missing("receive tensor"))?;
+        let (mut side, part) = window_out(t, reach, window)?;
+        let process = comm.process_at_rank(source);
+        // The message is matched (`MPI_Mprobe`), so a concurrent receiver on the same
+        // (source, tag) cannot take it; one that does not fit is held in `Error::Unfit`.
         let matched = Matched::probe(&process, tag);
-        if let Err(mismatch) = check_incoming(&window, &matched.status()) {
+        if !part {
+            if let Err(mismatch) = check_incoming(&side, &matched.status()) {
+                return Err(unfit(mismatch, matched, None));
+            }
+            return Ok(matched.receive_into(&mut side));
+        }
+        let (ptr, units_posted, datatype) = side.window(window.0, window.1)?;
+        let elem_bytes = side.element().size_bytes();
+        let arrived = check_arrived(
+            &matched.status(),
+            (units_posted, datatype),
+            window.1,
+            elem_bytes,
+        );
+        if let Err(mismatch) = arrived {
             return Err(unfit(mismatch, matched, None));
         }
-        return Ok(matched.receive_into(&mut window));
-    }
-    let flat = FlatSpec::recv(&mut spec)?.ready(&*tensor, true)?;
-    let (ptr, units_posted, datatype) = window_of(&flat, displacement, count)?;
-    let matched = Matched::probe(&process, tag);
-    let arrived = check_arrived(
-        &matched.status(),
-        (units_posted, datatype),
-        count,
-        flat.elem_bytes,
-    );
-    if let Err(mismatch) = arrived {
-        return Err(unfit(mismatch, matched, None));
-    }
-    // SAFETY: `ptr` has room for `units_posted` units of `datatype` inside the scratch
-    // `flat` owns, which nothing else touches until the receive returns; the size was
-    // compared just above.
-    let status = unsafe { matched.receive_raw(ptr.cast(), units_posted, datatype.as_raw()) };
-    flat.finish(tensor)?;
-    Ok(status)
+        // SAFETY: `ptr` has room for `units_posted` units of `datatype` inside the packed
+        // copy `side` owns, which nothing else touches until the receive returns; the size
+        // was compared just above.
+        let status = unsafe { matched.receive_raw(ptr.cast(), units_posted, datatype.as_raw()) };
+        side.finish()?;
+        Ok(status)
+    })
 }
 
-/// A probed message against a window of `count_elems` elements posted as `posted` units of
-/// `datatype`: equal, or [`Error::CountMismatch`] in elements (the caller holds the message
-/// in [`Error::Unfit`]).
+/// Compares a matched message with a window of `count_elems` elements posted as `posted`
+/// items of `datatype`.
 fn check_arrived(
     status: &Status,
-    (posted, datatype): (mpi::Count, mpi::datatype::DatatypeRef<'static>),
+    (posted, datatype): (mpi::Count, DatatypeRef<'static>),
     count_elems: i64,
     elem_bytes: usize,
 ) -> Result<()> {
@@ -172,61 +195,53 @@ fn check_arrived(
 }
 
 /// [`super::TensorComm::immediate_send_tensor_range`].
-pub(super) fn immediate_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
-    comm: &C,
+pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
+    tc: &T,
     scope: Sc,
     tensor: &'a dyn Tensor,
     elems: Range<i64>,
     dest: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let (displacement, count) = displacement_count(&elems);
-    let spec = SendSpec::new(tensor)?;
-    check_window(displacement, count, spec.len_elems())?;
-    if spec.is_contiguous() {
-        let window = spec.range_of(displacement, count)?;
-        return post_send(comm, scope, SendSide::Spec(window), None, dest, tag);
-    }
-    let flat = FlatSpec::send(tensor, &spec)?;
-    let (ptr, units, datatype) = window_of(&flat, displacement, count)?;
-    let posted = (ptr.cast_const(), units, datatype);
-    post_send(comm, scope, SendSide::Packed(flat), Some(posted), dest, tag)
+    let window = displacement_count(&elems);
+    let reach = immediate_reach(tc, tensor, Access::Read, None)?;
+    let (side, part) = window_in(tensor, reach, window)?;
+    let posting = if part {
+        let (ptr, units, datatype) = side.window(window.0, window.1)?;
+        Some((ptr.cast_const(), units, datatype))
+    } else {
+        None
+    };
+    post_send(comm, scope, side, posting, dest, tag)
 }
 
 /// [`super::TensorComm::immediate_recv_tensor_range`].
-pub(super) fn immediate_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
-    comm: &C,
+pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
+    tc: &T,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
     elems: Range<i64>,
     source: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let (displacement, count) = displacement_count(&elems);
-    let mut spec = RecvSpec::new(&mut *tensor)?;
-    check_window(displacement, count, spec.len_elems())?;
-    let elem_bytes = spec.element_type().size_bytes_i64();
-    let expected = (count, elem_bytes);
-    if spec.is_contiguous() {
-        let mut window = RecvSpec::range(&mut *tensor, displacement, count)?;
-        let (units, datatype) = (window.count(), window.as_datatype());
-        let posted = (window.pointer_mut().cast::<u8>(), units, datatype);
-        return post_recv(comm, scope, tensor, None, posted, expected, source, tag);
-    }
-    let flat = FlatSpec::recv(&mut spec)?.ready(&*tensor, true)?;
-    let posted = window_of(&flat, displacement, count)?;
-    post_recv(
-        comm,
-        scope,
-        tensor,
-        Some(flat),
-        posted,
-        expected,
-        source,
-        tag,
-    )
+    let window = displacement_count(&elems);
+    let reach = immediate_reach(tc, &*tensor, Access::Update, None)?;
+    let (side, part) = window_out(tensor, reach, window)?;
+    let expected = (window.1, side.element().size_bytes_i64());
+    let posting = if part {
+        side.window(window.0, window.1)?
+    } else {
+        (
+            side.ptr().cast::<u8>(),
+            mpi::datatype::Collection::count(&side),
+            mpi::datatype::AsDatatype::as_datatype(&side),
+        )
+    };
+    post_recv(comm, scope, side, posting, expected, (source, tag))
 }

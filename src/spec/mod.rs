@@ -93,8 +93,11 @@
 //!
 //! Submodules: `datatype` (public as [`crate::derived`]) builds and caches the committed
 //! derived datatypes (its `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct
-//! calls of MPI's C API); `flat` is the contiguous form one side of a collective takes when
-//! MPI needs predefined units (packed copies of strided tensors, chunked reductions).
+//! calls of MPI's C API). The operand model the operations of [`crate::comm`] use: `facts`
+//! (a tensor's element, extent, contiguity and layout plan, computed once), `operand`
+//! ([`Access`], [`Reach`]), `encoding` (run, large run, derived datatype, packed copy or
+//! chunked, chosen before any datatype is built) and `side` (the one rsmpi buffer an
+//! operand becomes, owning its packed copy). Specs are built on the same facts.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -108,14 +111,20 @@ use mpi::raw::FromRaw;
 use mpi::Count;
 
 use crate::dlpack::Tensor;
-use crate::dtype::{self, DType, ElementType};
+use crate::dtype::{DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
+use facts::Facts;
 
 pub(crate) mod datatype;
-pub(crate) mod flat;
+pub(crate) mod encoding;
+pub(crate) mod facts;
 pub mod kernels;
+mod operand;
 pub mod scratch;
+pub(crate) mod side;
+
+pub use operand::{Access, Reach};
 
 /// What both spec kinds share: where the first element is, how many elements, of what type,
 /// and the `(count, datatype)` MPI gets.
@@ -140,69 +149,49 @@ struct Described {
 }
 
 impl Described {
+    /// The spec of a tensor that MPI does `access` to: its facts (every check, once), and a
+    /// derived datatype over its elements when they are not one run.
     #[inline]
-    fn of<T: Tensor + ?Sized>(t: &T) -> Result<Self> {
-        t.device().check_host_accessible()?;
-        let element = dtype::lookup(t.dtype())?;
-        let ptr = t.first_element_ptr();
-        let len_elems = t.num_elements();
-        match layout::check_c_contiguous(t.shape(), t.strides_elems()) {
-            Ok(()) => Self::contiguous(ptr, len_elems, element),
-            Err(Error::NonContiguous { .. }) => Self::strided(t, ptr, element),
-            Err(e) => Err(e),
+    fn of<T: Tensor + ?Sized>(t: &T, access: Access) -> Result<Self> {
+        let facts = Facts::of(t, access, None)?;
+        match facts.plan {
+            None => Ok(Self::contiguous(&facts)),
+            Some(_) => Self::strided(&facts),
         }
     }
 
     #[inline]
-    fn contiguous(ptr: *mut c_void, len_elems: i64, element: ElementType) -> Result<Self> {
-        let span = layout::byte_span(len_elems, element.size_bytes())?;
-        let end = (ptr as usize).checked_add(span).ok_or(Error::Overflow {
-            quantity: "first element + byte span",
-            lhs: ptr as usize as i128,
-            operator: "+",
-            rhs: span as i128,
-        })?;
+    fn contiguous(facts: &Facts) -> Self {
         // A count beyond int gets its large-count datatype in `finish` (count 0 until then),
         // so that a range of a huge tensor does not build one for the whole.
-        let count = elems_to_units(len_elems, &element).unwrap_or(0);
-        Ok(Described {
-            ptr,
-            len_elems,
-            element,
+        let count = elems_to_units(facts.len_elems, &facts.element).unwrap_or(0);
+        Described {
+            ptr: facts.first,
+            len_elems: facts.len_elems,
+            element: facts.element,
             derived: None,
             count,
             contiguous: true,
-            start: ptr as usize,
-            end,
+            start: facts.start,
+            end: facts.end,
         }
-        .empty_is_null())
+        .empty_is_null()
     }
 
     #[cold]
-    fn strided<T: Tensor + ?Sized>(t: &T, ptr: *mut c_void, element: ElementType) -> Result<Self> {
-        let plan = layout::plan(t.shape(), t.strides_elems())?;
-        let size = element.size_bytes() as i128;
-        let base = ptr as usize as i128;
-        let start = base + i128::from(plan.lowest_elem) * size;
-        let end = base + (i128::from(plan.highest_elem) + 1) * size;
-        let (Ok(start), Ok(end)) = (usize::try_from(start), usize::try_from(end)) else {
-            return Err(Error::Overflow {
-                quantity: "address range of the strided elements",
-                lhs: start,
-                operator: "..",
-                rhs: end,
-            });
-        };
-        let derived = datatype::strided(element.row.unit, element.dtype.lanes, &plan.axes)?;
+    fn strided(facts: &Facts) -> Result<Self> {
+        let axes = facts.plan.as_ref().map_or(&[][..], |p| &p.axes[..]);
+        let e = facts.element;
+        let derived = datatype::strided(e.row.unit, e.dtype.lanes, axes)?;
         Ok(Described {
-            ptr,
-            len_elems: plan.len_elems,
-            element,
+            ptr: facts.first,
+            len_elems: facts.len_elems,
+            element: e,
             derived: Some(derived),
             count: 1,
             contiguous: false,
-            start,
-            end,
+            start: facts.start,
+            end: facts.end,
         })
     }
 
@@ -215,11 +204,8 @@ impl Described {
         }
         layout::check_range(|| what.to_string(), displacement, count, self.len_elems)?;
         let offset_bytes = layout::byte_span(displacement, self.element.size_bytes())?;
-        Self::contiguous(
-            self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast(),
-            count,
-            self.element,
-        )
+        let first = self.ptr.cast::<u8>().wrapping_add(offset_bytes).cast();
+        Ok(Self::contiguous(&Facts::run(first, count, self.element)?))
     }
 
     /// Builds the large-count datatype of a contiguous run of more than `int` units.
@@ -364,7 +350,7 @@ impl<'t> SendSpec<'t> {
     /// strided or large-count tensor needs a derived datatype before `MPI_Init`.
     #[inline]
     pub fn new<T: Tensor + ?Sized>(tensor: &'t T) -> Result<Self> {
-        Self::from_described(Described::of(tensor)?)
+        Self::from_described(Described::of(tensor, Access::Read)?)
     }
 
     /// Elements `[displacement, displacement + count)` of `tensor` (mpi4py's
@@ -377,7 +363,7 @@ impl<'t> SendSpec<'t> {
         displacement_elems: i64,
         count_elems: i64,
     ) -> Result<Self> {
-        Self::from_described(Described::of(tensor)?.range(
+        Self::from_described(Described::of(tensor, Access::Read)?.range(
             "range",
             displacement_elems,
             count_elems,
@@ -468,14 +454,7 @@ impl<'t> RecvSpec<'t> {
 
     #[inline]
     fn writable<T: Tensor + ?Sized>(tensor: &T) -> Result<Described> {
-        if tensor.is_read_only() {
-            return Err(tensor.read_only_error());
-        }
-        if tensor.is_copied() {
-            return Err(Error::IsCopied);
-        }
-        layout::check_no_overlap(tensor.shape(), tensor.strides_elems())?;
-        Described::of(tensor)
+        Described::of(tensor, Access::Write)
     }
 
     #[inline]

@@ -1,6 +1,8 @@
-//! [`DeviceComm`]: every [`TensorComm`] operation for tensors on any device.
+//! [`DeviceComm`]: every [`TensorComm`] operation for tensors on any device. It is the
+//! operations' [`Stager`] (placement and staging of each operand) and keeps only what is
+//! its own: the parted point-to-point protocol ([`super::pipeline`]) of `send_tensor` and
+//! `recv_tensor`.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use mpi::point_to_point::Status;
@@ -12,19 +14,22 @@ use super::pipeline::{
 };
 use super::pool::PinnedPool;
 use super::route::{Route, Transport};
-use super::stage::{Access, Extent, Placement, Stage};
+use super::stage::{host_write_checks, Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{agree, check_rank, check_tag, TensorComm};
+use crate::comm::{check_rank, check_tag, p2p, Operand, StagedTensor, Stager, Staging, TensorComm};
 use crate::dlpack::Tensor;
-use crate::dtype::{DType, ReduceOp};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::layout;
 use crate::runtime::DeviceRuntime;
-use crate::spec::flat;
+use crate::spec::facts::Facts;
 use crate::spec::scratch::Scratch;
+use crate::spec::side::unpack;
+use crate::spec::{Access, Reach};
 
-/// Tensor operations for tensors on any device: [`TensorComm`]'s operations, with each
-/// tensor routed as [`Route`] says. Host tensors pass straight through.
+/// Tensor operations for tensors on any device: every [`TensorComm`] operation (the same
+/// list, written once: `DeviceComm` implements the trait and is its operations' stager),
+/// with each tensor routed as [`Route`] says. Host tensors pass straight through. Call the
+/// operations with `TensorComm` in scope (`use dlpack_mpi::comm::TensorComm`).
 ///
 /// **Staging.** Before an operation a contiguous tensor's bytes are copied device → pinned
 /// host for tensors MPI reads; the operation runs on host memory; then they are copied pinned
@@ -43,13 +48,19 @@ use crate::spec::scratch::Scratch;
 /// keeps at most [`MAX_POOLED_BYTES`](super::MAX_POOLED_BYTES) and frees the rest. A send
 /// and a receive tensor whose device spans overlap are [`Error::BuffersAlias`], as on host
 /// memory. Collectives are staged whole; operands only the root uses are ignored at other
-/// ranks.
+/// ranks. On the direct route MPI gets the device pointer itself (or the device scratch
+/// buffer), never relabelled as host memory: the operations hand it to MPI as one
+/// contiguous run and refuse any host-side pack of it.
+///
+/// **Nonblocking** operations (`immediate_*`) take host tensors, managed memory and
+/// contiguous CUDA tensors on the direct route; a tensor that needs a staged copy is
+/// refused with [`Error::TransportUnavailable`] (the copy would have to outlive the call).
 ///
 /// **Pipelining** (point-to-point only): a large staged contiguous send goes out in parts,
 /// and [`DeviceComm::recv_tensor`] recognises both forms, into a receive tensor of any
 /// layout; the [`pipeline`](super::pipeline) module documents the wire format.
 ///
-/// Method names and arguments are [`TensorComm`]'s; the errors are theirs plus
+/// The errors are [`TensorComm`]'s plus
 /// [`Error::UnsupportedDevice`] (ROCm, no GPU runtime), [`Error::DeviceMismatch`] (the
 /// pointer is not memory of the labelled device), [`Error::ReadOnly`]/[`Error::IsCopied`]
 /// for receive tensors, and [`Error::Cuda`] from copies — all before any MPI call, except
@@ -72,13 +83,6 @@ impl<C: Communicator + ?Sized> std::fmt::Debug for DeviceComm<'_, C> {
             .field("chunk_bytes", &self.chunk_bytes)
             .finish_non_exhaustive()
     }
-}
-
-/// The operands of one operation, staged (each holds no borrow of its tensor: the views
-/// handed to `TensorComm` are made from the caller's tensors).
-struct Staging<'p, 'r> {
-    send: Stage<'p, 'r>,
-    recv: Stage<'p, 'r>,
 }
 
 impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
@@ -194,14 +198,13 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         Placement::of(t, reduce, access, self.direct, self.runtime)
     }
 
-    /// The one staging step of every operation: checks that placed send and receive spans
-    /// are disjoint, then stages both (every refusal comes before any copy) and notes the
-    /// route.
-    fn stage(
+    /// Places `send` (read) and `recv` (`access`), checks that placed spans are disjoint,
+    /// then stages both (every refusal comes before any copy) and notes the route.
+    fn stage_pair(
         &self,
         send: Option<(&dyn Tensor, Option<Placement>)>,
         recv: Option<(&dyn Tensor, Option<Placement>, Access)>,
-    ) -> Result<Staging<'_, 'c>> {
+    ) -> Result<(Stage<'_, 'c>, Stage<'_, 'c>)> {
         if let (Some((_, Some(a))), Some((_, Some(b), _))) = (&send, &recv) {
             Placement::check_disjoint(a, b)?;
         }
@@ -215,104 +218,10 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
             None => Stage::host(),
         };
         self.note(send.route().max(recv.route()));
-        Ok(Staging { send, recv })
+        Ok((send, recv))
     }
 
-    /// Runs `op` (a `TensorComm` operation) on the host stand-ins of a send and a receive
-    /// tensor, then copies the receive span back to the device. `reduce`: the dtype of the
-    /// reduction, which decides the route of half-precision tensors.
-    fn pair<R>(
-        &self,
-        send: &dyn Tensor,
-        recv: &mut dyn Tensor,
-        access: Access,
-        reduce: Option<DType>,
-        op: impl FnOnce(&dyn Tensor, &mut dyn Tensor) -> Result<R>,
-    ) -> Result<R> {
-        let ps = self.place(send, reduce, Access::Read)?;
-        let pr = self.place(&*recv, reduce, access)?;
-        let st = self.stage(Some((send, ps)), Some((&*recv, pr, access)))?;
-        let out = op(st.send.view(send)?.get(), st.recv.view_mut(recv)?.get())?;
-        st.recv.finish()?;
-        Ok(out)
-    }
-
-    /// [`DeviceComm::pair`] for an operation that only reads.
-    fn read<R>(
-        &self,
-        send: &dyn Tensor,
-        placement: Option<Placement>,
-        op: impl FnOnce(&dyn Tensor) -> Result<R>,
-    ) -> Result<R> {
-        let st = self.stage(Some((send, placement)), None)?;
-        op(st.send.view(send)?.get())
-    }
-
-    /// [`DeviceComm::pair`] for an operation on one tensor MPI writes (or reads and writes).
-    fn write<R>(
-        &self,
-        recv: &mut dyn Tensor,
-        placement: Option<Placement>,
-        access: Access,
-        op: impl FnOnce(&mut dyn Tensor) -> Result<R>,
-    ) -> Result<R> {
-        let st = self.stage(None, Some((&*recv, placement, access)))?;
-        let out = op(st.recv.view_mut(recv)?.get())?;
-        st.recv.finish()?;
-        Ok(out)
-    }
-
-    // ----- point-to-point -------------------------------------------------------------
-
-    /// [`TensorComm::send_tensor`]; a staged contiguous tensor above the pipeline part size
-    /// goes out in parts ([`pipeline`](super::pipeline)).
-    ///
-    /// # Errors
-    /// As [`TensorComm::send_tensor`] and the [type docs](DeviceComm).
-    pub fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
-        check_rank(dest, self.comm.target_size())?;
-        check_tag(tag)?;
-        let placement = self.place(tensor, None, Access::Read)?;
-        if let Some(p) = placement.as_ref().filter(|p| self.pipe().parts_send(p)) {
-            self.note(Route::Staged);
-            return self.pipe().send_parts(p, dest, tag);
-        }
-        self.read(tensor, placement, |t| self.comm.send_tensor(t, dest, tag))
-    }
-
-    /// [`TensorComm::recv_tensor`]. For a tensor whose elements take more than
-    /// [`MIN_PIPELINE_CHUNK_BYTES`] bytes (any layout) the incoming message is probed: one
-    /// message of the tensor's size, or the part header of a parted send
-    /// ([`pipeline`](super::pipeline)), whose returned status is the header's; a strided
-    /// tensor receives the parts packed and unpacks them into its layout.
-    ///
-    /// # Errors
-    /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm); for a parted message,
-    /// [`Error::SenderAborted`] (the sender stopped partway), [`Error::BadPartHeader`] and
-    /// [`Error::CountMismatch`] as the [`pipeline`](super::pipeline) docs say.
-    pub fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
-        check_rank(source, self.comm.target_size())?;
-        check_tag(tag)?;
-        let placement = self.place(&*tensor, None, Access::Write)?;
-        if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {
-            // The element count of a candidate fits usize (its bytes do).
-            let total = usize::try_from(x.len_elems).unwrap_or(0);
-            if let Some(first) = self
-                .pipe()
-                .recv_part_header(source, tag, total, x.element)?
-            {
-                if x.contiguous {
-                    return self.recv_parted(placement, &*tensor, x, tag, first);
-                }
-                return self.recv_parted_strided(placement, tensor, (x, total), tag, first);
-            }
-        }
-        self.write(tensor, placement, Access::Write, |t| {
-            self.comm.recv_tensor(t, source, tag)
-        })
-    }
-
-    /// The extent of a receive tensor a parted message could be meant for: elements of more
+    /// The facts of a receive tensor a parted message could be meant for: elements of more
     /// bytes in all than the smallest part ([`MIN_PIPELINE_CHUNK_BYTES`]), whatever this
     /// side's part size (the sender's header gives its own), in any layout (a strided tensor
     /// receives the parts packed and unpacks them, [`DeviceComm::recv_parted_strided`]).
@@ -320,9 +229,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         &self,
         tensor: &dyn Tensor,
         placement: Option<&Placement>,
-    ) -> Result<Option<Extent>> {
+    ) -> Result<Option<Facts>> {
         let x = match placement {
-            Some(p) => p.extent,
+            Some(p) => p.facts.clone(),
             // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen here,
             // because a parted message is received without TensorComm; a small tensor (the
             // per-message common case) skips this and gets them from TensorComm.
@@ -330,14 +239,8 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                 b as i128 * i128::from(tensor.num_elements()) > MIN_PIPELINE_CHUNK_BYTES as i128
             }) =>
             {
-                if tensor.is_read_only() {
-                    return Err(tensor.read_only_error());
-                }
-                if tensor.is_copied() {
-                    return Err(Error::IsCopied);
-                }
-                layout::check_no_overlap(tensor.shape(), tensor.strides_elems())?;
-                Extent::of(tensor)?
+                host_write_checks(tensor)?;
+                Facts::measure(tensor)?
             }
             None => return Ok(None),
         };
@@ -353,12 +256,12 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         &self,
         placement: Option<Placement>,
         tensor: &dyn Tensor,
-        x: Extent,
+        x: &Facts,
         tag: Tag,
         first: (Status, usize),
     ) -> Result<Status> {
         let pipe = self.pipe();
-        let total = x.span_bytes / x.element.size_bytes();
+        let total = x.span_bytes() / x.element.size_bytes();
         let staged = match placement.as_ref().filter(|p| p.route == Route::Staged) {
             Some(p) => Some((
                 p,
@@ -370,7 +273,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         self.note(placement.as_ref().map_or(Route::Host, |p| p.route));
         let base = placement
             .as_ref()
-            .map_or(tensor.first_element_ptr() as usize, |p| p.extent.first);
+            .map_or(tensor.first_element_ptr() as usize, |p| {
+                p.facts.first as usize
+            });
         pipe.recv_parts(staged, base, total, x.element, tag, first)
     }
 
@@ -380,7 +285,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         &self,
         e: Error,
         total: usize,
-        x: Extent,
+        x: &Facts,
         tag: Tag,
         (header, part): &(Status, usize),
     ) -> Error {
@@ -392,336 +297,156 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     }
 
     /// A parted message into a strided receive tensor: the parts land in the tensor's
-    /// contiguous host stand-in when staging packs it ([`Stage`]: a pinned buffer, or a
-    /// device scratch on the direct route), else in a host scratch buffer that the pack
-    /// kernels then unpack into the stand-in ([`crate::spec::flat::unpack`]); the stand-in
-    /// goes to the device as for every staged receive. Nothing of the tensor changes unless
-    /// every part arrived.
+    /// contiguous stand-in when staging packs it ([`Stage`]: a pinned buffer, or a device
+    /// scratch on the direct route), else in a host scratch buffer that the pack kernels
+    /// then unpack into the stand-in or the tensor; the stand-in goes to the device as for
+    /// every staged receive. Nothing of the tensor changes unless every part arrived.
     fn recv_parted_strided(
         &self,
         placement: Option<Placement>,
         tensor: &mut dyn Tensor,
-        (x, total): (Extent, usize),
+        (x, total): (&Facts, usize),
         tag: Tag,
         first: (Status, usize),
     ) -> Result<Status> {
         let refuse = |e| self.refuse_parts(e, total, x, tag, &first);
-        let st = self
-            .stage(None, Some((&*tensor, placement, Access::Write)))
+        let (_, st) = self
+            .stage_pair(None, Some((&*tensor, placement, Access::Write)))
             .map_err(refuse)?;
         let pipe = self.pipe();
         let status = {
-            let mut view = st.recv.view_mut(tensor).map_err(refuse)?;
-            let t = view.get();
-            if layout::check_c_contiguous(t.shape(), t.strides_elems()).is_ok() {
-                let base = t.first_element_ptr() as usize;
-                pipe.recv_parts(None, base, total, x.element, tag, first)?
-            } else {
-                let e = x.element.size_bytes();
-                // total × e fits usize (parted_candidate).
-                let mut packed = Scratch::take(total * e).map_err(refuse)?;
-                let base = packed.as_mut_ptr() as usize;
-                let status = pipe.recv_parts(None, base, total, x.element, tag, first)?;
-                flat::unpack(t, e, &packed)?;
-                status
+            let mut view = st.stand_in_view().map_err(refuse)?;
+            let t: &mut dyn Tensor = match view.as_mut() {
+                Some(v) => v,
+                None => &mut *tensor,
+            };
+            let facts = Facts::measure(&*t).map_err(refuse)?;
+            match &facts.plan {
+                None => {
+                    let base = t.first_element_ptr() as usize;
+                    pipe.recv_parts(None, base, total, x.element, tag, first)?
+                }
+                Some(plan) => {
+                    let e = x.element.size_bytes();
+                    // total × e fits usize (parted_candidate).
+                    let mut packed = Scratch::take(total * e).map_err(refuse)?;
+                    let base = packed.as_mut_ptr() as usize;
+                    let status = pipe.recv_parts(None, base, total, x.element, tag, first)?;
+                    unpack(t, plan, x.element, &packed)?;
+                    status
+                }
             }
         };
-        st.recv.finish()?;
+        st.finish()?;
         Ok(status)
     }
+}
 
-    /// [`TensorComm::sendrecv_tensor`] (staged whole, never in parts: both directions are
-    /// one message each).
-    ///
-    /// # Errors
-    /// As [`TensorComm::sendrecv_tensor`] and the [type docs](DeviceComm).
-    #[allow(clippy::too_many_arguments)]
-    pub fn sendrecv_tensor(
-        &self,
-        send: &dyn Tensor,
-        dest: Rank,
-        send_tag: Tag,
-        recv: &mut dyn Tensor,
-        source: Rank,
-        recv_tag: Tag,
-    ) -> Result<Status> {
-        self.pair(send, recv, Access::Write, None, |s, r| {
-            self.comm
-                .sendrecv_tensor(s, dest, send_tag, r, source, recv_tag)
+/// A staged operand as the operations see it; `None` for host memory (the caller's
+/// tensor, checked as such) and for an operand not declared.
+fn boxed<'s>(st: Stage<'s, 's>, declared: bool) -> Option<Box<dyn StagedTensor + 's>> {
+    (declared && st.route() != Route::Host).then(|| Box::new(st) as Box<dyn StagedTensor + 's>)
+}
+
+impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
+    fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>> {
+        let ps = match send {
+            Some(o) => Some((o.tensor, self.place(o.tensor, o.reduce, Access::Read)?)),
+            None => None,
+        };
+        let pr = match recv {
+            Some(o) => Some((
+                o.tensor,
+                self.place(o.tensor, o.reduce, o.access)?,
+                o.access,
+            )),
+            None => None,
+        };
+        let (declared_s, declared_r) = (ps.is_some(), pr.is_some());
+        let (s, r) = self.stage_pair(ps, pr)?;
+        Ok(Staging {
+            send: boxed(s, declared_s),
+            recv: boxed(r, declared_r),
         })
     }
 
-    /// Runs one collective: `body` places and stages the tensors, then enters `TensorComm`'s
-    /// collective through [`Self::enter`] (which makes the agreement across ranks). An error
-    /// before that point (a placement refused, staging, a view) is this rank's alone, while
-    /// its peers are already in the agreement: it is taken into that agreement, so that they
-    /// return [`Error::PeerRefused`] instead of waiting (no rank left waiting). Errors after
-    /// it (copying a result back to the device) are local, as in `TensorComm`.
-    fn collective<R>(&self, body: impl FnOnce(&Cell<bool>) -> Result<R>) -> Result<R> {
-        let entered = Cell::new(false);
-        match body(&entered) {
-            Err(e) if !entered.get() && !self.comm.test_inter() => agree(self.comm, Err(e)),
-            other => other,
+    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>> {
+        let access = operand.access;
+        match self.place(operand.tensor, operand.reduce, access)? {
+            None => Ok(None),
+            Some(p) => {
+                self.note(p.route);
+                match p.route {
+                    Route::Managed => Ok(Some(Reach::Host)),
+                    Route::Direct if p.packed.is_none() => Ok(Some(Reach::MpiOnly)),
+                    _ => Err(Error::TransportUnavailable {
+                        transport: "staged",
+                        reason: "a nonblocking operation on a device tensor that needs a \
+                                 staged or packed copy (the copy would have to outlive the \
+                                 call); use the blocking form, or a contiguous tensor on the \
+                                 direct route"
+                            .into(),
+                    }),
+                }
+            }
         }
     }
+}
 
-    /// The communicator, noting that `TensorComm`'s collective is being entered.
-    fn enter(&self, entered: &Cell<bool>) -> &'c C {
-        entered.set(true);
+impl<'c, C: Communicator + ?Sized> TensorComm for DeviceComm<'c, C> {
+    type Comm = C;
+
+    fn communicator(&self) -> &C {
         self.comm
     }
 
-    // ----- collectives ------------------------------------------------------------------
-
-    /// [`TensorComm::broadcast_tensor`]: read at the root, written elsewhere.
-    ///
-    /// # Errors
-    /// As [`TensorComm::broadcast_tensor`] and the [type docs](DeviceComm).
-    pub fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
-        self.collective(|entered| {
-            let is_root = self.comm.rank() == root;
-            let access = if is_root { Access::Read } else { Access::Write };
-            let placement = self.place(&*tensor, None, access)?;
-            self.write(tensor, placement, access, |t| {
-                self.enter(entered).broadcast_tensor(t, root)
-            })
-        })
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
     }
 
-    /// [`TensorComm::reduce_tensor`]; `recv` is staged at the root only (other ranks ignore
-    /// it, as `TensorComm` does: never staged, copied back or refused there).
+    /// [`TensorComm::send_tensor`]; a staged contiguous tensor above the pipeline part size
+    /// goes out in parts ([`pipeline`](super::pipeline)).
     ///
     /// # Errors
-    /// As [`TensorComm::reduce_tensor`] and the [type docs](DeviceComm).
-    pub fn reduce_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: Option<&mut dyn Tensor>,
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<()> {
-        self.collective(|entered| {
-            let dt = Some(send.dtype());
-            match recv.filter(|_| self.comm.rank() == root) {
-                Some(recv) => self.pair(send, recv, Access::Write, dt, |s, r| {
-                    self.enter(entered).reduce_tensor(s, Some(r), op, root)
-                }),
-                None => self.read(send, self.place(send, dt, Access::Read)?, |s| {
-                    self.enter(entered).reduce_tensor(s, None, op, root)
-                }),
+    /// As [`TensorComm::send_tensor`] and the [type docs](DeviceComm).
+    fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
+        check_rank(dest, self.comm.target_size())?;
+        check_tag(tag)?;
+        let placement = self.place(tensor, None, Access::Read)?;
+        if let Some(p) = placement.as_ref().filter(|p| self.pipe().parts_send(p)) {
+            self.note(Route::Staged);
+            return self.pipe().send_parts(p, dest, tag);
+        }
+        p2p::send(self, tensor, dest, tag)
+    }
+
+    /// [`TensorComm::recv_tensor`]. For a tensor whose elements take more than
+    /// [`MIN_PIPELINE_CHUNK_BYTES`] bytes (any layout) the incoming message is probed: one
+    /// message of the tensor's size, or the part header of a parted send
+    /// ([`pipeline`](super::pipeline)), whose returned status is the header's; a strided
+    /// tensor receives the parts packed and unpacks them into its layout.
+    ///
+    /// # Errors
+    /// As [`TensorComm::recv_tensor`] and the [type docs](DeviceComm); for a parted message,
+    /// [`Error::SenderAborted`] (the sender stopped partway), [`Error::BadPartHeader`] and
+    /// [`Error::CountMismatch`] as the [`pipeline`](super::pipeline) docs say.
+    fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
+        check_rank(source, self.comm.target_size())?;
+        check_tag(tag)?;
+        let placement = self.place(&*tensor, None, Access::Write)?;
+        if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {
+            // The element count of a candidate fits usize (its bytes do).
+            let total = usize::try_from(x.len_elems).unwrap_or(0);
+            if let Some(first) = self
+                .pipe()
+                .recv_part_header(source, tag, total, x.element)?
+            {
+                if x.is_contiguous() {
+                    return self.recv_parted(placement, &*tensor, &x, tag, first);
+                }
+                return self.recv_parted_strided(placement, tensor, (&x, total), tag, first);
             }
-        })
-    }
-
-    /// [`TensorComm::all_reduce_tensor`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensor`] and the [type docs](DeviceComm).
-    pub fn all_reduce_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: &mut dyn Tensor,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
-                self.enter(entered).all_reduce_tensor(s, r, op)
-            })
-        })
-    }
-
-    /// [`TensorComm::all_reduce_tensor_in_place`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensor_in_place`] and the [type docs](DeviceComm).
-    pub fn all_reduce_tensor_in_place(&self, tensor: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
-        self.collective(|entered| {
-            let placement = self.place(&*tensor, Some(tensor.dtype()), Access::ReadWrite)?;
-            self.write(tensor, placement, Access::ReadWrite, |t| {
-                self.enter(entered).all_reduce_tensor_in_place(t, op)
-            })
-        })
-    }
-
-    /// [`TensorComm::reduce_scatter_block_tensor`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::reduce_scatter_block_tensor`] and the [type docs](DeviceComm).
-    pub fn reduce_scatter_block_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: &mut dyn Tensor,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::Write, Some(send.dtype()), |s, r| {
-                self.enter(entered).reduce_scatter_block_tensor(s, r, op)
-            })
-        })
-    }
-
-    /// [`TensorComm::gather_tensor`]; `recv` is staged at the root only.
-    ///
-    /// # Errors
-    /// As [`TensorComm::gather_tensor`] and the [type docs](DeviceComm).
-    pub fn gather_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: Option<&mut dyn Tensor>,
-        root: Rank,
-    ) -> Result<()> {
-        self.collective(|entered| match recv.filter(|_| self.comm.rank() == root) {
-            Some(recv) => self.pair(send, recv, Access::Write, None, |s, r| {
-                self.enter(entered).gather_tensor(s, Some(r), root)
-            }),
-            None => self.read(send, self.place(send, None, Access::Read)?, |s| {
-                self.enter(entered).gather_tensor(s, None, root)
-            }),
-        })
-    }
-
-    /// [`TensorComm::gatherv_tensor`]; `recv` is staged at the root only, and read from the
-    /// device first (the blocks may leave gaps).
-    ///
-    /// # Errors
-    /// As [`TensorComm::gatherv_tensor`] and the [type docs](DeviceComm).
-    pub fn gatherv_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
-        root: Rank,
-    ) -> Result<()> {
-        self.collective(|entered| match recv.filter(|_| self.comm.rank() == root) {
-            Some((recv, counts, displs)) => {
-                self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                    self.enter(entered)
-                        .gatherv_tensor(s, Some((r, counts, displs)), root)
-                })
-            }
-            None => self.read(send, self.place(send, None, Access::Read)?, |s| {
-                self.enter(entered).gatherv_tensor(s, None, root)
-            }),
-        })
-    }
-
-    /// [`TensorComm::scatter_tensor`]; `send` is staged at the root only.
-    ///
-    /// # Errors
-    /// As [`TensorComm::scatter_tensor`] and the [type docs](DeviceComm).
-    pub fn scatter_tensor(
-        &self,
-        send: Option<&dyn Tensor>,
-        recv: &mut dyn Tensor,
-        root: Rank,
-    ) -> Result<()> {
-        self.collective(|entered| match send.filter(|_| self.comm.rank() == root) {
-            Some(send) => self.pair(send, recv, Access::Write, None, |s, r| {
-                self.enter(entered).scatter_tensor(Some(s), r, root)
-            }),
-            None => {
-                let placement = self.place(&*recv, None, Access::Write)?;
-                self.write(recv, placement, Access::Write, |r| {
-                    self.enter(entered).scatter_tensor(None, r, root)
-                })
-            }
-        })
-    }
-
-    /// [`TensorComm::scatterv_tensor`]; `send` is staged at the root only, and `recv` is
-    /// read from the device first (a block shorter than the tensor leaves its tail as is).
-    ///
-    /// # Errors
-    /// As [`TensorComm::scatterv_tensor`] and the [type docs](DeviceComm).
-    pub fn scatterv_tensor(
-        &self,
-        send: Option<(&dyn Tensor, &[i64], &[i64])>,
-        recv: &mut dyn Tensor,
-        root: Rank,
-    ) -> Result<()> {
-        self.collective(|entered| match send.filter(|_| self.comm.rank() == root) {
-            Some((send, c, d)) => self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                self.enter(entered)
-                    .scatterv_tensor(Some((s, c, d)), r, root)
-            }),
-            None => {
-                let placement = self.place(&*recv, None, Access::ReadWrite)?;
-                self.write(recv, placement, Access::ReadWrite, |r| {
-                    self.enter(entered).scatterv_tensor(None, r, root)
-                })
-            }
-        })
-    }
-
-    /// [`TensorComm::all_gather_tensor`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_gather_tensor`] and the [type docs](DeviceComm).
-    pub fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::Write, None, |s, r| {
-                self.enter(entered).all_gather_tensor(s, r)
-            })
-        })
-    }
-
-    /// [`TensorComm::all_gatherv_tensor`]; `recv` is read from the device first (the
-    /// blocks may leave gaps).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_gatherv_tensor`] and the [type docs](DeviceComm).
-    pub fn all_gatherv_tensor(
-        &self,
-        send: &dyn Tensor,
-        recv: &mut dyn Tensor,
-        counts: &[i64],
-        displacements: &[i64],
-    ) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                self.enter(entered)
-                    .all_gatherv_tensor(s, r, counts, displacements)
-            })
-        })
-    }
-
-    /// [`TensorComm::all_to_all_tensor`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_to_all_tensor`] and the [type docs](DeviceComm).
-    pub fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::Write, None, |s, r| {
-                self.enter(entered).all_to_all_tensor(s, r)
-            })
-        })
-    }
-
-    /// [`TensorComm::all_to_allv_tensor`]; `recv` is read from the device first (the
-    /// blocks may leave gaps).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_to_allv_tensor`] and the [type docs](DeviceComm).
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_to_allv_tensor(
-        &self,
-        send: &dyn Tensor,
-        send_counts: &[i64],
-        send_displacements: &[i64],
-        recv: &mut dyn Tensor,
-        recv_counts: &[i64],
-        recv_displacements: &[i64],
-    ) -> Result<()> {
-        self.collective(|entered| {
-            self.pair(send, recv, Access::ReadWrite, None, |s, r| {
-                self.enter(entered).all_to_allv_tensor(
-                    s,
-                    send_counts,
-                    send_displacements,
-                    r,
-                    recv_counts,
-                    recv_displacements,
-                )
-            })
-        })
+        }
+        p2p::recv(self, tensor, source, tag)
     }
 }

@@ -173,9 +173,9 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
     /// Whether a send of this placement goes out in parts.
     pub(super) fn parts_send(&self, p: &Placement) -> bool {
         p.route == Route::Staged
-            && p.extent.contiguous
+            && p.facts.is_contiguous()
             && self.part_bytes > 0
-            && p.extent.span_bytes > self.part_bytes
+            && p.facts.span_bytes() > self.part_bytes
     }
 
     /// `m`, the elements of one part.
@@ -356,13 +356,13 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
     /// header, the abort (module docs) and then the failure.
     pub(super) fn send_parts(&self, p: &Placement, dest: Rank, tag: Tag) -> Result<()> {
         let runtime = self.runtime.ok_or_else(no_runtime_error)?;
-        let x = &p.extent;
+        let x = &p.facts;
         let elem = x.element.size_bytes();
         let part = self.part_elems(elem);
         let bufs = self.part_buffers(x.element, part)?;
-        // The elements of a contiguous extent (`parts_send`): its span is len_elems × elem
-        // bytes, checked to fit usize when the extent was made.
-        let total = x.span_bytes / elem;
+        // The elements of a contiguous tensor (`parts_send`): its span is len_elems × elem
+        // bytes, checked to fit usize when the facts were made.
+        let total = x.span_bytes() / elem;
         let header = [
             PART_HEADER_MAGIC,
             PIPELINE_VERSION,
@@ -385,7 +385,7 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
                 runtime.copy_to_host(
                     p.device,
                     bufs[i].ptr(),
-                    (x.first + k * part * elem) as *const c_void,
+                    (x.first as usize + k * part * elem) as *const c_void,
                     n * elem,
                 )
             };
@@ -565,7 +565,7 @@ impl<'a, 'r, C: Communicator + ?Sized> Pipe<'a, 'r, C> {
                 copy_failed = unsafe {
                     rt.copy_to_device(
                         p.device,
-                        (p.extent.first + k * part * elem) as *mut c_void,
+                        (p.facts.first as usize + k * part * elem) as *mut c_void,
                         b[i].ptr(),
                         len(k) * elem,
                     )

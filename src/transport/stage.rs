@@ -1,122 +1,30 @@
-//! Staging placement: where a tensor's bytes are ([`Placement`], from `layout` and `dtype`
-//! alone), and its host-side stand-in for one operation ([`Stage`]).
+//! Staging placement: where a tensor's bytes are ([`Placement`], from the tensor's
+//! [`Facts`], no MPI datatype built), and its stand-in for one operation ([`Stage`]): a
+//! pinned host copy, a device scratch buffer that only a CUDA-aware MPI may take
+//! ([`Reach::MpiOnly`]), or the tensor itself (the direct route's device pointer, managed
+//! memory), never a device pointer relabelled as host memory.
 
 use std::ffi::c_void;
 
 use super::pool::{PinnedBuf, PinnedPool};
 use super::route::{no_runtime, no_runtime_error, Route};
+use crate::comm::StagedTensor;
 use crate::device::{Device, MemoryKind};
 use crate::dlpack::{DLTensor, Tensor, TensorView};
-use crate::dtype::{self, DType, ElementType};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::layout;
 use crate::runtime::{CopyKind, DeviceRuntime, Direction, StridedCopy};
-
-/// What an operation does with a tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Access {
-    /// MPI reads it.
-    Read,
-    /// MPI writes it (every element).
-    Write,
-    /// MPI reads and writes it (in-place reductions, broadcast at any rank, receives that
-    /// may leave gaps).
-    ReadWrite,
-}
-
-impl Access {
-    fn writes(self) -> bool {
-        self != Access::Read
-    }
-}
-
-/// The bytes a tensor's elements occupy, and of what type: the facts staging needs, derived
-/// from the layout plan and the dtype table (no MPI datatype is built).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Extent {
-    /// Address of the first element (`data + byte_offset`).
-    pub(super) first: usize,
-    /// The span `[start, start + span_bytes)`: lowest to one past the highest byte an
-    /// element touches.
-    pub(super) start: usize,
-    pub(super) span_bytes: usize,
-    /// Whether the elements are one run in logical order (C-contiguous, `layout`'s rule).
-    pub(super) contiguous: bool,
-    pub(super) len_elems: i64,
-    pub(super) element: ElementType,
-}
-
-impl Extent {
-    /// The extent of `t`'s elements.
-    ///
-    /// # Errors
-    /// [`Error::UnsupportedDtype`] (no MPI type), [`Error::Overflow`] when the span leaves
-    /// the address space, and the layout errors of [`layout::plan`].
-    pub(super) fn of(t: &dyn Tensor) -> Result<Extent> {
-        let element = dtype::lookup(t.dtype())?;
-        let first = t.first_element_ptr() as usize;
-        let size = element.size_bytes();
-        match layout::check_c_contiguous(t.shape(), t.strides_elems()) {
-            Ok(()) => {
-                let len_elems = t.num_elements();
-                let span_bytes = layout::byte_span(len_elems, size)?;
-                first.checked_add(span_bytes).ok_or(Error::Overflow {
-                    quantity: "first element + byte span",
-                    lhs: first as i128,
-                    operator: "+",
-                    rhs: span_bytes as i128,
-                })?;
-                Ok(Extent {
-                    first,
-                    start: first,
-                    span_bytes,
-                    contiguous: true,
-                    len_elems,
-                    element,
-                })
-            }
-            Err(Error::NonContiguous { .. }) => {
-                let plan = layout::plan(t.shape(), t.strides_elems())?;
-                let (base, size) = (first as i128, size as i128);
-                let start = base + i128::from(plan.lowest_elem) * size;
-                let end = base + (i128::from(plan.highest_elem) + 1) * size;
-                let (Ok(start_u), Ok(_), Ok(span_bytes)) = (
-                    usize::try_from(start),
-                    usize::try_from(end),
-                    usize::try_from(end - start),
-                ) else {
-                    return Err(Error::Overflow {
-                        quantity: "address range of the strided elements",
-                        lhs: start,
-                        operator: "..",
-                        rhs: end,
-                    });
-                };
-                Ok(Extent {
-                    first,
-                    start: start_u,
-                    span_bytes,
-                    contiguous: false,
-                    len_elems: plan.len_elems,
-                    element,
-                })
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Whether the span holds nothing but the elements (a receive need not read it first).
-    fn is_dense(&self) -> bool {
-        self.span_bytes as i128 == i128::from(self.len_elems) * self.element.size_bytes() as i128
-    }
-}
+use crate::spec::facts::{access_checks, Facts};
+use crate::spec::{Access, Reach};
 
 /// A validated device tensor with its route decided; nothing allocated or copied yet.
 #[derive(Debug, Clone)]
 pub(super) struct Placement {
     pub(super) route: Route,
     pub(super) device: Device,
-    pub(super) extent: Extent,
+    /// The tensor's facts (element, span, contiguity, layout plan), computed once.
+    pub(super) facts: Facts,
     /// For a strided `kDLCUDA` tensor: how its elements are copied packed (staged: to and
     /// from a pinned buffer; direct: to and from a device scratch buffer). `None`: contiguous,
     /// managed, or a layout the 2-D copies cannot express within
@@ -132,7 +40,7 @@ impl Placement {
     /// # Errors
     /// [`Error::UnsupportedDevice`] (ROCm and others, or no runtime), [`Error::ReadOnly`] /
     /// [`Error::IsCopied`] / [`Error::Overlap`] for tensors MPI writes, the errors of
-    /// [`Extent::of`], and [`Error::DeviceMismatch`] from the runtime's pointer check.
+    /// [`Facts::measure`], and [`Error::DeviceMismatch`] from the runtime's pointer check.
     pub(super) fn of(
         t: &dyn Tensor,
         reduce: Option<DType>,
@@ -157,27 +65,26 @@ impl Placement {
             return Err(Error::IsCopied);
         }
         let runtime = runtime.ok_or_else(|| no_runtime(device))?;
-        let extent = Extent::of(t)?;
+        let facts = Facts::measure(t)?;
         if access.writes() {
             layout::check_no_overlap(t.shape(), t.strides_elems())?;
         }
-        let packed = match kind {
-            MemoryKind::Cuda if !extent.contiguous && extent.len_elems > 0 => {
-                let plan = layout::plan(t.shape(), t.strides_elems())?;
-                StridedCopy::plan(&plan.axes, extent.element.size_bytes())
+        let packed = match (&facts.plan, kind) {
+            (Some(plan), MemoryKind::Cuda) if facts.len_elems > 0 => {
+                StridedCopy::plan(&plan.axes, facts.element.size_bytes())
             }
             _ => None,
         };
-        let goes_direct = extent.contiguous || packed.is_some();
+        let goes_direct = facts.is_contiguous() || packed.is_some();
         let route = Route::of_device_tensor(kind, direct, goes_direct, reduce);
-        if extent.len_elems > 0 {
+        if facts.len_elems > 0 {
             // Empty tensors (C65) make no runtime call: their pointer may be NULL.
-            runtime.check_pointer(device, extent.first as *const c_void)?;
+            runtime.check_pointer(device, facts.first as *const c_void)?;
         }
         Ok(Some(Placement {
             route,
             device,
-            extent,
+            facts,
             packed,
         }))
     }
@@ -185,64 +92,34 @@ impl Placement {
     /// A send and a receive tensor whose device spans overlap are [`Error::BuffersAlias`],
     /// as `TensorComm` says of host memory (staging would hide the overlap).
     pub(super) fn check_disjoint(send: &Placement, recv: &Placement) -> Result<()> {
-        let (a, b) = (&send.extent, &recv.extent);
-        let (a1, b1) = (a.start + a.span_bytes, b.start + b.span_bytes);
-        if a.span_bytes > 0 && b.span_bytes > 0 && a.start < b1 && b.start < a1 {
+        let (a, b) = (&send.facts, &recv.facts);
+        if a.start < a.end && b.start < b.end && a.start < b.end && b.start < a.end {
             return Err(Error::BuffersAlias {
                 send_address: a.start,
-                send_bytes: a.span_bytes,
+                send_bytes: a.span_bytes(),
                 recv_address: b.start,
-                recv_bytes: b.span_bytes,
+                recv_bytes: b.span_bytes(),
             });
         }
         Ok(())
     }
 }
 
-/// A device tensor's host stand-in: its placement and its `DLTensor` relabelled as host
-/// memory (the pinned copy, or the same pointer for the direct and managed routes).
+/// A staged tensor: its placement and, when MPI works on a buffer of ours, the `DLTensor`
+/// over that buffer (the pinned copy, labelled host memory because it is; or the device
+/// scratch, keeping the tensor's device).
 struct Placed {
     placement: Placement,
-    host: Box<DLTensor>,
+    stand_in: Option<Box<DLTensor>>,
 }
 
-/// A tensor's host-side stand-in for one operation.
+/// A tensor's stand-in for one operation.
 pub(super) struct Stage<'p, 'r> {
     placed: Option<Placed>,
     buf: Option<PinnedBuf<'p, 'r>>,
     /// Set when the span (or the packed elements) is copied back to the device after the
     /// operation.
     runtime: Option<&'r dyn DeviceRuntime>,
-}
-
-/// The tensor a read operand hands to `TensorComm`: the caller's, or its host stand-in.
-pub(super) enum HostRef<'a> {
-    Orig(&'a dyn Tensor),
-    View(TensorView<'a>),
-}
-
-impl HostRef<'_> {
-    pub(super) fn get(&self) -> &dyn Tensor {
-        match self {
-            HostRef::Orig(t) => *t,
-            HostRef::View(v) => v,
-        }
-    }
-}
-
-/// The tensor a written operand hands to `TensorComm`: the caller's, or its host stand-in.
-pub(super) enum HostMut<'a> {
-    Orig(&'a mut (dyn Tensor + 'a)),
-    View(TensorView<'a>),
-}
-
-impl<'a> HostMut<'a> {
-    pub(super) fn get(&mut self) -> &mut (dyn Tensor + 'a) {
-        match self {
-            HostMut::Orig(t) => &mut **t,
-            HostMut::View(v) => v,
-        }
-    }
 }
 
 impl<'p, 'r> Stage<'p, 'r> {
@@ -258,9 +135,9 @@ impl<'p, 'r> Stage<'p, 'r> {
     /// Stages `t` as placed: for the staged route, a pinned copy of its span (read from the
     /// device when MPI reads it or when the span has gaps), or of its elements alone, packed,
     /// when the placement has a [`StridedCopy`]; for the direct route with a `StridedCopy`, a
-    /// packed copy in a device scratch buffer. Builds the host `DLTensor` the operation's
-    /// views are made from (the one relabelling of the caller's tensor; compact row-major
-    /// over the buffer when packed).
+    /// packed copy in a device scratch buffer. Builds the `DLTensor` over the buffer that
+    /// the operation's view is made from (compact row-major when packed); the direct and
+    /// managed routes without a buffer hand MPI the caller's tensor itself.
     pub(super) fn new(
         t: &dyn Tensor,
         placement: Option<Placement>,
@@ -271,13 +148,14 @@ impl<'p, 'r> Stage<'p, 'r> {
         let Some(placement) = placement else {
             return Ok(Stage::host());
         };
-        let mut host = Box::new(*t.dl_tensor());
-        host.device = Device::CPU.into();
-        let x = placement.extent;
+        let x = &placement.facts;
         let packs = placement.packed.is_some() && placement.route != Route::Managed;
         if (placement.route != Route::Staged && !packs) || x.len_elems == 0 {
             return Ok(Stage {
-                placed: Some(Placed { placement, host }),
+                placed: Some(Placed {
+                    placement,
+                    stand_in: None,
+                }),
                 buf: None,
                 runtime: None,
             });
@@ -288,15 +166,23 @@ impl<'p, 'r> Stage<'p, 'r> {
         } else {
             Self::copy_span(&placement, access, pool, runtime)?
         };
-        if packs {
-            host.data = buf.ptr().cast();
-            host.strides = std::ptr::null_mut();
-        } else {
-            host.data = buf.ptr().wrapping_add(x.first - x.start).cast();
+        let mut stand_in = Box::new(*t.dl_tensor());
+        if placement.route == Route::Staged {
+            // The pinned copy is host memory.
+            stand_in.device = Device::CPU.into();
         }
-        host.byte_offset = 0;
+        if packs {
+            stand_in.data = buf.ptr().cast();
+            stand_in.strides = std::ptr::null_mut();
+        } else {
+            stand_in.data = buf.ptr().wrapping_add(x.first as usize - x.start).cast();
+        }
+        stand_in.byte_offset = 0;
         Ok(Stage {
-            placed: Some(Placed { placement, host }),
+            placed: Some(Placed {
+                placement,
+                stand_in: Some(stand_in),
+            }),
             buf: Some(buf),
             runtime: access.writes().then_some(runtime),
         })
@@ -309,9 +195,9 @@ impl<'p, 'r> Stage<'p, 'r> {
         pool: &'p PinnedPool<'r>,
         runtime: &'r dyn DeviceRuntime,
     ) -> Result<PinnedBuf<'p, 'r>> {
-        let x = placement.extent;
-        let buf = pool.take(x.span_bytes)?;
-        if access != Access::Write || !x.is_dense() {
+        let x = &placement.facts;
+        let buf = pool.take(x.span_bytes())?;
+        if access.reads() || !x.is_dense() {
             // SAFETY: the span is the device memory the tensor's elements occupy (layout
             // arithmetic, pointer checked); the buffer holds at least `span_bytes` bytes.
             unsafe {
@@ -319,7 +205,7 @@ impl<'p, 'r> Stage<'p, 'r> {
                     placement.device,
                     buf.ptr(),
                     x.start as *const c_void,
-                    x.span_bytes,
+                    x.span_bytes(),
                 )
             }?;
         }
@@ -341,7 +227,7 @@ impl<'p, 'r> Stage<'p, 'r> {
             Route::Direct => pool.take_device(placement.device, plan.packed_bytes())?,
             _ => pool.take(plan.packed_bytes())?,
         };
-        if access != Access::Write {
+        if access.reads() {
             // SAFETY: the plan is the tensor's own (its merged axes and element size); its
             // elements are device memory of `placement.device` (pointer checked, layout
             // arithmetic); the buffer holds at least `packed_bytes` bytes of the other memory
@@ -351,7 +237,7 @@ impl<'p, 'r> Stage<'p, 'r> {
                     runtime,
                     placement.device,
                     kind,
-                    placement.extent.first as *const c_void,
+                    placement.facts.first as *const c_void,
                     buf.ptr().cast(),
                     Direction::Pack,
                 )
@@ -374,33 +260,26 @@ impl<'p, 'r> Stage<'p, 'r> {
             .map_or(Route::Host, |p| p.placement.route)
     }
 
-    /// The host `DLTensor` as a view; `None` for host memory.
-    fn host_view<'s>(&'s self) -> Result<Option<TensorView<'s>>> {
-        let Some(placed) = &self.placed else {
+    /// The view over the buffer MPI works on; `None`: the caller's tensor itself.
+    pub(super) fn stand_in_view(&self) -> Result<Option<TensorView<'_>>> {
+        let Some(dl) = self.placed.as_ref().and_then(|p| p.stand_in.as_deref()) else {
             return Ok(None);
         };
-        let dl: *const DLTensor = &*placed.host;
+        let dl: *const DLTensor = dl;
         // SAFETY: the DLTensor lives in the Box for as long as `self`; its shape and strides
         // point into the caller's tensor, which outlives the operation; its data is the
-        // pinned buffer (owned by `self`) or the caller's memory. The view never writes the
-        // DLTensor struct itself.
+        // buffer `self` owns. The view never writes the DLTensor struct itself.
         unsafe { TensorView::from_raw(dl.cast_mut()) }.map(Some)
     }
 
-    /// What `TensorComm` reads: the host stand-in, or `orig` itself for host memory.
-    pub(super) fn view<'a>(&'a self, orig: &'a dyn Tensor) -> Result<HostRef<'a>> {
-        Ok(match self.host_view()? {
-            Some(v) => HostRef::View(v),
-            None => HostRef::Orig(orig),
-        })
-    }
-
-    /// What `TensorComm` writes: the host stand-in, or `orig` itself for host memory.
-    pub(super) fn view_mut<'a>(&'a self, orig: &'a mut (dyn Tensor + 'a)) -> Result<HostMut<'a>> {
-        Ok(match self.host_view()? {
-            Some(v) => HostMut::View(v),
-            None => HostMut::Orig(orig),
-        })
+    /// How what MPI works on reaches it: a device pointer on the direct route (the
+    /// caller's or the device scratch) only a CUDA-aware MPI may take; host memory
+    /// otherwise (the pinned copy, managed memory).
+    fn stand_in_reach(&self) -> Reach {
+        match &self.placed {
+            Some(p) if p.placement.route == Route::Direct => Reach::MpiOnly,
+            _ => Reach::Host,
+        }
     }
 
     /// After MPI wrote the host copy (or the device scratch): copies it back to the device.
@@ -419,7 +298,7 @@ impl<'p, 'r> Stage<'p, 'r> {
                         rt,
                         p.device,
                         kind,
-                        p.extent.first as *const c_void,
+                        p.facts.first as *const c_void,
                         buf.ptr().cast(),
                         Direction::Unpack,
                     )
@@ -430,12 +309,35 @@ impl<'p, 'r> Stage<'p, 'r> {
             unsafe {
                 rt.copy_to_device(
                     p.device,
-                    p.extent.start as *mut c_void,
+                    p.facts.start as *mut c_void,
                     buf.ptr(),
-                    p.extent.span_bytes,
+                    p.facts.span_bytes(),
                 )
             }?;
         }
         Ok(())
     }
+}
+
+impl StagedTensor for Stage<'_, '_> {
+    fn view(&self) -> Result<Option<TensorView<'_>>> {
+        self.stand_in_view()
+    }
+
+    fn reach(&self) -> Reach {
+        self.stand_in_reach()
+    }
+
+    fn finish(&self) -> Result<()> {
+        Stage::finish(self)
+    }
+}
+
+/// The checks of a host tensor MPI writes that a parted receive makes itself (it is
+/// received without `TensorComm`).
+///
+/// # Errors
+/// As [`access_checks`].
+pub(super) fn host_write_checks(t: &dyn Tensor) -> Result<()> {
+    access_checks(t)
 }

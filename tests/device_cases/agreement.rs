@@ -4,6 +4,7 @@
 //! so each of them returns `PeerRefused` naming that rank instead of waiting in MPI.
 
 use super::*;
+use dlpack_mpi::comm::TensorComm;
 
 /// The last rank passes a read-only device receive tensor to an all-reduce, a gather (at
 /// the root, when the root is the last rank) and an all-gather; every other rank passes

@@ -5,6 +5,7 @@
 //! in between left as they were, and the bytes the runtime copied.
 
 use super::*;
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::layout;
 use dlpack_mpi::runtime::CopyKind;
 

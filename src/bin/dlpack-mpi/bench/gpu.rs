@@ -21,6 +21,7 @@
 //!
 //! Uses `common`, `args` and `report`.
 
+use dlpack_mpi::comm::TensorComm;
 use std::ffi::c_void;
 use std::process::ExitCode;
 use std::ptr::NonNull;

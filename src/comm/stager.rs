@@ -1,0 +1,165 @@
+//! The seam where device staging plugs in below the operations ([`Stager`]): every
+//! operation of [`super::TensorComm`] declares its operands (the tensor, its [`Access`],
+//! the dtype of a reduction it takes part in), hands them to its communicator's stager,
+//! runs on the stand-ins the stager returns, and lets the stager finish (copy back) after
+//! MPI is done. A plain rsmpi communicator has no stager: its operands are the caller's
+//! tensors, checked as host memory. `transport::DeviceComm` implements the trait.
+//!
+//! Staging errors are this rank's alone while its peers may already be in the agreement:
+//! a collective takes them into that agreement ([`super::agree`]), so its peers return
+//! [`crate::Error::PeerRefused`] instead of waiting.
+
+use mpi::topology::Communicator;
+
+use super::agree::agree;
+use crate::dlpack::{Tensor, TensorView};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::spec::{Access, Reach};
+
+/// One operand of an operation, as declared to a [`Stager`].
+#[derive(Clone, Copy)]
+pub struct Operand<'a> {
+    /// The caller's tensor.
+    pub tensor: &'a dyn Tensor,
+    /// What MPI does with it.
+    pub access: Access,
+    /// The dtype of the reduction it takes part in (half precision is reduced on the host).
+    pub reduce: Option<DType>,
+}
+
+/// A tensor's stand-in for one operation, made by a [`Stager`].
+pub trait StagedTensor {
+    /// The tensor MPI works on in place of the caller's (a pinned copy, a device scratch
+    /// buffer); `None`: the caller's own tensor.
+    ///
+    /// # Errors
+    /// The validation errors of [`TensorView::from_raw`] (none for a stand-in the stager
+    /// built).
+    fn view(&self) -> Result<Option<TensorView<'_>>>;
+    /// How the stand-in (or the caller's tensor) reaches MPI.
+    fn reach(&self) -> Reach;
+    /// After MPI wrote the stand-in: copies it back to the device.
+    ///
+    /// # Errors
+    /// The runtime's copy errors.
+    fn finish(&self) -> Result<()>;
+}
+
+/// What a [`Stager`] made of an operation's send and receive operands; `None` where the
+/// operand was not declared, or is host memory the stager leaves to the operation.
+pub struct Staging<'s> {
+    /// The send operand's stand-in.
+    pub send: Option<Box<dyn StagedTensor + 's>>,
+    /// The receive operand's stand-in.
+    pub recv: Option<Box<dyn StagedTensor + 's>>,
+}
+
+/// Device staging below the operations (implemented by `transport::DeviceComm`).
+pub trait Stager {
+    /// Places and stages an operation's operands: every refusal (placement, aliasing
+    /// device spans) before any copy, then the copies MPI's reads need.
+    ///
+    /// # Errors
+    /// The stager's refusals (devices, aliasing, allocation, copies).
+    fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>>;
+
+    /// Whether an operand only the root uses is declared at the other ranks too (where it
+    /// is checked and not used). A device stager ignores them there: they are neither
+    /// staged, copied back nor refused.
+    fn takes_unused_root_operands(&self) -> bool {
+        false
+    }
+
+    /// How a nonblocking operation's operand reaches MPI without a stand-in (the request
+    /// borrows the caller's tensor, so a stand-in cannot outlive the call yet): `None` for
+    /// host memory the stager leaves alone, else its [`Reach`].
+    ///
+    /// # Errors
+    /// The stager's refusal, for an operand that needs a staged copy.
+    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>>;
+}
+
+/// Whether operations run as collectives (a staging error then joins the agreement) or as
+/// point-to-point (the error is returned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    PointToPoint,
+    Collective,
+}
+
+/// A read operand's stand-in: the caller's tensor, or the stager's, with its reach
+/// (`None`: no stager saw it, so its device label is checked as host memory).
+pub(super) type ReadIn<'a> = (&'a dyn Tensor, Option<Reach>);
+/// A written operand's stand-in.
+pub(super) type WriteIn<'a> = (&'a mut dyn Tensor, Option<Reach>);
+
+/// Runs `body` on the stand-ins of `send` (read) and `recv` (written with `recv_access`)
+/// that `stager` makes, then finishes the receive's staging. Without a stager `body` gets
+/// the caller's tensors. `reduce`: the dtype of a reduction both take part in.
+///
+/// # Errors
+/// The stager's (for a [`Kind::Collective`], agreed with the peers first) and `body`'s.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
+    stager: Option<&dyn Stager>,
+    comm: &C,
+    kind: Kind,
+    send: Option<&dyn Tensor>,
+    recv: Option<(&mut dyn Tensor, Access)>,
+    reduce: Option<DType>,
+    body: impl FnOnce(Option<ReadIn<'_>>, Option<WriteIn<'_>>) -> Result<R>,
+) -> Result<R> {
+    let Some(stager) = stager else {
+        return body(send.map(|t| (t, None)), recv.map(|(t, _)| (t, None)));
+    };
+    let declared = |tensor, access| Operand {
+        tensor,
+        access,
+        reduce,
+    };
+    let s_op = send.map(|t| declared(t, Access::Read));
+    let r_op = recv.as_ref().map(|(t, a)| declared(&**t, *a));
+    let staging = match stager.stage(s_op, r_op) {
+        Ok(s) => s,
+        Err(e) if kind == Kind::Collective && !comm.test_inter() => return agree(comm, Err(e)),
+        Err(e) => return Err(e),
+    };
+    let out = {
+        let (sv, s_reach) = stand_in(staging.send.as_deref(), kind, comm)?;
+        let (mut rv, r_reach) = stand_in(staging.recv.as_deref(), kind, comm)?;
+        let s = send.map(|t| (sv.as_ref().map_or(t, |v| v as &dyn Tensor), s_reach));
+        let r = match recv {
+            Some((t, _)) => Some((
+                match rv.as_mut() {
+                    Some(v) => v as &mut dyn Tensor,
+                    None => t,
+                },
+                r_reach,
+            )),
+            None => None,
+        };
+        body(s, r)?
+    };
+    if let Some(r) = &staging.recv {
+        r.finish()?;
+    }
+    Ok(out)
+}
+
+/// The view and reach of one staged operand (`None`, `None`: not staged).
+fn stand_in<'s, C: Communicator + ?Sized>(
+    staged: Option<&'s (dyn StagedTensor + 's)>,
+    kind: Kind,
+    comm: &C,
+) -> Result<(Option<TensorView<'s>>, Option<Reach>)> {
+    let Some(st) = staged else {
+        return Ok((None, None));
+    };
+    match st.view() {
+        Ok(v) => Ok((v, Some(st.reach()))),
+        Err(e) if kind == Kind::Collective && !comm.test_inter() => agree(comm, Err(e)),
+        Err(e) => Err(e),
+    }
+}
