@@ -239,3 +239,14 @@ pub(crate) fn access_checks<T: Tensor + ?Sized>(t: &T) -> Result<()> {
     }
     layout::check_no_overlap(t.shape(), t.strides_elems())
 }
+
+/// The error for a layout the pack kernels refuse (a stride whose byte distance overflows
+/// `isize`); none for a tensor whose facts were computed.
+pub(crate) fn kernel_refusal(plan: &Plan, elem: usize) -> Error {
+    Error::Overflow {
+        quantity: "byte strides of the strided elements",
+        lhs: i128::from(plan.highest_elem - plan.lowest_elem),
+        operator: "*",
+        rhs: elem as i128,
+    }
+}

@@ -1,5 +1,5 @@
 //! The bounded pool of host scratch buffers that packed copies of strided tensors use
-//! (the crate's `FlatSpec`): a buffer is taken for one message and handed back when the
+//! (a side's packed copy): a buffer is taken for one message and handed back when the
 //! message is done, so a loop of strided messages allocates once instead of once per message.
 //!
 //! **Cap.** The pool keeps idle buffers of at most [`pool_cap_bytes`] bytes in all (default

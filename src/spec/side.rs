@@ -18,7 +18,7 @@ use mpi::raw::FromRaw;
 use mpi::Count;
 
 use super::encoding::Encoding;
-use super::facts::Facts;
+use super::facts::{kernel_refusal, Facts};
 use super::kernels;
 use super::operand::Access;
 use super::scratch::Scratch;
@@ -326,7 +326,7 @@ pub(crate) fn pack(facts: &Facts) -> Result<Scratch> {
     if done {
         Ok(out)
     } else {
-        Err(refused(plan, elem))
+        Err(kernel_refusal(plan, elem))
     }
 }
 
@@ -350,18 +350,7 @@ pub(crate) fn unpack(
     if done {
         Ok(())
     } else {
-        Err(refused(plan, elem))
-    }
-}
-
-/// The error for a layout the pack kernels refuse (a stride whose byte distance overflows
-/// `isize`); none for a tensor whose facts were computed.
-fn refused(plan: &Plan, elem: usize) -> Error {
-    Error::Overflow {
-        quantity: "byte strides of the strided elements",
-        lhs: i128::from(plan.highest_elem - plan.lowest_elem),
-        operator: "*",
-        rhs: elem as i128,
+        Err(kernel_refusal(plan, elem))
     }
 }
 

@@ -14,17 +14,14 @@ use super::pipeline::{
 };
 use super::pool::PinnedPool;
 use super::route::{Route, Transport};
-use super::stage::{host_write_checks, Placement, Stage};
+use super::stage::{Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_rank, check_tag, p2p, Operand, StagedTensor, Stager, Staging, TensorComm};
+use crate::comm::{check_rank, check_tag, p2p, Stager, TensorComm};
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::DeviceRuntime;
-use crate::spec::facts::Facts;
-use crate::spec::scratch::Scratch;
-use crate::spec::side::unpack;
-use crate::spec::{Access, Reach};
+use crate::spec::Access;
 
 /// Tensor operations for tensors on any device: every [`TensorComm`] operation (the same
 /// list, written once: `DeviceComm` implements the trait and is its operations' stager),
@@ -176,11 +173,11 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         Route::from_u8(self.last_route.load(Ordering::Relaxed))
     }
 
-    fn note(&self, route: Route) {
+    pub(super) fn note(&self, route: Route) {
         self.last_route.store(route as u8, Ordering::Relaxed);
     }
 
-    fn pipe(&self) -> Pipe<'_, 'c, C> {
+    pub(super) fn pipe(&self) -> Pipe<'_, 'c, C> {
         Pipe {
             comm: self.comm,
             runtime: self.runtime,
@@ -189,7 +186,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         }
     }
 
-    fn place(
+    pub(super) fn place(
         &self,
         t: &dyn Tensor,
         reduce: Option<DType>,
@@ -200,7 +197,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
 
     /// Places `send` (read) and `recv` (`access`), checks that placed spans are disjoint,
     /// then stages both (every refusal comes before any copy) and notes the route.
-    fn stage_pair(
+    pub(super) fn stage_pair(
         &self,
         send: Option<(&dyn Tensor, Option<Placement>)>,
         recv: Option<(&dyn Tensor, Option<Placement>, Access)>,
@@ -219,177 +216,6 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         };
         self.note(send.route().max(recv.route()));
         Ok((send, recv))
-    }
-
-    /// The facts of a receive tensor a parted message could be meant for: elements of more
-    /// bytes in all than the smallest part ([`MIN_PIPELINE_CHUNK_BYTES`]), whatever this
-    /// side's part size (the sender's header gives its own), in any layout (a strided tensor
-    /// receives the parts packed and unpacks them, [`DeviceComm::recv_parted_strided`]).
-    fn parted_candidate(
-        &self,
-        tensor: &dyn Tensor,
-        placement: Option<&Placement>,
-    ) -> Result<Option<Facts>> {
-        let x = match placement {
-            Some(p) => p.facts.clone(),
-            // Host memory: the receive checks (READ_ONLY, IS_COPIED, overlap) happen here,
-            // because a parted message is received without TensorComm; a small tensor (the
-            // per-message common case) skips this and gets them from TensorComm.
-            None if tensor.dtype().size_bytes().is_some_and(|b| {
-                b as i128 * i128::from(tensor.num_elements()) > MIN_PIPELINE_CHUNK_BYTES as i128
-            }) =>
-            {
-                host_write_checks(tensor)?;
-                Facts::measure(tensor)?
-            }
-            None => return Ok(None),
-        };
-        let bytes = usize::try_from(x.len_elems)
-            .ok()
-            .and_then(|n| n.checked_mul(x.element.size_bytes()));
-        Ok(bytes
-            .is_some_and(|b| b > MIN_PIPELINE_CHUNK_BYTES)
-            .then_some(x))
-    }
-
-    fn recv_parted(
-        &self,
-        placement: Option<Placement>,
-        tensor: &dyn Tensor,
-        x: &Facts,
-        tag: Tag,
-        first: (Status, usize),
-    ) -> Result<Status> {
-        let pipe = self.pipe();
-        let total = x.span_bytes() / x.element.size_bytes();
-        let staged = match placement.as_ref().filter(|p| p.route == Route::Staged) {
-            Some(p) => Some((
-                p,
-                pipe.part_buffers(x.element, first.1)
-                    .map_err(|e| self.refuse_parts(e, total, x, tag, &first))?,
-            )),
-            None => None,
-        };
-        self.note(placement.as_ref().map_or(Route::Host, |p| p.route));
-        let base = placement
-            .as_ref()
-            .map_or(tensor.first_element_ptr() as usize, |p| {
-                p.facts.first as usize
-            });
-        pipe.recv_parts(staged, base, total, x.element, tag, first)
-    }
-
-    /// A refusal after a valid part header, before any part was posted: receives and
-    /// discards the parts ([`Pipe::drain`]) so that the sender completes, then returns `e`.
-    fn refuse_parts(
-        &self,
-        e: Error,
-        total: usize,
-        x: &Facts,
-        tag: Tag,
-        (header, part): &(Status, usize),
-    ) -> Error {
-        let n = u64::try_from(total).unwrap_or(u64::MAX);
-        let parts = (*part, n, x.element.size_bytes());
-        self.pipe()
-            .drain(header.source_rank(), tag, parts, Some(x.element));
-        e
-    }
-
-    /// A parted message into a strided receive tensor: the parts land in the tensor's
-    /// contiguous stand-in when staging packs it ([`Stage`]: a pinned buffer, or a device
-    /// scratch on the direct route), else in a host scratch buffer that the pack kernels
-    /// then unpack into the stand-in or the tensor; the stand-in goes to the device as for
-    /// every staged receive. Nothing of the tensor changes unless every part arrived.
-    fn recv_parted_strided(
-        &self,
-        placement: Option<Placement>,
-        tensor: &mut dyn Tensor,
-        (x, total): (&Facts, usize),
-        tag: Tag,
-        first: (Status, usize),
-    ) -> Result<Status> {
-        let refuse = |e| self.refuse_parts(e, total, x, tag, &first);
-        let (_, st) = self
-            .stage_pair(None, Some((&*tensor, placement, Access::Write)))
-            .map_err(refuse)?;
-        let pipe = self.pipe();
-        let status = {
-            let mut view = st.stand_in_view().map_err(refuse)?;
-            let t: &mut dyn Tensor = match view.as_mut() {
-                Some(v) => v,
-                None => &mut *tensor,
-            };
-            let facts = Facts::measure(&*t).map_err(refuse)?;
-            match &facts.plan {
-                None => {
-                    let base = t.first_element_ptr() as usize;
-                    pipe.recv_parts(None, base, total, x.element, tag, first)?
-                }
-                Some(plan) => {
-                    let e = x.element.size_bytes();
-                    // total × e fits usize (parted_candidate).
-                    let mut packed = Scratch::take(total * e).map_err(refuse)?;
-                    let base = packed.as_mut_ptr() as usize;
-                    let status = pipe.recv_parts(None, base, total, x.element, tag, first)?;
-                    unpack(t, plan, x.element, &packed)?;
-                    status
-                }
-            }
-        };
-        st.finish()?;
-        Ok(status)
-    }
-}
-
-/// A staged operand as the operations see it; `None` for host memory (the caller's
-/// tensor, checked as such) and for an operand not declared.
-fn boxed<'s>(st: Stage<'s, 's>, declared: bool) -> Option<Box<dyn StagedTensor + 's>> {
-    (declared && st.route() != Route::Host).then(|| Box::new(st) as Box<dyn StagedTensor + 's>)
-}
-
-impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
-    fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>> {
-        let ps = match send {
-            Some(o) => Some((o.tensor, self.place(o.tensor, o.reduce, Access::Read)?)),
-            None => None,
-        };
-        let pr = match recv {
-            Some(o) => Some((
-                o.tensor,
-                self.place(o.tensor, o.reduce, o.access)?,
-                o.access,
-            )),
-            None => None,
-        };
-        let (declared_s, declared_r) = (ps.is_some(), pr.is_some());
-        let (s, r) = self.stage_pair(ps, pr)?;
-        Ok(Staging {
-            send: boxed(s, declared_s),
-            recv: boxed(r, declared_r),
-        })
-    }
-
-    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>> {
-        let access = operand.access;
-        match self.place(operand.tensor, operand.reduce, access)? {
-            None => Ok(None),
-            Some(p) => {
-                self.note(p.route);
-                match p.route {
-                    Route::Managed => Ok(Some(Reach::Host)),
-                    Route::Direct if p.packed.is_none() => Ok(Some(Reach::MpiOnly)),
-                    _ => Err(Error::TransportUnavailable {
-                        transport: "staged",
-                        reason: "a nonblocking operation on a device tensor that needs a \
-                                 staged or packed copy (the copy would have to outlive the \
-                                 call); use the blocking form, or a contiguous tensor on the \
-                                 direct route"
-                            .into(),
-                    }),
-                }
-            }
-        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 
 mod device;
 mod device_comm;
+mod parted;
 pub mod pipeline;
 mod pool;
 mod route;

@@ -8,7 +8,8 @@ use std::ffi::c_void;
 
 use super::pool::{PinnedBuf, PinnedPool};
 use super::route::{no_runtime, no_runtime_error, Route};
-use crate::comm::StagedTensor;
+use super::DeviceComm;
+use crate::comm::{Operand, StagedTensor, Stager, Staging};
 use crate::device::{Device, MemoryKind};
 use crate::dlpack::{DLTensor, Tensor, TensorView};
 use crate::dtype::DType;
@@ -17,6 +18,7 @@ use crate::layout;
 use crate::runtime::{CopyKind, DeviceRuntime, Direction, StridedCopy};
 use crate::spec::facts::{access_checks, Facts};
 use crate::spec::{Access, Reach};
+use mpi::topology::Communicator;
 
 /// A validated device tensor with its route decided; nothing allocated or copied yet.
 #[derive(Debug, Clone)]
@@ -340,4 +342,55 @@ impl StagedTensor for Stage<'_, '_> {
 /// As [`access_checks`].
 pub(super) fn host_write_checks(t: &dyn Tensor) -> Result<()> {
     access_checks(t)
+}
+
+/// A staged operand as the operations see it; `None` for host memory (the caller's
+/// tensor, checked as such) and for an operand not declared.
+fn boxed<'s>(st: Stage<'s, 's>, declared: bool) -> Option<Box<dyn StagedTensor + 's>> {
+    (declared && st.route() != Route::Host).then(|| Box::new(st) as Box<dyn StagedTensor + 's>)
+}
+
+impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
+    fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>> {
+        let ps = match send {
+            Some(o) => Some((o.tensor, self.place(o.tensor, o.reduce, Access::Read)?)),
+            None => None,
+        };
+        let pr = match recv {
+            Some(o) => Some((
+                o.tensor,
+                self.place(o.tensor, o.reduce, o.access)?,
+                o.access,
+            )),
+            None => None,
+        };
+        let (declared_s, declared_r) = (ps.is_some(), pr.is_some());
+        let (s, r) = self.stage_pair(ps, pr)?;
+        Ok(Staging {
+            send: boxed(s, declared_s),
+            recv: boxed(r, declared_r),
+        })
+    }
+
+    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>> {
+        let access = operand.access;
+        match self.place(operand.tensor, operand.reduce, access)? {
+            None => Ok(None),
+            Some(p) => {
+                self.note(p.route);
+                match p.route {
+                    Route::Managed => Ok(Some(Reach::Host)),
+                    Route::Direct if p.packed.is_none() => Ok(Some(Reach::MpiOnly)),
+                    _ => Err(Error::TransportUnavailable {
+                        transport: "staged",
+                        reason: "a nonblocking operation on a device tensor that needs a \
+                                 staged or packed copy (the copy would have to outlive the \
+                                 call); use the blocking form, or a contiguous tensor on the \
+                                 direct route"
+                            .into(),
+                    }),
+                }
+            }
+        }
+    }
 }
