@@ -35,14 +35,17 @@
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
 //! `reduce` (reductions, with the half-precision operations of `halfops`, public as
 //! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
-//! ([`Agreement`]) and `packing` the packing policy ([`Packing`]). Raw MPI calls go through
-//! the crate's private `raw` module.
+//! ([`Agreement`]), `packing` the packing policy ([`Packing`]; both settings are in
+//! [`crate::settings`]) and `held` the matched-probe handle and the messages held by
+//! [`Error::Unfit`] ([`crate::error::Unreceived`]). Raw MPI calls go through the crate's
+//! private `raw` module.
 
 #[macro_use]
 mod agree;
 mod bcast;
 mod checks;
 mod collective;
+mod held;
 mod immediate;
 mod p2p;
 mod packing;

@@ -119,10 +119,9 @@ pub(super) fn recv<C: Communicator + ?Sized>(
     Ok(status)
 }
 
-/// [`Error::Unfit`] holding `matched`. Hooks `MPI_Finalize` first, so that a held message
-/// still alive then is discarded there (see [`Unreceived`]).
+/// [`Error::Unfit`] holding `matched` (a held message still alive at `MPI_Finalize` is
+/// discarded there, see [`Unreceived`]).
 pub(crate) fn unfit(mismatch: Error, matched: Matched, sent: Option<(DType, Vec<i64>)>) -> Error {
-    crate::spec::datatype::hook_finalize();
     Error::Unfit {
         mismatch: Box::new(mismatch),
         message: Unreceived::new(matched, sent),
