@@ -13,6 +13,11 @@
 //! offending dtype and operation as values so that callers can match on them, and `dtype`
 //! in turn returns this module's errors; the two are one layer read together, and nothing
 //! else from above is used here.
+//!
+//! The one MPI object an error can carry, the held message of [`Error::Unfit`]
+//! ([`Unreceived`]), is declared here as data only (a handle and a status behind one shared
+//! owner); the module makes no MPI call. What a held message does (the probe, the receives,
+//! the discard on drop and at `MPI_Finalize`) is in `comm::held`.
 
 use std::sync::{Arc, Mutex};
 

@@ -10,10 +10,11 @@
 //! [`POOL_MAX_BUFFERS`] idle buffers are kept; the smallest goes first.
 //!
 //! **Lifetime.** The pool is process-wide (one mutex; a buffer is taken and returned once per
-//! message). It is emptied by `MPI_Finalize`, as a registry of [`crate::lifecycle`] (the one
-//! `MPI_COMM_SELF` attribute delete callback, MPI-4.1 §9.5.1, that also frees the
-//! derived-datatype cache), so no pooled memory outlives MPI (memory an MPI library registered for RDMA is released
-//! while it can still deregister it); after finalize, returned buffers are freed at once.
+//! message). It is emptied by `MPI_Finalize`, as a registry of the crate's `lifecycle`
+//! module (the one `MPI_COMM_SELF` attribute delete callback, MPI-4.1 §9.5.1, that also
+//! frees the derived-datatype cache), so no pooled memory outlives MPI (memory an MPI library
+//! registered for RDMA is released while it can still deregister it); after finalize,
+//! returned buffers are freed at once.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
