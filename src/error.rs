@@ -13,17 +13,29 @@
 //! offending dtype and operation as values so that callers can match on them, and `dtype`
 //! in turn returns this module's errors; the two are one layer read together, and nothing
 //! else from above is used here.
+//!
+//! The one MPI object an error can carry, the held message of [`Error::Unfit`]
+//! ([`Unreceived`]), is declared here as data only (a handle and a status behind one shared
+//! owner); the module makes no MPI call. What a held message does (the probe, the receives,
+//! the discard on drop and at `MPI_Finalize`) is in `comm::held`.
+
+use std::sync::{Arc, Mutex};
+
+use mpi::ffi::{MPI_Message, MPI_Status};
+use mpi::topology::Rank;
+use mpi::Tag;
 
 use crate::dtype::{DType, ReduceOp};
-
-mod unreceived;
-pub use unreceived::Unreceived;
-pub(crate) use unreceived::{discard_all_at_finalize, Matched};
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong between a DLPack producer and an MPI call.
+///
+/// Cloning an `Error` never copies an MPI resource: the one live resource an error can carry,
+/// the held message of [`Error::Unfit`], has a single owner behind an [`Arc`], and a clone
+/// shares that owner (the first receive through any clone takes the message, the others get
+/// [`Error::AlreadyReceived`]); equality on it is identity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -587,4 +599,72 @@ pub enum Error {
         /// Why it is refused.
         reason: &'static str,
     },
+}
+
+impl Error {
+    /// The diagnosis itself: for [`Error::Unfit`] the mismatch inside it, else `self`. Use
+    /// it to match on why a receive failed whether or not a message is held.
+    pub fn mismatch(&self) -> &Error {
+        match self {
+            Error::Unfit { mismatch, .. } => mismatch,
+            other => other,
+        }
+    }
+
+    /// The held message of an [`Error::Unfit`], if this is one.
+    pub fn unreceived(&self) -> Option<&Unreceived> {
+        match self {
+            Error::Unfit { message, .. } => Some(message),
+            _ => None,
+        }
+    }
+}
+
+/// An incoming message that a receive matched but did not receive because it does not fit
+/// (carried by [`Error::Unfit`]). It is held here, off MPI's queue: no other receive can
+/// take it, and it is not lost.
+///
+/// - Receive it with [`Unreceived::recv_into`] into a tensor of the right size (its
+///   element count is [`Unreceived::len_bytes`] over the element size), or, for a payload
+///   of the checked protocol, with [`Unreceived::recv_new`] (a new tensor of the sent dtype
+///   and shape, [`Unreceived::sent_dtype`], [`Unreceived::sent_shape`]).
+/// - A clone (also the clone inside a cloned [`Error`]) is a second handle to the one held
+///   message, never a copy of it: the first receive through any handle takes it, later
+///   ones get [`Error::AlreadyReceived`].
+/// - When the last clone is dropped with the message still held, it is received into
+///   scratch memory and discarded (`MPI_Mrecv`, blocking until the sender's data is in),
+///   so that ignoring the error never hangs the sender nor panics. Dropped on a thread
+///   that may not call MPI (below `MPI_THREAD_MULTIPLE`, not the thread that initialized
+///   MPI), it is queued and discarded by the main thread's next discard or at
+///   `MPI_Finalize`; one still held at `MPI_Finalize` is discarded there.
+///
+/// Equality is identity: two values are equal when they hold the same message.
+///
+/// Declared here, with the two crate-private types inside it, because [`Error::Unfit`]
+/// carries it; everything it does (the probe and receives, the discard, the registry of
+/// held messages and its `MPI_Finalize` discard) is in `comm::held`, beside the receives
+/// that match, and its receives into tensors in `comm::p2p` and `checked`.
+#[derive(Clone)]
+pub struct Unreceived(pub(crate) Arc<HeldMessage>);
+
+/// The one owner of a held message, shared by every clone of its [`Unreceived`].
+pub(crate) struct HeldMessage {
+    /// The message until it is received or discarded (then `None`).
+    pub(crate) message: Mutex<Option<Matched>>,
+    /// Its source rank, tag and length, from its status.
+    pub(crate) source_rank: Rank,
+    pub(crate) tag: Tag,
+    pub(crate) len_bytes: u64,
+    /// The dtype and shape the checked protocol's header gave (`None` for a plain message).
+    pub(crate) sent: Option<(DType, Vec<i64>)>,
+}
+
+/// A message matched by `MPI_Mprobe` and not yet received: the raw handle and its status.
+/// Received at most once (a receive consumes it); one dropped unreceived is received into
+/// scratch memory and discarded, so that nothing panics and the job goes on (its `Drop`,
+/// its `Send` and its MPI calls are in `comm::held`). Not `Clone`: one value per message.
+pub(crate) struct Matched {
+    /// `MPI_MESSAGE_NULL` once received or discarded.
+    pub(crate) handle: MPI_Message,
+    pub(crate) status: MPI_Status,
 }

@@ -15,6 +15,9 @@
 //! dependency order):
 //!
 //! - [`error`]: the one [`Error`] type.
+//! - [`settings`]: every run-time `DLPACK_MPI_*` variable (values, defaults, the function that
+//!   reads each and its setter), in one table.
+//! - `lifecycle` (private): the one `MPI_Finalize` hook and the registries it empties.
 //! - [`dtype`]: the DLPack dtype → MPI datatype table and the reductions each allows.
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing, and the DLPack stream table.
@@ -77,10 +80,12 @@ pub mod dtype;
 pub mod error;
 pub use comm::reduce::halfops;
 pub mod layout;
+mod lifecycle;
 #[cfg(feature = "python")]
 pub mod python;
 mod raw;
 pub mod runtime;
+pub mod settings;
 pub mod spec;
 pub mod transport;
 

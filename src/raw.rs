@@ -5,7 +5,7 @@
 //! This module is the one place where the crate calls MPI's C API directly, apart from
 //! `spec/datatype.rs` (the `MPI_Type_*` calls that build and free derived datatypes),
 //! `comm/reduce/halfops.rs` (`MPI_Op_create` for the half-precision operations) and
-//! `error/unreceived.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
+//! `comm/held.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
 //! parted point-to-point messages of `transport::pipeline` post their parts here
 //! too ([`isend`], [`irecv`], [`wait`], [`wait_count`]): rsmpi's safe requests borrow their
 //! buffers for a scope, which the two alternating pinned buffers outgrow. Each

@@ -38,86 +38,17 @@
 //! across ranks (different roots, counts or dtypes; MPI-4.1 §6.1 makes matching signatures
 //! the caller's obligation).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
 use crate::error::{Error, Result};
-
-/// Whether the collectives of [`super::TensorComm`] agree across ranks before moving data
-/// (see the module docs of `comm` and [`set_agreement`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Agreement {
-    /// Every rank runs its local checks, then the ranks agree (one all-reduce of one `int`)
-    /// and either all enter the data operation or all return an error: the ranks that
-    /// refused their own diagnosis, the others [`Error::PeerRefused`]. The default.
-    #[default]
-    Collective,
-    /// No agreement: a rank whose checks fail returns its error at once while its peers
-    /// enter the collective and can **hang** there. For callers that validate every rank's
-    /// arguments themselves and cannot spare one small all-reduce per collective.
-    Local,
-}
-
-/// The environment variable that sets the agreement when [`set_agreement`] was not called.
-pub const AGREEMENT_ENV: &str = "DLPACK_MPI_AGREEMENT";
+// The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
+pub use crate::settings::{agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV};
 
 /// The most bytes of a refusing rank's error text that reach the other ranks in
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
 pub const AGREEMENT_REASON_BYTES: usize = 512;
-
-/// `u8::MAX`: not set yet.
-static AGREEMENT: AtomicU8 = AtomicU8::new(u8::MAX);
-
-/// Reads a `DLPACK_MPI_AGREEMENT` value: `collective` → [`Agreement::Collective`], `local`
-/// → [`Agreement::Local`] (any case), unset or empty → `None`.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default).
-pub fn parse_agreement(value: Option<&str>) -> Result<Option<Agreement>> {
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) if v.eq_ignore_ascii_case("collective") => Ok(Some(Agreement::Collective)),
-        Some(v) if v.eq_ignore_ascii_case("local") => Ok(Some(Agreement::Local)),
-        Some(v) => Err(Error::InvalidSetting {
-            name: AGREEMENT_ENV,
-            value: v.to_string(),
-            expected: "collective or local",
-        }),
-    }
-}
-
-/// The process-wide agreement: [`set_agreement`], else `DLPACK_MPI_AGREEMENT=collective|
-/// local` in the environment, else [`Agreement::Collective`].
-///
-/// # Errors
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds another value (also one that
-/// is not UTF-8). A collective then agrees (the safe choice) and returns this error on the
-/// rank that read it, [`Error::PeerRefused`] on the others.
-pub fn agreement() -> Result<Agreement> {
-    match AGREEMENT.load(Ordering::Relaxed) {
-        0 => Ok(Agreement::Collective),
-        1 => Ok(Agreement::Local),
-        _ => {
-            let value = std::env::var_os(AGREEMENT_ENV).map(|v| v.to_string_lossy().into_owned());
-            let from_env = parse_agreement(value.as_deref())?.unwrap_or_default();
-            set_agreement(from_env);
-            Ok(from_env)
-        }
-    }
-}
-
-/// Sets the process-wide agreement (see [`agreement`]). Every rank of a communicator must
-/// use the same setting: see [`Agreement`].
-pub fn set_agreement(agreement: Agreement) {
-    let v = match agreement {
-        Agreement::Collective => 0,
-        Agreement::Local => 1,
-    };
-    AGREEMENT.store(v, Ordering::Relaxed);
-}
 
 /// Agrees on `local` (this rank's checks and buffers) across the ranks of `comm`, an
 /// intra-communicator, before a collective; every rank calls it exactly once per
@@ -174,29 +105,6 @@ fn decode_reason(buf: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn agreement_values() {
-        assert_eq!(parse_agreement(None).unwrap(), None);
-        assert_eq!(parse_agreement(Some(" ")).unwrap(), None);
-        assert_eq!(
-            parse_agreement(Some("Collective")).unwrap(),
-            Some(Agreement::Collective)
-        );
-        assert_eq!(
-            parse_agreement(Some(" LOCAL ")).unwrap(),
-            Some(Agreement::Local)
-        );
-        assert_eq!(Agreement::default(), Agreement::Collective);
-        for bad in ["locale", "none", "0", "collective,local"] {
-            match parse_agreement(Some(bad)) {
-                Err(Error::InvalidSetting { name, value, .. }) => {
-                    assert_eq!((name, value.as_str()), (AGREEMENT_ENV, bad));
-                }
-                other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
-            }
-        }
-    }
 
     #[test]
     fn reason_round_trip_and_cut() {

@@ -42,14 +42,17 @@
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
 //! `reduce` (reductions, with the half-precision operations of `halfops`, public as
 //! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
-//! ([`Agreement`]), `packing` the packing policy ([`Packing`]), `operands` the way from a
-//! tensor to its side, and `stager` the staging seam. Raw MPI calls go through the crate's
+//! ([`Agreement`]), `packing` the packing policy ([`Packing`]; both settings are in
+//! [`crate::settings`]), `held` the matched-probe handle and the messages held by
+//! [`Error::Unfit`] ([`crate::error::Unreceived`]), `operands` the way from a tensor to its
+//! side, and `stager` the staging seam. Raw MPI calls go through the crate's
 //! private `raw` module.
 
 mod agree;
 mod bcast;
 mod checks;
 mod collective;
+mod held;
 mod immediate;
 mod operands;
 pub(crate) mod p2p;

@@ -95,10 +95,9 @@ pub(crate) fn recv<T: TensorComm + ?Sized>(
     )
 }
 
-/// [`Error::Unfit`] holding `matched`. Hooks `MPI_Finalize` first, so that a held message
-/// still alive then is discarded there (see [`Unreceived`]).
+/// [`Error::Unfit`] holding `matched` (a held message still alive at `MPI_Finalize` is
+/// discarded there, see [`Unreceived`]).
 pub(crate) fn unfit(mismatch: Error, matched: Matched, sent: Option<(DType, Vec<i64>)>) -> Error {
-    crate::spec::datatype::hook_finalize();
     Error::Unfit {
         mismatch: Box::new(mismatch),
         message: Unreceived::new(matched, sent),

@@ -35,7 +35,8 @@
 //! [`ExchangeApi::Require`] makes an unusable or missing table [`Error::InvalidExchangeApi`]
 //! (for tests and for callers who want to know); [`ExchangeApi::Never`] always takes the
 //! capsule path. [`super::acquire`] uses the process default, [`ExchangeApi::from_env`]
-//! (`DLPACK_MPI_EXCHANGE_API=prefer|never|require`, `prefer` when unset).
+//! (`DLPACK_MPI_EXCHANGE_API=prefer|never|require`, `prefer` when unset; see
+//! [`crate::settings`]).
 //!
 //! # Ownership, devices and streams
 //!
@@ -58,7 +59,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::NonNull;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -70,6 +71,8 @@ use crate::dlpack::{
 };
 use crate::error::{Error, Result};
 use crate::runtime::default_runtime;
+// The policy and its setting (`DLPACK_MPI_EXCHANGE_API`) are in `crate::settings`.
+pub use crate::settings::ExchangeApi;
 
 /// The capsule name dlpack.h gives the table.
 pub const CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
@@ -142,47 +145,6 @@ pub struct DLPackExchangeApi {
     pub dltensor_from_py_object_no_sync: Option<DLTensorFromPyObjectNoSync>,
     /// Must not be NULL.
     pub current_work_stream: Option<CurrentWorkStream>,
-}
-
-/// Whether [`super::acquire`] goes through a producer's exchange table (see the
-/// [module docs](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ExchangeApi {
-    /// Use a usable table; ignore an unusable one and take the capsule path.
-    #[default]
-    Prefer,
-    /// Always take the capsule path (`__dlpack_device__` and `__dlpack__`).
-    Never,
-    /// Use the table; a missing or unusable one is [`Error::InvalidExchangeApi`].
-    Require,
-}
-
-impl ExchangeApi {
-    /// The environment variable read by [`ExchangeApi::from_env`].
-    pub const ENV: &'static str = "DLPACK_MPI_EXCHANGE_API";
-
-    /// The process default: `DLPACK_MPI_EXCHANGE_API` (`prefer`, `never` or `require`),
-    /// [`ExchangeApi::Prefer`] when unset; read once.
-    ///
-    /// # Errors
-    /// [`Error::InvalidSetting`] for another value.
-    pub fn from_env() -> Result<ExchangeApi> {
-        static SETTING: OnceLock<std::result::Result<ExchangeApi, String>> = OnceLock::new();
-        let setting = SETTING.get_or_init(|| match std::env::var(Self::ENV) {
-            Err(_) => Ok(ExchangeApi::Prefer),
-            Ok(v) => match v.as_str() {
-                "" | "prefer" => Ok(ExchangeApi::Prefer),
-                "never" => Ok(ExchangeApi::Never),
-                "require" => Ok(ExchangeApi::Require),
-                _ => Err(v),
-            },
-        });
-        setting.clone().map_err(|value| Error::InvalidSetting {
-            name: Self::ENV,
-            value,
-            expected: "prefer, never or require",
-        })
-    }
 }
 
 /// Why a type's table is not used (the `reason` of [`Error::InvalidExchangeApi`]).

@@ -27,8 +27,9 @@
 //! `MPI_Type_create_struct`), sent with count 1: never a truncated or negative count.
 //!
 //! Datatypes are committed once per `(unit, lanes, axes)` or `(unit, units)` and cached
-//! until `MPI_Finalize`, which frees them through a delete callback on an `MPI_COMM_SELF`
-//! attribute (MPI-4.1 §9.5.1); building one needs MPI to be initialized.
+//! until `MPI_Finalize`, which frees them (the cache is a registry of [`crate::lifecycle`],
+//! whose hook is a delete callback on an `MPI_COMM_SELF` attribute, MPI-4.1 §9.5.1);
+//! building one needs MPI to be initialized.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -40,6 +41,7 @@ use mpi::raw::AsRaw;
 use crate::dtype::MpiUnit;
 use crate::error::{Error, Result};
 use crate::layout::Axis;
+use crate::lifecycle::Registry;
 
 /// Units per block in the large-count form: 2^30.
 pub const LARGE_BLOCK_UNITS: u64 = 1 << 30;
@@ -72,18 +74,13 @@ fn cache() -> &'static Mutex<HashMap<Key, Handle>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-extern "C" {
-    fn dlpack_mpi_on_finalize(hook: extern "C" fn()) -> c_int;
-}
+/// The cache as a registry of [`crate::lifecycle`]: `MPI_Finalize` frees its types.
+static CACHE_REGISTRY: Registry = Registry::new(free_cache);
 
-/// Frees every cached datatype; run by `MPI_Finalize` (through an `MPI_COMM_SELF` attribute,
-/// MPI-4.1 §9.5.1), so that no committed type outlives MPI (MPICH's yaksa engine reports
-/// the ones that do as leaked handle-pool objects).
-/// The same callback empties the pack scratch pool (`scratch`) and first discards the
-/// messages still held by [`crate::Error::Unfit`] errors (so that no sender stays blocked).
-extern "C" fn free_cache_at_finalize() {
-    crate::error::discard_all_at_finalize();
-    super::scratch::release_all();
+/// Frees every cached datatype; run by `MPI_Finalize` ([`crate::lifecycle`]), so that no
+/// committed type outlives MPI (MPICH's yaksa engine reports the ones that do as leaked
+/// handle-pool objects).
+fn free_cache() {
     let mut map = cache()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -94,25 +91,11 @@ extern "C" fn free_cache_at_finalize() {
     }
 }
 
-/// Registers [`free_cache_at_finalize`] with `MPI_Finalize` once, when MPI is initialized
-/// (else nothing: a later call registers it).
-pub(crate) fn hook_finalize() {
-    static HOOKED: std::sync::Once = std::sync::Once::new();
-    if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
-        return;
-    }
-    HOOKED.call_once(|| {
-        // SAFETY: MPI is initialized; the hook is a plain function that lives forever.
-        // Failure only means the types stay until the process exits, as before.
-        let _ = unsafe { dlpack_mpi_on_finalize(free_cache_at_finalize) };
-    });
-}
-
 fn cached(key: Key, build: impl FnOnce() -> Result<MPI_Datatype>) -> Result<MPI_Datatype> {
     if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
         return Err(Error::MpiNotInitialized);
     }
-    hook_finalize();
+    CACHE_REGISTRY.enlist();
     let mut map = cache()
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

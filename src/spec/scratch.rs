@@ -10,29 +10,23 @@
 //! [`POOL_MAX_BUFFERS`] idle buffers are kept; the smallest goes first.
 //!
 //! **Lifetime.** The pool is process-wide (one mutex; a buffer is taken and returned once per
-//! message). It is emptied by `MPI_Finalize`, through the same `MPI_COMM_SELF` attribute
-//! delete callback that frees the derived-datatype cache (MPI-4.1 §9.5.1, see `datatype`), so
-//! no pooled memory outlives MPI (memory an MPI library registered for RDMA is released
-//! while it can still deregister it); after finalize, returned buffers are freed at once.
+//! message). It is emptied by `MPI_Finalize`, as a registry of the crate's `lifecycle`
+//! module (the one `MPI_COMM_SELF` attribute delete callback, MPI-4.1 §9.5.1, that also
+//! frees the derived-datatype cache), so no pooled memory outlives MPI (memory an MPI library
+//! registered for RDMA is released while it can still deregister it); after finalize,
+//! returned buffers are freed at once.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
-
-/// The environment variable that sets the pool's cap (bytes) when [`set_pool_cap_bytes`] was
-/// not called.
-pub const POOL_CAP_ENV: &str = "DLPACK_MPI_PACK_POOL_BYTES";
-
-/// The default cap of idle pooled bytes: 256 MiB.
-pub const DEFAULT_POOL_CAP_BYTES: usize = 256 << 20;
+use crate::lifecycle::Registry;
+// The setting (`DLPACK_MPI_PACK_POOL_BYTES`) is in `crate::settings`; its setter,
+// `set_pool_cap_bytes`, is here because it trims the pool.
+pub use crate::settings::{parse_pool_cap, pool_cap_bytes, DEFAULT_POOL_CAP_BYTES, POOL_CAP_ENV};
 
 /// The most idle buffers the pool keeps.
 pub const POOL_MAX_BUFFERS: usize = 16;
-
-/// `usize::MAX`: not set yet (read the environment on first use).
-static CAP_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Idle buffers and their total capacity in bytes.
 struct Pool {
@@ -49,59 +43,10 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Reads a `DLPACK_MPI_PACK_POOL_BYTES` value: a byte count (decimal); unset or empty →
-/// `None`.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming any other value.
-pub fn parse_pool_cap(value: Option<&str>) -> Result<Option<usize>> {
-    parse_byte_count(POOL_CAP_ENV, value)
-}
-
-/// Reads the value of the byte-count setting `name`: decimal digits (surrounding blanks
-/// ignored); unset or empty → `None`. `usize::MAX` is refused too (it marks "not set" in the
-/// settings' atomics).
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming `name` and the value when it is anything else.
-pub(crate) fn parse_byte_count(name: &'static str, value: Option<&str>) -> Result<Option<usize>> {
-    match value.map(str::trim).filter(|v| !v.is_empty()) {
-        None => Ok(None),
-        Some(v) => v
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n != usize::MAX)
-            .map(Some)
-            .ok_or_else(|| Error::InvalidSetting {
-                name,
-                value: v.to_string(),
-                expected: "a byte count",
-            }),
-    }
-}
-
-/// The cap of idle pooled bytes: [`set_pool_cap_bytes`], else `DLPACK_MPI_PACK_POOL_BYTES`,
-/// else [`DEFAULT_POOL_CAP_BYTES`].
-///
-/// # Errors
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_POOL_BYTES` is not a byte count.
-pub fn pool_cap_bytes() -> Result<usize> {
-    match CAP_BYTES.load(Ordering::Relaxed) {
-        usize::MAX => {
-            let value = std::env::var_os(POOL_CAP_ENV).map(|v| v.to_string_lossy().into_owned());
-            let cap = parse_pool_cap(value.as_deref())?.unwrap_or(DEFAULT_POOL_CAP_BYTES);
-            set_pool_cap_bytes(cap);
-            Ok(cap)
-        }
-        cap => Ok(cap),
-    }
-}
-
-/// Sets the cap of idle pooled bytes (see [`pool_cap_bytes`]) and trims the pool to it.
-/// `usize::MAX` is read as `usize::MAX - 1`.
+/// Sets the cap of idle pooled bytes (see [`pool_cap_bytes`], and the table of
+/// [`crate::settings`]) and trims the pool to it.
 pub fn set_pool_cap_bytes(cap: usize) {
-    let cap = cap.min(usize::MAX - 1);
-    CAP_BYTES.store(cap, Ordering::Relaxed);
+    crate::settings::store_pool_cap_bytes(cap);
     let mut p = pool();
     while p.bytes > cap {
         match p.free.pop() {
@@ -116,8 +61,11 @@ pub fn pooled_bytes() -> usize {
     pool().bytes
 }
 
+/// The pool as a registry of [`crate::lifecycle`]: emptied by `MPI_Finalize`.
+static POOL_REGISTRY: Registry = Registry::new(release_all);
+
 /// Frees every idle buffer; run by `MPI_Finalize` (see the module docs).
-pub(crate) fn release_all() {
+fn release_all() {
     let free = {
         let mut p = pool();
         p.bytes = 0;
@@ -139,7 +87,7 @@ impl Scratch {
     /// system refuses the buffer.
     pub(crate) fn take(len: usize) -> Result<Scratch> {
         pool_cap_bytes()?;
-        super::datatype::hook_finalize();
+        POOL_REGISTRY.enlist();
         let reused = {
             let mut p = pool();
             let best = p
@@ -172,7 +120,8 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
-        let cap = CAP_BYTES.load(Ordering::Relaxed);
+        // Read (or failed) in `take`, which made this buffer.
+        let cap = pool_cap_bytes().unwrap_or(0);
         let size = buf.capacity();
         if size == 0 || size > cap || mpi::environment::is_finalized() {
             return;
@@ -210,16 +159,6 @@ impl DerefMut for Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pool_cap_values() {
-        assert_eq!(parse_pool_cap(None).unwrap(), None);
-        assert_eq!(parse_pool_cap(Some(" 1024 ")).unwrap(), Some(1024));
-        assert!(matches!(
-            parse_pool_cap(Some("1M")),
-            Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
-        ));
-    }
 
     #[test]
     #[cfg_attr(

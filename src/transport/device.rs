@@ -26,9 +26,8 @@ use mpi::topology::Communicator;
 use super::DeviceRuntime;
 use crate::device::device_type;
 use crate::error::{Error, Result};
-
-/// The environment variable that picks the device ordinal for every rank it is set for.
-pub const DEVICE_ENV: &str = "DLPACK_MPI_DEVICE";
+// The setting (`DLPACK_MPI_DEVICE`) is in `crate::settings`.
+pub use crate::settings::{parse_device_override, DEVICE_ENV};
 
 /// Which source decided [`DeviceSelection::ordinal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +94,16 @@ impl DeviceSelection {
         flag: Option<i32>,
         env: Option<&str>,
     ) -> Result<DeviceSelection> {
-        let from_env = parse_device_override(env)?;
+        Self::choose_parsed(local, device_count, flag, parse_device_override(env)?)
+    }
+
+    /// [`DeviceSelection::choose`] with the `DLPACK_MPI_DEVICE` value read.
+    fn choose_parsed(
+        local: NodeLocal,
+        device_count: usize,
+        flag: Option<i32>,
+        from_env: Option<i32>,
+    ) -> Result<DeviceSelection> {
         if device_count == 0 {
             return Err(Error::UnsupportedDevice {
                 device_type: device_type::CUDA,
@@ -143,26 +151,6 @@ impl std::fmt::Display for DeviceSelection {
     }
 }
 
-/// Reads a `DLPACK_MPI_DEVICE` value: `None` when unset or empty, else a device ordinal
-/// (decimal digits, surrounding blanks ignored).
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming the value when it is anything else (a sign, a name, a
-/// list, a number beyond `i32`).
-pub fn parse_device_override(value: Option<&str>) -> Result<Option<i32>> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match v.parse::<i32>() {
-        Ok(o) if v.bytes().all(|b| b.is_ascii_digit()) => Ok(Some(o)),
-        _ => Err(Error::InvalidSetting {
-            name: DEVICE_ENV,
-            value: v.to_string(),
-            expected: "a device ordinal: 0, 1, 2, ...",
-        }),
-    }
-}
-
 /// Gives this rank its device: the node-local rank from a shared-memory split of `comm`
 /// (collective, done first on every rank, so that no rank returns early and leaves its peers
 /// inside the split), then [`select_device_at`] with `DLPACK_MPI_DEVICE` from the
@@ -180,8 +168,8 @@ pub fn select_device<C: Communicator + ?Sized>(
 ) -> Result<DeviceSelection> {
     let local = NodeLocal::of(comm);
     // A value that is not UTF-8 is refused by name too (lossily shown), never read as unset.
-    let env = std::env::var_os(DEVICE_ENV).map(|v| v.to_string_lossy().into_owned());
-    select_device_at(local, runtime, flag, env.as_deref())
+    let from_env = crate::settings::device_override()?;
+    select_parsed(local, runtime, flag, from_env)
 }
 
 /// The local part of [`select_device`], with the node-local place and the environment value
@@ -199,8 +187,17 @@ pub fn select_device_at(
     env: Option<&str>,
 ) -> Result<DeviceSelection> {
     // An unreadable value is refused before the runtime is asked anything.
-    parse_device_override(env)?;
-    let chosen = DeviceSelection::choose(local, runtime.device_count(), flag, env)?;
+    select_parsed(local, runtime, flag, parse_device_override(env)?)
+}
+
+/// [`select_device_at`] with the `DLPACK_MPI_DEVICE` value read.
+fn select_parsed(
+    local: NodeLocal,
+    runtime: &dyn DeviceRuntime,
+    flag: Option<i32>,
+    from_env: Option<i32>,
+) -> Result<DeviceSelection> {
+    let chosen = DeviceSelection::choose_parsed(local, runtime.device_count(), flag, from_env)?;
     runtime.select_device(chosen.ordinal)?;
     Ok(chosen)
 }
@@ -210,22 +207,6 @@ mod tests {
     use super::*;
 
     const RANK3_OF_4: NodeLocal = NodeLocal { rank: 3, size: 4 };
-
-    #[test]
-    fn override_values() {
-        assert_eq!(parse_device_override(None).unwrap(), None);
-        assert_eq!(parse_device_override(Some("  ")).unwrap(), None);
-        assert_eq!(parse_device_override(Some(" 1 ")).unwrap(), Some(1));
-        assert_eq!(parse_device_override(Some("007")).unwrap(), Some(7));
-        for bad in ["-1", "+1", "one", "0,1", "1.0", "99999999999", "GPU-1"] {
-            match parse_device_override(Some(bad)) {
-                Err(Error::InvalidSetting { name, value, .. }) => {
-                    assert_eq!((name, value.as_str()), (DEVICE_ENV, bad));
-                }
-                other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
-            }
-        }
-    }
 
     #[test]
     fn flag_then_environment_then_node_local_rank() {

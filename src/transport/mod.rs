@@ -7,7 +7,8 @@
 //!
 //! The answer comes from, in this order (docs/ARCHITECTURE.md, "Routing"):
 //!
-//! 1. the override `DLPACK_MPI_CUDA_AWARE=0|1` (also `false|true`, `no|yes`, `off|on`);
+//! 1. the override `DLPACK_MPI_CUDA_AWARE=0|1` (also `false|true`, `no|yes`, `off|on`; read at
+//!    each call, see [`crate::settings`]);
 //! 2. the MPI library's own run-time query, looked up by symbol name so that one binary works
 //!    with any library: Open MPI's `MPIX_Query_cuda_support()` (its `cuda` MPI extension,
 //!    `mpi-ext.h`), MPICH's `MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &flag)`, or the
@@ -18,7 +19,10 @@
 //! Open MPI answers its query correctly only after `MPI_Init` (and, for the CUDA part, once a
 //! CUDA context exists); call [`cuda_awareness`] after initializing MPI.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+// The setting (`DLPACK_MPI_CUDA_AWARE`) is in `crate::settings`; `parse_override` is its
+// reader under the name it has always had here.
+pub use crate::settings::{parse_cuda_aware as parse_override, CUDA_AWARE_ENV};
 
 mod device;
 mod device_comm;
@@ -39,9 +43,6 @@ pub use pipeline::{
 };
 pub use pool::{MAX_POOLED_BYTES, MAX_POOLED_DEVICE_BYTES};
 pub use route::{Route, Transport};
-
-/// The environment variable that overrides the library's own answer.
-pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";
 
 /// Which source decided [`CudaAwareness::aware`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,26 +86,6 @@ impl std::fmt::Display for CudaAwareness {
     }
 }
 
-/// Reads a `DLPACK_MPI_CUDA_AWARE` value: `None` when unset or empty.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] naming the value when it is not one of `0 1 false true no yes
-/// off on` (any case).
-pub fn parse_override(value: Option<&str>) -> Result<Option<bool>> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Ok(Some(true)),
-        "0" | "false" | "no" | "off" => Ok(Some(false)),
-        _ => Err(Error::InvalidSetting {
-            name: CUDA_AWARE_ENV,
-            value: v.to_string(),
-            expected: "0 or 1 (also false/true, no/yes, off/on)",
-        }),
-    }
-}
-
 extern "C" {
     fn dlpack_mpi_query_cuda_aware(source: *mut std::ffi::c_int) -> std::ffi::c_int;
 }
@@ -131,13 +112,12 @@ pub fn query_library() -> CudaAwareness {
 /// Whether the MPI library is CUDA-aware: the override first, then the library's query.
 ///
 /// # Errors
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_CUDA_AWARE` holds an unreadable value (it is
-/// not silently ignored: a typo would otherwise send device pointers to a library that
-/// cannot read them, or stage needlessly).
+/// [`Error::InvalidSetting`](crate::Error::InvalidSetting) when `DLPACK_MPI_CUDA_AWARE`
+/// holds an unreadable value (it is not silently ignored: a typo would otherwise send device
+/// pointers to a library that cannot read them, or stage needlessly).
 pub fn cuda_awareness() -> Result<CudaAwareness> {
     // A value that is not UTF-8 is refused by name too (lossily shown), never read as unset.
-    let value = std::env::var_os(CUDA_AWARE_ENV).map(|v| v.to_string_lossy().into_owned());
-    Ok(match parse_override(value.as_deref())? {
+    Ok(match crate::settings::cuda_aware_override()? {
         Some(aware) => CudaAwareness {
             aware,
             source: AwarenessSource::Environment,
@@ -149,25 +129,6 @@ pub fn cuda_awareness() -> Result<CudaAwareness> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn override_values() {
-        assert_eq!(parse_override(None).unwrap(), None);
-        assert_eq!(parse_override(Some(" ")).unwrap(), None);
-        for yes in ["1", "true", "YES", "On"] {
-            assert_eq!(parse_override(Some(yes)).unwrap(), Some(true), "{yes}");
-        }
-        for no in ["0", "false", "No", "OFF"] {
-            assert_eq!(parse_override(Some(no)).unwrap(), Some(false), "{no}");
-        }
-        match parse_override(Some("maybe")) {
-            Err(Error::InvalidSetting { name, value, .. }) => {
-                assert_eq!(name, CUDA_AWARE_ENV);
-                assert_eq!(value, "maybe");
-            }
-            other => panic!("expected InvalidSetting, got {other:?}"),
-        }
-    }
 
     #[test]
     fn display_says_answer_and_source() {

@@ -1,6 +1,14 @@
-//! [`Unreceived`]: an incoming message that a receive matched (`MPI_Mprobe`, MPI-4.1 §3.8.2)
-//! but did not receive, because it does not fit the receive tensor. It travels inside
-//! [`Error::Unfit`], so that the message is neither lost nor left for another thread.
+//! Held messages: [`Unreceived`], an incoming message that a receive matched (`MPI_Mprobe`,
+//! MPI-4.1 §3.8.2) but did not receive, because it does not fit the receive tensor, and
+//! `Matched`, the matched-message handle every receive of `comm` and `checked` probes with.
+//! An `Unreceived` travels inside [`Error::Unfit`], so that the message is neither lost nor
+//! left for another thread.
+//!
+//! Here, beside the receives that match (as rsmpi keeps its `Message` beside its probes),
+//! is everything these types do: the probe, the receives, the discard on drop, the
+//! registry of held messages and the queue of deferred discards. The types themselves are
+//! declared (data only) in [`crate::error`], because [`Error::Unfit`] carries them and
+//! `error` sits below every module; `comm` gives them their behaviour.
 //!
 //! Why a matched probe: with `MPI_Probe` then `MPI_Recv` (two calls), two threads receiving
 //! from the same `(source, tag)` under `MPI_THREAD_MULTIPLE` can each probe one message and
@@ -15,9 +23,10 @@
 //! - A held message can outlive MPI, e.g. in `fn main() -> Result<(), Error>` whose `?`
 //!   moves the error into the return slot while `universe` drops and runs `MPI_Finalize`.
 //!   Every held message is registered (a weak reference), and `MPI_Finalize` discards all
-//!   that are still held, through the same `MPI_COMM_SELF` delete callback that frees the
-//!   derived-datatype cache (MPI-4.1 §9.5.1: it runs while MPI still works). So the sender
-//!   is never left blocked; after it, [`Unreceived::is_held`] is `false`.
+//!   that are still held: the registry is one of [`crate::lifecycle`]'s, emptied by its
+//!   `MPI_COMM_SELF` delete callback (MPI-4.1 §9.5.1: it runs while MPI still works), which
+//!   also frees the derived-datatype cache. So the sender is never left blocked; after it,
+//!   [`Unreceived::is_held`] is `false`.
 //! - Discarding is an `MPI_Mrecv`. Below `MPI_THREAD_MULTIPLE` only the thread that
 //!   initialized MPI may call it (`MPI_Is_thread_main`, MPI-4.1 §11.6.4, and the caller's
 //!   promise for `MPI_THREAD_FUNNELED`/`SERIALIZED`): a held message dropped on another
@@ -42,16 +51,9 @@ use mpi::raw::AsRaw;
 use mpi::topology::Rank;
 use mpi::Tag;
 
-use super::Error;
 use crate::dtype::DType;
-
-/// A message matched by `MPI_Mprobe` and not yet received: the raw handle and its status.
-/// Received at most once ([`Matched::receive_into`] consumes it); one dropped unreceived is
-/// received into scratch memory and discarded, so that nothing panics and the job goes on.
-pub(crate) struct Matched {
-    handle: MPI_Message,
-    status: MPI_Status,
-}
+use crate::error::{Error, HeldMessage, Matched, Unreceived};
+use crate::lifecycle::Registry;
 
 // SAFETY: an MPI message handle is an opaque value that MPI lets any thread receive with
 // under MPI_THREAD_MULTIPLE. Below it, a receive is the caller's call (it keeps MPI on the
@@ -64,6 +66,8 @@ impl Matched {
     /// `MPI_Mprobe` for the next message from `source` (a process of a communicator) with
     /// `tag`: blocks until one arrives and matches it to this handle alone.
     pub(crate) fn probe<S: Source>(source: &S, tag: Tag) -> Self {
+        // Every message that can be held (or queued for a discard) was probed here first.
+        HELD_REGISTRY.enlist();
         let mut handle = MaybeUninit::<MPI_Message>::uninit();
         let mut status = MaybeUninit::<MPI_Status>::uninit();
         // SAFETY: a valid rank and communicator (the caller checked the rank); both out
@@ -265,18 +269,22 @@ fn drain_deferred() {
 }
 
 /// The held messages alive now, for [`discard_all_at_finalize`].
-fn registry() -> MutexGuard<'static, Vec<Weak<Held>>> {
-    static LIVE: OnceLock<Mutex<Vec<Weak<Held>>>> = OnceLock::new();
+fn registry() -> MutexGuard<'static, Vec<Weak<HeldMessage>>> {
+    static LIVE: OnceLock<Mutex<Vec<Weak<HeldMessage>>>> = OnceLock::new();
     LIVE.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Discards every message still held and every queued one; run by `MPI_Finalize` (the
-/// `MPI_COMM_SELF` delete callback of `spec::datatype`, MPI-4.1 §9.5.1), on the thread
-/// that finalizes, while MPI still works.
-pub(crate) fn discard_all_at_finalize() {
-    let live: Vec<Arc<Held>> = registry().drain(..).filter_map(|w| w.upgrade()).collect();
+/// The held and queued messages as a registry of [`crate::lifecycle`], enlisted by
+/// [`Matched::probe`].
+static HELD_REGISTRY: Registry = Registry::new(discard_all_at_finalize);
+
+/// Discards every message still held and every queued one; run by `MPI_Finalize` (through
+/// [`crate::lifecycle`], MPI-4.1 §9.5.1), on the thread that finalizes, while MPI still
+/// works.
+fn discard_all_at_finalize() {
+    let live: Vec<Arc<HeldMessage>> = registry().drain(..).filter_map(|w| w.upgrade()).collect();
     for held in live {
         let taken = held
             .message
@@ -290,43 +298,13 @@ pub(crate) fn discard_all_at_finalize() {
     drain_deferred();
 }
 
-/// An incoming message that a receive matched but did not receive because it does not fit
-/// (carried by [`Error::Unfit`]). It is held here, off MPI's queue: no other receive can
-/// take it, and it is not lost.
-///
-/// - Receive it with [`Unreceived::recv_into`] into a tensor of the right size (its
-///   element count is [`Unreceived::len_bytes`] over the element size), or, for a payload
-///   of the checked protocol, with [`Unreceived::recv_new`] (a new tensor of the sent dtype
-///   and shape, [`Unreceived::sent_dtype`], [`Unreceived::sent_shape`]).
-/// - Clones share the one message: the first receive takes it, later ones get
-///   [`Error::AlreadyReceived`].
-/// - When the last clone is dropped with the message still held, it is received into
-///   scratch memory and discarded (`MPI_Mrecv`, blocking until the sender's data is in),
-///   so that ignoring the error never hangs the sender nor panics. Dropped on a thread
-///   that may not call MPI (below `MPI_THREAD_MULTIPLE`, not the thread that initialized
-///   MPI), it is queued and discarded by the main thread's next discard or at
-///   `MPI_Finalize`; one still held at `MPI_Finalize` is discarded there (module docs).
-///
-/// Equality is identity: two values are equal when they hold the same message.
-#[derive(Clone)]
-pub struct Unreceived(Arc<Held>);
-
-struct Held {
-    message: Mutex<Option<Matched>>,
-    source_rank: Rank,
-    tag: Tag,
-    len_bytes: u64,
-    sent: Option<(DType, Vec<i64>)>,
-}
-
 impl Unreceived {
     /// Holds `matched`; `sent` is the dtype and shape the checked protocol's header gave
-    /// (`None` for a plain message). Registers it for [`discard_all_at_finalize`], which
-    /// the caller hooks to `MPI_Finalize` (`spec::datatype::hook_finalize`, in
-    /// `comm::p2p::unfit`: this module stays below `spec`).
+    /// (`None` for a plain message). Registers it for [`discard_all_at_finalize`] (whose
+    /// registry [`Matched::probe`] enlisted).
     pub(crate) fn new(matched: Matched, sent: Option<(DType, Vec<i64>)>) -> Self {
         let status = matched.status();
-        let held = Arc::new(Held {
+        let held = Arc::new(HeldMessage {
             source_rank: status.source_rank(),
             tag: status.tag(),
             len_bytes: matched.len_bytes(),
@@ -425,22 +403,3 @@ impl PartialEq for Unreceived {
 }
 
 impl Eq for Unreceived {}
-
-impl Error {
-    /// The diagnosis itself: for [`Error::Unfit`] the mismatch inside it, else `self`. Use
-    /// it to match on why a receive failed whether or not a message is held.
-    pub fn mismatch(&self) -> &Error {
-        match self {
-            Error::Unfit { mismatch, .. } => mismatch,
-            other => other,
-        }
-    }
-
-    /// The held message of an [`Error::Unfit`], if this is one.
-    pub fn unreceived(&self) -> Option<&Unreceived> {
-        match self {
-            Error::Unfit { message, .. } => Some(message),
-            _ => None,
-        }
-    }
-}

@@ -1,0 +1,767 @@
+//! Every run-time setting of the crate in one place: the `DLPACK_MPI_*` environment variables,
+//! their values and defaults, the functions that read them and the setters that override
+//! them (after mpi4py's `mpi4py.rc`, one documented object for every option).
+//!
+//! | variable | values | default (unset or empty) | meaning | read by | set in code by |
+//! | --- | --- | --- | --- | --- | --- |
+//! | `DLPACK_MPI_AGREEMENT` ([`AGREEMENT_ENV`]) | `collective`, `local` | `collective` | whether the collectives of [`TensorComm`](crate::comm::TensorComm) agree across ranks before moving data ([`Agreement`]); every rank must use the same | [`agreement`], once | [`set_agreement`] |
+//! | `DLPACK_MPI_PACKING` ([`PACKING_ENV`]) | `auto`, `copy`, `derived` | `auto` | how a strided tensor reaches MPI: packed copy or derived datatype ([`Packing`]) | [`packing`], once | [`set_packing`] |
+//! | `DLPACK_MPI_PACK_THRESHOLD_BYTES` ([`PACK_THRESHOLD_ENV`]) | a byte count | 16 ([`DEFAULT_PACK_THRESHOLD_BYTES`]); 64 under MPICH ([`MPICH_PACK_THRESHOLD_BYTES`], [`default_pack_threshold_for`]) | [`Packing::Auto`] packs a strided tensor whose contiguous inner block is shorter than this | [`pack_threshold_bytes`], once | [`set_pack_threshold_bytes`] |
+//! | `DLPACK_MPI_PACK_POOL_BYTES` ([`POOL_CAP_ENV`]) | a byte count; `0` turns the pool off | 256 MiB ([`DEFAULT_POOL_CAP_BYTES`]) | the most idle bytes the scratch pool of packed copies keeps ([`crate::spec::scratch`]) | [`pool_cap_bytes`], once | [`set_pool_cap_bytes`](crate::spec::scratch::set_pool_cap_bytes) (it also trims the pool, so it lives beside it) |
+//! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
+//! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
+//! | `DLPACK_MPI_EXCHANGE_API` ([`EXCHANGE_API_ENV`]; feature `python`) | `prefer`, `never`, `require` | `prefer` | whether Python objects are acquired through their DLPack C exchange table (`python::ExchangeApi`) | `python::ExchangeApi::from_env`, once (by `python::acquire`) | per call: `python::acquire_with` |
+//!
+//! **Common rules.** A value is read in any case with surrounding blanks ignored; unset and
+//! empty mean the default. Any other value, also one that is not UTF-8 (shown lossily), is
+//! [`Error::InvalidSetting`] naming the variable and the value, returned by the function that
+//! reads it: a typo is never read as the default. "Once" means on the first call of the
+//! reading function: later changes of the environment are not seen, while a setter wins at
+//! any time, before or after. "At each call" reads the environment anew (these are read
+//! once per communicator or per process anyway). The operations of the crate call the
+//! readers; their errors are the operations' errors (before any MPI call; for
+//! `DLPACK_MPI_AGREEMENT` see [`agreement`]).
+//!
+//! Build-time variables (`DLPACK_MPI_PYTHON`, `DLPACK_MPI_PYTHON_LIBDIR`, set by build.rs
+//! for `python::BUILT_PYTHON`/`BUILT_PYTHON_LIBDIR`) are not settings and are not read here.
+//!
+//! The value types ([`Agreement`], [`Packing`], `ExchangeApi`) are defined here, below every
+//! module that reads them; their old paths (`comm::Agreement`, `comm::Packing`,
+//! `python::ExchangeApi`, and the functions and constants at `comm`, `spec::scratch` and
+//! `transport`) are re-exports of these items. This module uses only [`crate::error`] (and
+//! `MPI_Get_library_version`, which MPI allows at any time, for the pack threshold's default).
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+
+// ---------------------------------------------------------------------------------------
+// The shared mechanism
+// ---------------------------------------------------------------------------------------
+
+/// One setting: an environment variable read strictly ([`Setting::parse`]), once
+/// ([`Setting::get_or`]) or at each call ([`Setting::env_now`]), and overridden by
+/// [`Setting::set`], which always wins.
+pub(crate) struct Setting<T> {
+    /// The environment variable.
+    name: &'static str,
+    /// What a value may be (the `expected` of [`Error::InvalidSetting`]).
+    expected: &'static str,
+    /// Reads a trimmed, non-empty value; `None` refuses it.
+    read: fn(&str) -> Option<T>,
+    /// What [`Setting::get_or`] decided, or what [`Setting::set`] stored.
+    state: Mutex<State<T>>,
+}
+
+/// The state of a [`Setting`].
+enum State<T> {
+    /// Neither read nor set yet.
+    Unread,
+    /// Set, read from the environment, or defaulted.
+    Value(T),
+    /// The environment held this value, which [`Setting::parse`] refuses (kept, so that
+    /// every read returns the same error until a setter replaces it).
+    Invalid(String),
+}
+
+impl<T: Copy> Setting<T> {
+    /// A setting of the variable `name`, whose values `read` reads (given trimmed and
+    /// non-empty; `None` refuses a value) and `expected` describes.
+    pub(crate) const fn new(
+        name: &'static str,
+        expected: &'static str,
+        read: fn(&str) -> Option<T>,
+    ) -> Setting<T> {
+        Setting {
+            name,
+            expected,
+            read,
+            state: Mutex::new(State::Unread),
+        }
+    }
+
+    /// Reads one value of the variable: surrounding blanks are ignored; unset (`None`) or
+    /// empty → `Ok(None)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] naming the variable and the (trimmed) value when `read`
+    /// refuses it.
+    pub(crate) fn parse(&self, value: Option<&str>) -> Result<Option<T>> {
+        self.read_value(value)
+            .map_err(|refused| self.invalid(&refused))
+    }
+
+    /// [`Setting::parse`], with a refused value (trimmed) as the error.
+    fn read_value(&self, value: Option<&str>) -> std::result::Result<Option<T>, String> {
+        match value.map(str::trim).filter(|v| !v.is_empty()) {
+            None => Ok(None),
+            Some(v) => (self.read)(v).map(Some).ok_or_else(|| v.to_string()),
+        }
+    }
+
+    /// The environment's value now ([`Setting::parse`] of it), ignoring any setter: for the
+    /// settings read at each call.
+    ///
+    /// # Errors
+    /// As [`Setting::parse`].
+    pub(crate) fn env_now(&self) -> Result<Option<T>> {
+        self.parse(env_value(self.name).as_deref())
+    }
+
+    /// The setting: the last [`Setting::set`]; else the environment's value, read on the
+    /// first call; else `default()` (called once, then kept).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] when the environment held a value [`Setting::parse`]
+    /// refuses: at every call, until a setter replaces it.
+    pub(crate) fn get_or(&self, default: impl FnOnce() -> T) -> Result<T> {
+        self.resolve(env_value, default)
+    }
+
+    /// [`Setting::get_or`] with the environment read by `env` (the tests' fake one).
+    fn resolve(
+        &self,
+        env: impl FnOnce(&'static str) -> Option<String>,
+        default: impl FnOnce() -> T,
+    ) -> Result<T> {
+        if let Some(decided) = self.answer(&self.lock()) {
+            return decided;
+        }
+        // Read outside the lock: `default` may call MPI, and a setter may come meanwhile.
+        let read = self
+            .read_value(env(self.name).as_deref())
+            .map(|v| v.unwrap_or_else(default));
+        let mut state = self.lock();
+        // A setter (or another thread's read) that came meanwhile stands.
+        if let Some(decided) = self.answer(&state) {
+            return decided;
+        }
+        let (decided, answer) = match read {
+            Ok(v) => (State::Value(v), Ok(v)),
+            Err(value) => {
+                let e = self.invalid(&value);
+                (State::Invalid(value), Err(e))
+            }
+        };
+        *state = decided;
+        answer
+    }
+
+    /// What `state` answers, unless it is [`State::Unread`].
+    fn answer(&self, state: &State<T>) -> Option<Result<T>> {
+        match state {
+            State::Unread => None,
+            State::Value(v) => Some(Ok(*v)),
+            State::Invalid(value) => Some(Err(self.invalid(value))),
+        }
+    }
+
+    /// Sets the value: it wins over the environment from now on.
+    pub(crate) fn set(&self, value: T) {
+        *self.lock() = State::Value(value);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn invalid(&self, value: &str) -> Error {
+        Error::InvalidSetting {
+            name: self.name,
+            value: value.to_string(),
+            expected: self.expected,
+        }
+    }
+}
+
+/// The value of the environment variable `name`; one that is not UTF-8 is shown lossily
+/// (so that it is refused by name, never read as unset).
+fn env_value(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// The value of `table` whose name is `value` (any case).
+fn choice<T: Copy>(table: &[(&str, T)], value: &str) -> Option<T> {
+    table
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(value))
+        .map(|&(_, v)| v)
+}
+
+/// A byte count: decimal digits.
+fn byte_count(value: &str) -> Option<usize> {
+    value.parse::<usize>().ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_AGREEMENT
+// ---------------------------------------------------------------------------------------
+
+/// Whether the collectives of [`crate::comm::TensorComm`] agree across ranks before moving
+/// data (see the module docs of `comm` and [`set_agreement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Agreement {
+    /// Every rank runs its local checks, then the ranks agree (one all-reduce of one `int`)
+    /// and either all enter the data operation or all return an error: the ranks that
+    /// refused their own diagnosis, the others [`Error::PeerRefused`]. The default.
+    #[default]
+    Collective,
+    /// No agreement: a rank whose checks fail returns its error at once while its peers
+    /// enter the collective and can **hang** there. For callers that validate every rank's
+    /// arguments themselves and cannot spare one small all-reduce per collective.
+    Local,
+}
+
+/// The environment variable that sets the agreement when [`set_agreement`] was not called.
+pub const AGREEMENT_ENV: &str = "DLPACK_MPI_AGREEMENT";
+
+static AGREEMENT: Setting<Agreement> = Setting::new(AGREEMENT_ENV, "collective or local", |v| {
+    choice(
+        &[
+            ("collective", Agreement::Collective),
+            ("local", Agreement::Local),
+        ],
+        v,
+    )
+});
+
+/// Reads a `DLPACK_MPI_AGREEMENT` value: `collective` → [`Agreement::Collective`], `local`
+/// → [`Agreement::Local`] (any case), unset or empty → `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default).
+pub fn parse_agreement(value: Option<&str>) -> Result<Option<Agreement>> {
+    AGREEMENT.parse(value)
+}
+
+/// The process-wide agreement: [`set_agreement`], else `DLPACK_MPI_AGREEMENT=collective|
+/// local` in the environment (read once), else [`Agreement::Collective`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds another value (also one that
+/// is not UTF-8). A collective then agrees (the safe choice) and returns this error on the
+/// rank that read it, [`Error::PeerRefused`] on the others.
+pub fn agreement() -> Result<Agreement> {
+    AGREEMENT.get_or(Agreement::default)
+}
+
+/// Sets the process-wide agreement (see [`agreement`]). Every rank of a communicator must
+/// use the same setting: see [`Agreement`].
+pub fn set_agreement(agreement: Agreement) {
+    AGREEMENT.set(agreement);
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_PACKING and DLPACK_MPI_PACK_THRESHOLD_BYTES
+// ---------------------------------------------------------------------------------------
+
+/// How strided (non-contiguous) tensors reach MPI in [`crate::comm::TensorComm`]'s
+/// operations.
+///
+/// The rule of [`Packing::Auto`]: a strided tensor is packed when its contiguous inner block
+/// ([`crate::comm::inner_block_bytes`]: the innermost run after axes are merged) is shorter
+/// than [`pack_threshold_bytes`], and goes as a derived datatype otherwise (derived
+/// datatypes copy block by block inside MPI, slow for short blocks; the measurements behind
+/// the defaults are in docs/PERFORMANCE.md).
+///
+/// Every policy puts the same bytes on the wire (the elements in logical row-major order),
+/// so the ranks of a job may choose differently. Reductions and the per-rank blocks of
+/// gathers, scatters and all-to-alls always use packed copies (MPI's predefined reductions
+/// take predefined datatypes only; blocks must split into equal units). The nonblocking
+/// `immediate_*_tensor` operations follow the policy too (the request owns the packed
+/// copy); `immediate_send_spec`/`immediate_recv_spec` take a spec the caller built and use
+/// it as given (a derived datatype for a strided tensor), without consulting the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Packing {
+    /// Per tensor: pack short inner blocks, derived datatype for long ones (the default;
+    /// [`pack_threshold_bytes`] is the threshold).
+    #[default]
+    Auto,
+    /// Zero-copy: one derived datatype describes the elements in place.
+    DerivedDatatype,
+    /// Always pack into a contiguous scratch buffer before sending and unpack after a
+    /// receive completes.
+    Copy,
+}
+
+impl Packing {
+    /// Whether this policy packs a strided tensor whose contiguous inner block is
+    /// `inner_block_bytes` long, with the pack threshold `threshold_bytes`.
+    pub fn packs(self, inner_block_bytes: usize, threshold_bytes: usize) -> bool {
+        match self {
+            Packing::Auto => inner_block_bytes < threshold_bytes,
+            Packing::DerivedDatatype => false,
+            Packing::Copy => true,
+        }
+    }
+}
+
+/// The environment variable that sets the packing policy when [`set_packing`] was not called.
+pub const PACKING_ENV: &str = "DLPACK_MPI_PACKING";
+
+/// The environment variable that sets [`pack_threshold_bytes`] when
+/// [`set_pack_threshold_bytes`] was not called (a byte count).
+pub const PACK_THRESHOLD_ENV: &str = "DLPACK_MPI_PACK_THRESHOLD_BYTES";
+
+/// The default threshold of [`Packing::Auto`] under every MPI library but MPICH (Open MPI
+/// among them): inner blocks shorter than 16 bytes are packed (measured under Open MPI 4.1;
+/// see `comm`'s packing docs and docs/PERFORMANCE.md).
+pub const DEFAULT_PACK_THRESHOLD_BYTES: usize = 16;
+
+/// The default threshold of [`Packing::Auto`] under MPICH (and libraries whose version
+/// string names it): inner blocks shorter than 64 bytes are packed (measured under MPICH
+/// 4.0.2, where packing beat the derived datatype up to 32-byte blocks).
+pub const MPICH_PACK_THRESHOLD_BYTES: usize = 64;
+
+static PACKING: Setting<Packing> = Setting::new(PACKING_ENV, "auto, copy or derived", |v| {
+    choice(
+        &[
+            ("auto", Packing::Auto),
+            ("copy", Packing::Copy),
+            ("derived", Packing::DerivedDatatype),
+        ],
+        v,
+    )
+});
+
+static PACK_THRESHOLD: Setting<usize> =
+    Setting::new(PACK_THRESHOLD_ENV, "a byte count", byte_count);
+
+/// Reads a `DLPACK_MPI_PACKING` value: `auto` → [`Packing::Auto`], `copy` →
+/// [`Packing::Copy`], `derived` → [`Packing::DerivedDatatype`] (any case), unset or empty →
+/// `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value (a typo is not read as the default).
+pub fn parse_packing(value: Option<&str>) -> Result<Option<Packing>> {
+    PACKING.parse(value)
+}
+
+/// The process-wide packing policy: [`set_packing`], else `DLPACK_MPI_PACKING=auto|copy|
+/// derived` in the environment (read once), else [`Packing::Auto`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACKING` holds another value (also a value
+/// that is not UTF-8); the operations that consult the policy (those with a strided side)
+/// return it before any MPI call.
+pub fn packing() -> Result<Packing> {
+    PACKING.get_or(Packing::default)
+}
+
+/// Sets the process-wide packing policy (see [`packing`]). Every rank of a job may choose
+/// independently: all policies put the same bytes on the wire.
+pub fn set_packing(policy: Packing) {
+    PACKING.set(policy);
+}
+
+/// Reads a `DLPACK_MPI_PACK_THRESHOLD_BYTES` value: a byte count (decimal); unset or empty
+/// → `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value.
+pub fn parse_pack_threshold(value: Option<&str>) -> Result<Option<usize>> {
+    PACK_THRESHOLD.parse(value)
+}
+
+/// The default threshold for the MPI library whose `MPI_Get_library_version` string is
+/// `library`: [`MPICH_PACK_THRESHOLD_BYTES`] when it contains `MPICH` (any case), else
+/// [`DEFAULT_PACK_THRESHOLD_BYTES`].
+pub fn default_pack_threshold_for(library: &str) -> usize {
+    if library.to_ascii_uppercase().contains("MPICH") {
+        MPICH_PACK_THRESHOLD_BYTES
+    } else {
+        DEFAULT_PACK_THRESHOLD_BYTES
+    }
+}
+
+/// The default threshold for the MPI library in use ([`default_pack_threshold_for`] of
+/// `MPI_Get_library_version`, which MPI allows before `MPI_Init`);
+/// [`DEFAULT_PACK_THRESHOLD_BYTES`] when the version cannot be read.
+fn default_pack_threshold_bytes() -> usize {
+    mpi::environment::library_version()
+        .map(|v| default_pack_threshold_for(&v))
+        .unwrap_or(DEFAULT_PACK_THRESHOLD_BYTES)
+}
+
+/// The threshold of [`Packing::Auto`], in bytes of contiguous inner block: blocks shorter
+/// than this are packed. [`set_pack_threshold_bytes`], else
+/// `DLPACK_MPI_PACK_THRESHOLD_BYTES` (read once), else the MPI library's default
+/// ([`MPICH_PACK_THRESHOLD_BYTES`] under MPICH, [`DEFAULT_PACK_THRESHOLD_BYTES`] otherwise).
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_THRESHOLD_BYTES` is not a byte count.
+pub fn pack_threshold_bytes() -> Result<usize> {
+    PACK_THRESHOLD.get_or(default_pack_threshold_bytes)
+}
+
+/// Sets the threshold of [`Packing::Auto`] (see [`pack_threshold_bytes`]); `usize::MAX`
+/// packs every strided tensor whose inner block is shorter than that (all of them).
+pub fn set_pack_threshold_bytes(bytes: usize) {
+    PACK_THRESHOLD.set(bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_PACK_POOL_BYTES
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable that sets the scratch pool's cap (bytes) when
+/// `spec::scratch::set_pool_cap_bytes` was not called.
+pub const POOL_CAP_ENV: &str = "DLPACK_MPI_PACK_POOL_BYTES";
+
+/// The default cap of idle pooled bytes: 256 MiB.
+pub const DEFAULT_POOL_CAP_BYTES: usize = 256 << 20;
+
+static POOL_CAP: Setting<usize> = Setting::new(POOL_CAP_ENV, "a byte count", byte_count);
+
+/// Reads a `DLPACK_MPI_PACK_POOL_BYTES` value: a byte count (decimal); unset or empty →
+/// `None`.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming any other value.
+pub fn parse_pool_cap(value: Option<&str>) -> Result<Option<usize>> {
+    POOL_CAP.parse(value)
+}
+
+/// The cap of idle pooled bytes of [`crate::spec::scratch`]:
+/// [`set_pool_cap_bytes`](crate::spec::scratch::set_pool_cap_bytes), else
+/// `DLPACK_MPI_PACK_POOL_BYTES` (read once), else [`DEFAULT_POOL_CAP_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PACK_POOL_BYTES` is not a byte count.
+pub fn pool_cap_bytes() -> Result<usize> {
+    POOL_CAP.get_or(|| DEFAULT_POOL_CAP_BYTES)
+}
+
+/// Stores the cap; `spec::scratch::set_pool_cap_bytes` calls it and then trims the pool.
+pub(crate) fn store_pool_cap_bytes(cap: usize) {
+    POOL_CAP.set(cap);
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_CUDA_AWARE
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable that overrides the MPI library's own answer to "is it
+/// CUDA-aware?" ([`crate::transport::cuda_awareness`]).
+pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";
+
+static CUDA_AWARE: Setting<bool> = Setting::new(
+    CUDA_AWARE_ENV,
+    "0 or 1 (also false/true, no/yes, off/on)",
+    |v| {
+        choice(
+            &[
+                ("1", true),
+                ("true", true),
+                ("yes", true),
+                ("on", true),
+                ("0", false),
+                ("false", false),
+                ("no", false),
+                ("off", false),
+            ],
+            v,
+        )
+    },
+);
+
+/// Reads a `DLPACK_MPI_CUDA_AWARE` value: `None` when unset or empty (at
+/// `transport::parse_override` too).
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming the value when it is not one of `0 1 false true no yes
+/// off on` (any case).
+pub fn parse_cuda_aware(value: Option<&str>) -> Result<Option<bool>> {
+    CUDA_AWARE.parse(value)
+}
+
+/// `DLPACK_MPI_CUDA_AWARE` now (read at each call): `None` when unset or empty.
+///
+/// # Errors
+/// As [`parse_cuda_aware`].
+pub fn cuda_aware_override() -> Result<Option<bool>> {
+    CUDA_AWARE.env_now()
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_DEVICE
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable that picks the device ordinal for every rank it is set for
+/// ([`crate::transport::select_device`]).
+pub const DEVICE_ENV: &str = "DLPACK_MPI_DEVICE";
+
+static DEVICE: Setting<i32> = Setting::new(DEVICE_ENV, "a device ordinal: 0, 1, 2, ...", |v| {
+    // Digits only: no sign, no name, no list.
+    v.bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| v.parse::<i32>().ok())
+        .flatten()
+});
+
+/// Reads a `DLPACK_MPI_DEVICE` value: `None` when unset or empty, else a device ordinal
+/// (decimal digits, surrounding blanks ignored).
+///
+/// # Errors
+/// [`Error::InvalidSetting`] naming the value when it is anything else (a sign, a name, a
+/// list, a number beyond `i32`).
+pub fn parse_device_override(value: Option<&str>) -> Result<Option<i32>> {
+    DEVICE.parse(value)
+}
+
+/// `DLPACK_MPI_DEVICE` now (read at each call): `None` when unset or empty.
+///
+/// # Errors
+/// As [`parse_device_override`].
+pub fn device_override() -> Result<Option<i32>> {
+    DEVICE.env_now()
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_EXCHANGE_API
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable read by `python::ExchangeApi::from_env` (feature `python`).
+pub const EXCHANGE_API_ENV: &str = "DLPACK_MPI_EXCHANGE_API";
+
+/// Whether `python::acquire` goes through a producer's DLPack C exchange table (see
+/// `python::exchange`).
+#[cfg(feature = "python")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExchangeApi {
+    /// Use a usable table; ignore an unusable one and take the capsule path.
+    #[default]
+    Prefer,
+    /// Always take the capsule path (`__dlpack_device__` and `__dlpack__`).
+    Never,
+    /// Use the table; a missing or unusable one is [`Error::InvalidExchangeApi`].
+    Require,
+}
+
+#[cfg(feature = "python")]
+static EXCHANGE_API: Setting<ExchangeApi> =
+    Setting::new(EXCHANGE_API_ENV, "prefer, never or require", |v| {
+        choice(
+            &[
+                ("prefer", ExchangeApi::Prefer),
+                ("never", ExchangeApi::Never),
+                ("require", ExchangeApi::Require),
+            ],
+            v,
+        )
+    });
+
+#[cfg(feature = "python")]
+impl ExchangeApi {
+    /// The environment variable read by [`ExchangeApi::from_env`] ([`EXCHANGE_API_ENV`]).
+    pub const ENV: &'static str = EXCHANGE_API_ENV;
+
+    /// The process default: `DLPACK_MPI_EXCHANGE_API` (`prefer`, `never` or `require`, any
+    /// case), [`ExchangeApi::Prefer`] when unset or empty; read once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSetting`] for another value (also one that is not UTF-8).
+    pub fn from_env() -> Result<ExchangeApi> {
+        EXCHANGE_API.get_or(ExchangeApi::default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A setting of a variable no test sets, read through a fake environment.
+    fn level() -> Setting<u8> {
+        Setting::new("DLPACK_MPI_TEST_LEVEL", "low or high", |v| {
+            choice(&[("low", 1), ("high", 2)], v)
+        })
+    }
+
+    fn env(value: &'static str) -> impl FnOnce(&'static str) -> Option<String> {
+        move |name| {
+            assert_eq!(name, "DLPACK_MPI_TEST_LEVEL");
+            Some(value.to_string())
+        }
+    }
+
+    fn unset(_: &'static str) -> Option<String> {
+        None
+    }
+
+    fn is_invalid(r: Result<u8>, value: &str) -> bool {
+        matches!(r, Err(Error::InvalidSetting { name, value: v, expected })
+            if name == "DLPACK_MPI_TEST_LEVEL" && v == value && expected == "low or high")
+    }
+
+    #[test]
+    fn strict_parse() {
+        let s = level();
+        assert_eq!(s.parse(None).unwrap(), None);
+        assert_eq!(s.parse(Some("  ")).unwrap(), None);
+        assert_eq!(s.parse(Some(" HIGH ")).unwrap(), Some(2));
+        match s.parse(Some(" hihg ")) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), ("DLPACK_MPI_TEST_LEVEL", "hihg"));
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+        // An invalid environment value is an error at every read, never the default.
+        let s = level();
+        assert!(is_invalid(s.resolve(env("medium"), || 1), "medium"));
+        assert!(is_invalid(s.resolve(env("medium"), || 1), "medium"));
+    }
+
+    #[test]
+    fn unset_is_the_default_computed_once() {
+        let s = level();
+        assert_eq!(s.resolve(unset, || 1).unwrap(), 1);
+        // Kept: neither the default nor the environment is asked again.
+        assert_eq!(s.resolve(env("high"), || 2).unwrap(), 1);
+        let s = level();
+        assert_eq!(s.resolve(env(""), || 2).unwrap(), 2);
+        // Through the real environment: the variable is unset in tests.
+        assert_eq!(level().get_or(|| 1).unwrap(), 1);
+        assert_eq!(level().env_now().unwrap(), None);
+    }
+
+    #[test]
+    fn environment_is_read_once() {
+        let s = level();
+        assert_eq!(s.resolve(env("high"), || 1).unwrap(), 2);
+        assert_eq!(s.resolve(env("low"), || 1).unwrap(), 2);
+    }
+
+    #[test]
+    fn setter_wins() {
+        // Before the first read: the environment is not consulted.
+        let s = level();
+        s.set(1);
+        assert_eq!(s.resolve(env("high"), || 2).unwrap(), 1);
+        // After a read from the environment, and after an invalid one.
+        let s = level();
+        assert_eq!(s.resolve(env("high"), || 1).unwrap(), 2);
+        s.set(1);
+        assert_eq!(s.resolve(unset, || 2).unwrap(), 1);
+        let s = level();
+        assert!(is_invalid(s.resolve(env("x"), || 1), "x"));
+        s.set(2);
+        assert_eq!(s.resolve(env("x"), || 1).unwrap(), 2);
+    }
+
+    #[test]
+    fn agreement_values() {
+        assert_eq!(parse_agreement(None).unwrap(), None);
+        assert_eq!(parse_agreement(Some(" ")).unwrap(), None);
+        assert_eq!(
+            parse_agreement(Some("Collective")).unwrap(),
+            Some(Agreement::Collective)
+        );
+        assert_eq!(
+            parse_agreement(Some(" LOCAL ")).unwrap(),
+            Some(Agreement::Local)
+        );
+        assert_eq!(Agreement::default(), Agreement::Collective);
+        for bad in ["locale", "none", "0", "collective,local"] {
+            match parse_agreement(Some(bad)) {
+                Err(Error::InvalidSetting { name, value, .. }) => {
+                    assert_eq!((name, value.as_str()), (AGREEMENT_ENV, bad));
+                }
+                other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn packing_values() {
+        assert_eq!(parse_packing(None).unwrap(), None);
+        assert_eq!(parse_packing(Some(" ")).unwrap(), None);
+        assert_eq!(parse_packing(Some("copy")).unwrap(), Some(Packing::Copy));
+        assert_eq!(
+            parse_packing(Some("Derived")).unwrap(),
+            Some(Packing::DerivedDatatype)
+        );
+        assert_eq!(parse_packing(Some("AUTO")).unwrap(), Some(Packing::Auto));
+        assert_eq!(Packing::default(), Packing::Auto);
+        match parse_packing(Some("cpoy")) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn byte_count_values() {
+        assert_eq!(parse_pack_threshold(None).unwrap(), None);
+        assert_eq!(parse_pack_threshold(Some("8192")).unwrap(), Some(8192));
+        assert!(matches!(
+            parse_pack_threshold(Some("-1")),
+            Err(Error::InvalidSetting { name, .. }) if name == PACK_THRESHOLD_ENV
+        ));
+        assert_eq!(parse_pool_cap(None).unwrap(), None);
+        assert_eq!(parse_pool_cap(Some(" 1024 ")).unwrap(), Some(1024));
+        assert!(matches!(
+            parse_pool_cap(Some("1M")),
+            Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
+        ));
+    }
+
+    #[test]
+    fn default_threshold_per_library() {
+        let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
+        assert_eq!(default_pack_threshold_for(mpich), 64);
+        let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
+        assert_eq!(default_pack_threshold_for(ompi), 16);
+        assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
+    }
+
+    #[test]
+    fn cuda_aware_values() {
+        assert_eq!(parse_cuda_aware(None).unwrap(), None);
+        assert_eq!(parse_cuda_aware(Some(" ")).unwrap(), None);
+        for yes in ["1", "true", "YES", "On"] {
+            assert_eq!(parse_cuda_aware(Some(yes)).unwrap(), Some(true), "{yes}");
+        }
+        for no in ["0", "false", "No", "OFF"] {
+            assert_eq!(parse_cuda_aware(Some(no)).unwrap(), Some(false), "{no}");
+        }
+        match parse_cuda_aware(Some("maybe")) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), (CUDA_AWARE_ENV, "maybe"));
+            }
+            other => panic!("expected InvalidSetting, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn device_values() {
+        assert_eq!(parse_device_override(None).unwrap(), None);
+        assert_eq!(parse_device_override(Some("  ")).unwrap(), None);
+        assert_eq!(parse_device_override(Some(" 1 ")).unwrap(), Some(1));
+        assert_eq!(parse_device_override(Some("007")).unwrap(), Some(7));
+        for bad in ["-1", "+1", "one", "0,1", "1.0", "99999999999", "GPU-1"] {
+            match parse_device_override(Some(bad)) {
+                Err(Error::InvalidSetting { name, value, .. }) => {
+                    assert_eq!((name, value.as_str()), (DEVICE_ENV, bad));
+                }
+                other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
+            }
+        }
+    }
+
+    #[cfg(feature = "python")]
+    #[test]
+    fn exchange_api_values() {
+        assert_eq!(
+            EXCHANGE_API.parse(Some("Never")).unwrap(),
+            Some(ExchangeApi::Never)
+        );
+        assert_eq!(EXCHANGE_API.parse(Some("")).unwrap(), None);
+        assert!(matches!(
+            EXCHANGE_API.parse(Some("always")),
+            Err(Error::InvalidSetting { name, .. }) if name == ExchangeApi::ENV
+        ));
+    }
+}
