@@ -46,6 +46,9 @@ mod strided;
 #[path = "device_cases/agreement.rs"]
 mod agreement;
 
+#[path = "device_cases/forms.rs"]
+mod forms;
+
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
 }
@@ -885,6 +888,7 @@ fn main() {
             .iter()
             .chain(strided::CASES)
             .chain(agreement::CASES)
+            .chain(forms::CASES)
             .copied(),
         &filter,
         |case| case(&w),

@@ -103,3 +103,93 @@ pub(crate) fn mpi_only_refusal(facts: &Facts) -> Error {
                  DeviceComm, never on the host",
     }
 }
+
+/// The choices are pure functions of the facts, the need and the policy's answer, so they
+/// run without MPI (and under Miri).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlpack::{acquire, AcquireOptions, Owned};
+    use crate::spec::Access;
+
+    /// No stream is requested: the CUDA-labelled tensors here are host memory with no
+    /// runtime to synchronize.
+    fn options() -> AcquireOptions {
+        AcquireOptions {
+            stream: crate::dlpack::StreamPolicy::Unsynchronized,
+            ..AcquireOptions::default()
+        }
+    }
+
+    fn facts(owned: &Owned<f32>, reach: Option<Reach>) -> Facts {
+        let t = acquire(owned, &options()).unwrap();
+        Facts::of(&t, Access::Read, reach).unwrap()
+    }
+
+    #[test]
+    fn each_need_gets_its_encoding() {
+        let run = Owned::new(vec![0f32; 12]);
+        let step = Owned::new(vec![0f32; 12])
+            .with_layout(&[6], Some(&[2]), 0)
+            .unwrap();
+        let (r, s) = (facts(&run, None), facts(&step, None));
+        let never = |_| -> Result<bool> { panic!("the policy is asked for strided p2p only") };
+        for need in [Need::Message, Need::Counted, Need::Units, Need::Copy] {
+            assert_eq!(Encoding::choose(&r, need, never).unwrap(), Encoding::Run);
+        }
+        assert_eq!(
+            Encoding::choose(&r, Need::Chunks, never).unwrap(),
+            Encoding::Chunked
+        );
+        let packs = |block| {
+            assert_eq!(block, 4, "step 2 of f32: one-element blocks");
+            Ok(true)
+        };
+        let derived = |_| Ok(false);
+        let c = |need, p: &dyn Fn(usize) -> Result<bool>| Encoding::choose(&s, need, p).unwrap();
+        assert_eq!(c(Need::Message, &packs), Encoding::Packed { whole: true });
+        assert_eq!(c(Need::Counted, &packs), Encoding::Packed { whole: false });
+        assert_eq!(c(Need::Message, &derived), Encoding::Derived);
+        assert_eq!(c(Need::Counted, &derived), Encoding::Derived);
+        assert_eq!(c(Need::Units, &derived), Encoding::Packed { whole: false });
+        assert_eq!(c(Need::Copy, &derived), Encoding::Packed { whole: true });
+        assert_eq!(c(Need::Chunks, &derived), Encoding::Chunked);
+    }
+
+    /// Memory only MPI may take (a device pointer on the direct route) goes as its own run;
+    /// any encoding of a strided layout of it is a typed refusal naming the device.
+    #[test]
+    fn mpi_only_memory_is_never_packed_on_the_host() {
+        let cuda = crate::device::Device::new(crate::device::device_type::CUDA, 1);
+        let run = Owned::new(vec![0f32; 8]).labelled(cuda);
+        let step = Owned::new(vec![0f32; 8])
+            .with_layout(&[4], Some(&[2]), 0)
+            .unwrap()
+            .labelled(cuda);
+        let r = facts(&run, Some(Reach::MpiOnly));
+        assert_eq!(
+            Encoding::choose(&r, Need::Message, |_| Ok(true)).unwrap(),
+            Encoding::Run
+        );
+        let s = facts(&step, Some(Reach::MpiOnly));
+        for need in [Need::Message, Need::Units, Need::Chunks, Need::Copy] {
+            match Encoding::choose(&s, need, |_| Ok(false)) {
+                Err(Error::UnsupportedDevice {
+                    device_type,
+                    device_id,
+                    reason,
+                }) => {
+                    assert_eq!((device_type, device_id), (2, 1));
+                    assert!(reason.contains("never on the host"), "{reason}");
+                }
+                other => panic!("{need:?}: expected UnsupportedDevice, got {other:?}"),
+            }
+        }
+        // Without a stager's word, the CUDA label itself is refused (naming DeviceComm).
+        let t = acquire(&run, &options()).unwrap();
+        assert!(matches!(
+            Facts::of(&t, Access::Read, None),
+            Err(Error::UnsupportedDevice { .. })
+        ));
+    }
+}

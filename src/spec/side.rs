@@ -402,3 +402,88 @@ unsafe impl<D: Direction> AsDatatype for Side<'_, D> {
 unsafe impl<D: Direction> Buffer for Side<'_, D> {}
 // SAFETY: see the impls above.
 unsafe impl BufferMut for Side<'_, Out> {}
+
+/// Sides of contiguous and packed encodings build no MPI datatype, so these run without
+/// MPI (and under Miri).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlpack::{acquire, AcquireOptions, Owned};
+    use crate::spec::encoding::Need;
+
+    /// A transposed 3 × 2 view packs into logical row-major order, computes its plan once
+    /// (the facts'), and builds no datatype; the receive side unpacks into the view's
+    /// elements only.
+    #[test]
+    fn packed_sides_copy_in_logical_order_and_build_no_datatype() {
+        let before = crate::derived::cached_count();
+        // storage [0 1 2 3 4 5] as a 3 × 2 view with strides (1, 3): rows (0 3) (1 4) (2 5)
+        let src = Owned::new((0..6).map(|i| i as f32).collect::<Vec<f32>>())
+            .with_layout(&[3, 2], Some(&[1, 3]), 0)
+            .unwrap();
+        let s = acquire(&src, &AcquireOptions::default()).unwrap();
+        let facts = Facts::of(&s, Access::Read, None).unwrap();
+        assert!(facts.plan.is_some());
+        let e = Encoding::choose(&facts, Need::Units, |_| Ok(false)).unwrap();
+        let side = Side::<In>::new(&s, facts, e).unwrap();
+        assert!(side.is_packed());
+        assert_eq!((side.count(), side.units()), (6, 6));
+        // SAFETY: the side's packed copy holds 6 f32 and lives until the end of the test.
+        let packed = unsafe { std::slice::from_raw_parts(side.pointer().cast::<f32>(), 6) };
+        assert_eq!(packed, &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+
+        let mut dst = Owned::new(vec![-1.0f32; 8])
+            .with_layout(&[3, 2], Some(&[1, 4]), 0)
+            .unwrap();
+        {
+            let mut d = acquire(&dst, &AcquireOptions::default()).unwrap();
+            let facts = Facts::of(&d, Access::Write, None).unwrap();
+            let e = Encoding::choose(&facts, Need::Units, |_| Ok(false)).unwrap();
+            let mut out = Side::<Out>::new(&mut d, facts, e, Access::Write).unwrap();
+            let p = out.pointer_mut().cast::<f32>();
+            for (i, v) in [10.0f32, 13.0, 11.0, 14.0, 12.0, 15.0].iter().enumerate() {
+                // SAFETY: the packed copy holds 6 f32; MPI would write them the same way.
+                unsafe { p.add(i).write(*v) };
+            }
+            out.finish().unwrap();
+        }
+        // (i, j) lives at i + 4 j: logical (0,0)=10 (0,1)=13 (1,0)=11 (1,1)=14 (2,0)=12 (2,1)=15
+        assert_eq!(
+            dst.as_slice(),
+            &[10.0, 11.0, 12.0, -1.0, 13.0, 14.0, 15.0, -1.0]
+        );
+        assert_eq!(
+            crate::derived::cached_count(),
+            before,
+            "no datatype was built"
+        );
+    }
+
+    /// An update side's copy starts as the tensor's values; a write side's is scratch that
+    /// MPI overwrites; a side over a contiguous tensor is the tensor itself (empty: NULL).
+    #[test]
+    fn update_copies_values_and_runs_are_the_tensor() {
+        let src = Owned::new(vec![1.0f32, 2.0, 3.0, 4.0])
+            .with_layout(&[2], Some(&[2]), 0)
+            .unwrap();
+        let mut t = acquire(&src, &AcquireOptions::default()).unwrap();
+        let facts = Facts::of(&t, Access::Update, None).unwrap();
+        let side = Side::<Out>::new(&mut t, facts, Encoding::Chunked, Access::Update).unwrap();
+        // SAFETY: the copy holds 2 f32.
+        let copy = unsafe { std::slice::from_raw_parts(side.ptr().cast::<f32>(), 2) };
+        assert_eq!(copy, &[1.0, 3.0]);
+        side.discard();
+
+        let run = Owned::new(vec![5u8; 3]);
+        let r = acquire(&run, &AcquireOptions::default()).unwrap();
+        let facts = Facts::of(&r, Access::Read, None).unwrap();
+        let side = Side::<In>::new(&r, facts, Encoding::Run).unwrap();
+        assert_eq!(side.pointer(), r.first_element_ptr().cast_const());
+        assert!(!side.is_packed());
+        let empty = Owned::new(Vec::<u8>::new());
+        let e = acquire(&empty, &AcquireOptions::default()).unwrap();
+        let facts = Facts::of(&e, Access::Read, None).unwrap();
+        let side = Side::<In>::new(&e, facts, Encoding::Run).unwrap();
+        assert!(side.pointer().is_null() && side.count() == 0);
+    }
+}
