@@ -46,6 +46,14 @@ use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
 pub use crate::settings::{agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV};
 
+/// Runs an operation's preparation (every fallible step before the agreement) as one
+/// `Result`, so that its `?` errors reach [`agree`] instead of returning before the ranks
+/// have agreed.
+#[inline]
+pub(super) fn prepare<P>(steps: impl FnOnce() -> Result<P>) -> Result<P> {
+    steps()
+}
+
 /// The most bytes of a refusing rank's error text that reach the other ranks in
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
 pub const AGREEMENT_REASON_BYTES: usize = 512;

@@ -17,13 +17,13 @@ use mpi::traits::*;
 
 use mpi::Count;
 
-use super::agree::agree;
+use super::agree::{agree, prepare};
 use super::bcast::BroadcastBuffer;
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
 use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
-use super::stager::{with_stand_ins, Kind};
+use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind};
 use super::{takes_unused, TensorComm};
 use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
@@ -41,14 +41,9 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
     let comm = tc.communicator();
     check_intra(comm)?;
     let root_ok = check_rank(root, comm.size());
-    let (stager, kind) = (tc.stager(), Kind::Collective);
     if comm.rank() == root {
-        let t = buffer.sent();
-        return with_stand_ins(stager, comm, kind, Some(t), None, None, |s, _| {
-            let prepared = root_ok.and_then(|()| {
-                let (t, reach) = s.ok_or_else(|| missing("broadcast buffer"))?;
-                read_side(t, reach, Need::Counted)
-            });
+        return with_read(tc, Kind::Collective, buffer.sent(), |(t, reach)| {
+            let prepared = root_ok.and_then(|()| read_side(t, reach, Need::Counted));
             let side = agree(comm, prepared)?;
             let (ptr, count, datatype) = (
                 side.pointer().cast_mut(),
@@ -67,12 +62,9 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
         Ok(tensor) => tensor,
         Err(e) => return agree(comm, Err(e)),
     };
-    let recv = Some((tensor, Access::Write));
-    with_stand_ins(stager, comm, kind, None, recv, None, |_, r| {
-        let prepared = root_ok.and_then(|()| {
-            let (t, reach) = r.ok_or_else(|| missing("broadcast buffer"))?;
-            write_side(t, Access::Write, reach, Need::Counted)
-        });
+    let recv = (tensor, Access::Write);
+    with_write(tc, Kind::Collective, recv, None, |(t, reach)| {
+        let prepared = root_ok.and_then(|()| write_side(t, Access::Write, reach, Need::Counted));
         let mut side = agree(comm, prepared)?;
         comm.process_at_rank(root).broadcast_into(&mut side);
         side.finish()
@@ -101,7 +93,7 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
         recv,
         None,
         |s, r| {
-            let prepared = (move || {
+            let prepared = prepare(move || {
                 check_rank(root, size)?;
                 let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
                 let sf = read_facts(s, s_reach)?;
@@ -124,7 +116,7 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
                     None => None,
                 };
                 Ok((side_in(s, sf, Need::Counted)?, rf))
-            })();
+            });
             let (side, rf) = agree(comm, prepared)?;
             let process = comm.process_at_rank(root);
             match rf {
@@ -186,7 +178,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
         recv,
         None,
         |s, r| {
-            let prepared = (move || {
+            let prepared = prepare(move || {
                 check_rank(root, comm.size())?;
                 let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
                 let sf = read_facts(s, s_reach)?;
@@ -207,7 +199,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
                     None => None,
                 };
                 Ok((side_in(s, sf, Need::Counted)?, at_root))
-            })();
+            });
             let (sent, at_root) = agree(comm, prepared)?;
             let process = comm.process_at_rank(root);
             match at_root {
@@ -248,7 +240,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
         recv,
         None,
         |s, r| {
-            let prepared = (move || {
+            let prepared = prepare(move || {
                 check_rank(root, size)?;
                 let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
                 let rf = write_facts(&*r, Access::Write, r_reach)?;
@@ -271,7 +263,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
                     None => None,
                 };
                 Ok((sf, side_out(r, rf, Need::Counted, Access::Write)?))
-            })();
+            });
             let (sf, mut side) = agree(comm, prepared)?;
             let process = comm.process_at_rank(root);
             match &sf {
@@ -308,7 +300,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
         recv,
         None,
         |s, r| {
-            let prepared = (move || {
+            let prepared = prepare(move || {
                 check_rank(root, comm.size())?;
                 let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
                 let rf = write_facts(&*r, Access::Write, r_reach)?;
@@ -336,7 +328,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
                     None => None,
                 };
                 Ok((at_root, side_out(r, rf, Need::Counted, Access::Write)?))
-            })();
+            });
             let (at_root, mut side) = agree(comm, prepared)?;
             let process = comm.process_at_rank(root);
             match &at_root {
@@ -359,18 +351,14 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(
-        tc.stager(),
-        comm,
+    let operands = (send, (recv, Access::Write));
+    with_pair(
+        tc,
         Kind::Collective,
-        Some(send),
-        recv,
+        operands,
         None,
-        |s, r| {
-            let prepared = (move || {
-                let ((s, s_reach), (r, r_reach)) =
-                    s.zip(r).ok_or_else(|| missing("all-gather buffers"))?;
+        |(s, s_reach), (r, r_reach)| {
+            let prepared = prepare(move || {
                 let sf = read_facts(s, s_reach)?;
                 let rf = write_facts(&*r, Access::Write, r_reach)?;
                 check_pair("all-gather send vs receive", &sf, &rf)?;
@@ -382,7 +370,7 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
                 )?;
                 let rf = side_out(r, rf, Need::Units, Access::Write)?;
                 Ok((side_in(s, sf, Need::Counted)?, rf))
-            })();
+            });
             let (side, mut rf) = agree(comm, prepared)?;
             comm.all_gather_into(&side, &mut rf);
             rf.finish()
@@ -400,18 +388,14 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let recv = Some((recv, Access::Update));
-    with_stand_ins(
-        tc.stager(),
-        comm,
+    let operands = (send, (recv, Access::Update));
+    with_pair(
+        tc,
         Kind::Collective,
-        Some(send),
-        recv,
+        operands,
         None,
-        |s, r| {
-            let prepared = (move || {
-                let ((s, s_reach), (r, r_reach)) =
-                    s.zip(r).ok_or_else(|| missing("all-gatherv buffers"))?;
+        |(s, s_reach), (r, r_reach)| {
+            let prepared = prepare(move || {
                 let sf = read_facts(s, s_reach)?;
                 let rf = write_facts(&*r, Access::Update, r_reach)?;
                 check_pair("all-gatherv send vs receive", &sf, &rf)?;
@@ -423,7 +407,7 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
                 // when one rank sends a derived datatype of 64 Ki elements (found by
                 // `dlpack-mpi check --layout step`).
                 Ok((side_in(s, sf, Need::Units)?, rf, blocks))
-            })();
+            });
             let (sf, mut rf, (cu, du)) = agree(comm, prepared)?;
             {
                 let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
@@ -442,18 +426,14 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(
-        tc.stager(),
-        comm,
+    let operands = (send, (recv, Access::Write));
+    with_pair(
+        tc,
         Kind::Collective,
-        Some(send),
-        recv,
+        operands,
         None,
-        |s, r| {
-            let prepared = (move || {
-                let ((s, s_reach), (r, r_reach)) =
-                    s.zip(r).ok_or_else(|| missing("all-to-all buffers"))?;
+        |(s, s_reach), (r, r_reach)| {
+            let prepared = prepare(move || {
                 let sf = read_facts(s, s_reach)?;
                 let rf = write_facts(&*r, Access::Write, r_reach)?;
                 check_pair("all-to-all send vs receive", &sf, &rf)?;
@@ -467,7 +447,7 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
                 )?;
                 let rf = side_out(r, rf, Need::Units, Access::Write)?;
                 Ok((side_in(s, sf, Need::Units)?, rf))
-            })();
+            });
             let (sf, mut rf) = agree(comm, prepared)?;
             comm.all_to_all_into(&sf, &mut rf);
             rf.finish()
@@ -483,18 +463,14 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let recv = Some((recv, Access::Update));
-    with_stand_ins(
-        tc.stager(),
-        comm,
+    let operands = (send, (recv, Access::Update));
+    with_pair(
+        tc,
         Kind::Collective,
-        Some(send),
-        recv,
+        operands,
         None,
-        |s, r| {
-            let prepared = (move || {
-                let ((s, s_reach), (r, r_reach)) =
-                    s.zip(r).ok_or_else(|| missing("all-to-allv buffers"))?;
+        |(s, s_reach), (r, r_reach)| {
+            let prepared = prepare(move || {
                 let sf = read_facts(s, s_reach)?;
                 let rf = write_facts(&*r, Access::Update, r_reach)?;
                 check_pair("all-to-allv send vs receive", &sf, &rf)?;
@@ -527,7 +503,7 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
                 )?;
                 let rf = side_out(r, rf, Need::Units, Access::Update)?;
                 Ok((side_in(s, sf, Need::Units)?, rf, sends, recvs))
-            })();
+            });
             let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, prepared)?;
             {
                 let sp = Partition::new(&sf, &scu[..], &sdu[..]);

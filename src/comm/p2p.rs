@@ -13,9 +13,9 @@ use mpi::point_to_point::{Destination, Source, Status};
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
-use super::checks::{check_disjoint, check_incoming, check_rank, check_tag, missing};
+use super::checks::{check_disjoint, check_incoming, check_rank, check_tag};
 use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
-use super::stager::{with_stand_ins, Kind};
+use super::stager::{with_pair, with_read, with_write, Kind};
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
@@ -34,9 +34,7 @@ pub(crate) fn send<T: TensorComm + ?Sized>(
     let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let kind = Kind::PointToPoint;
-    with_stand_ins(tc.stager(), comm, kind, Some(tensor), None, None, |s, _| {
-        let (t, reach) = s.ok_or_else(|| missing("send tensor"))?;
+    with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let side = read_side(t, reach, Need::Message)?;
         comm.process_at_rank(dest).send_with_tag(&side, tag);
         Ok(())
@@ -75,24 +73,15 @@ pub(crate) fn recv<T: TensorComm + ?Sized>(
     let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let recv = Some((tensor, Access::Write));
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        Kind::PointToPoint,
-        None,
-        recv,
-        None,
-        |_, r| {
-            let (t, reach) = r.ok_or_else(|| missing("receive tensor"))?;
-            let side = target(t, reach)?;
-            receive(
-                side,
-                Matched::probe(&comm.process_at_rank(source), tag),
-                None,
-            )
-        },
-    )
+    let recv = (tensor, Access::Write);
+    with_write(tc, Kind::PointToPoint, recv, None, |(t, reach)| {
+        let side = target(t, reach)?;
+        receive(
+            side,
+            Matched::probe(&comm.process_at_rank(source), tag),
+            None,
+        )
+    })
 }
 
 /// [`Error::Unfit`] holding `matched` (a held message still alive at `MPI_Finalize` is
@@ -189,21 +178,24 @@ pub(crate) fn sendrecv<T: TensorComm + ?Sized>(
     check_rank(source, comm.target_size())?;
     check_tag(send_tag)?;
     check_tag(recv_tag)?;
-    let kind = Kind::PointToPoint;
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, None, |s, r| {
-        let ((s, s_reach), (r, r_reach)) =
-            s.zip(r).ok_or_else(|| missing("send-receive tensors"))?;
-        let sf = read_facts(s, s_reach)?;
-        let rf = write_facts(&*r, Access::Write, r_reach)?;
-        check_disjoint(&sf, &rf)?;
-        let sent = side_in(s, sf, Need::Message)?;
-        let mut side = side_out(r, rf, Need::Message, Access::Write)?;
-        let (src, dst) = (comm.process_at_rank(source), comm.process_at_rank(dest));
-        let status = exchange(&dst, &src, (send_tag, recv_tag), &sent, &mut side)?;
-        side.finish()?;
-        Ok(status)
-    })
+    let operands = (send, (recv, Access::Write));
+    with_pair(
+        tc,
+        Kind::PointToPoint,
+        operands,
+        None,
+        |(s, s_reach), (r, r_reach)| {
+            let sf = read_facts(s, s_reach)?;
+            let rf = write_facts(&*r, Access::Write, r_reach)?;
+            check_disjoint(&sf, &rf)?;
+            let sent = side_in(s, sf, Need::Message)?;
+            let mut side = side_out(r, rf, Need::Message, Access::Write)?;
+            let (src, dst) = (comm.process_at_rank(source), comm.process_at_rank(dest));
+            let status = exchange(&dst, &src, (send_tag, recv_tag), &sent, &mut side)?;
+            side.finish()?;
+            Ok(status)
+        },
+    )
 }
 
 /// Sends `s` to `dst` while matching (`MPI_Mprobe`), checking and receiving into `r` the

@@ -19,10 +19,10 @@ use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
-use super::agree::agree;
+use super::agree::{agree, prepare};
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use super::operands::{read_facts, side_in, side_out, write_facts};
-use super::stager::{with_stand_ins, Kind, ReadIn, WriteIn};
+use super::stager::{with_pair, with_stand_ins, with_write, Kind, ReadIn, WriteIn};
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
@@ -105,7 +105,7 @@ struct Reduction<'s, 'r> {
 
 /// Every check of a reduction with a send and a receive tensor (`pair` and `count` name
 /// them in errors), then both sides.
-fn prepare<'s, 'r>(
+fn prepare_pair<'s, 'r>(
     (pair, count): (&'static str, &'static str),
     (send, s_reach): ReadIn<'s>,
     (recv, r_reach): WriteIn<'r>,
@@ -161,7 +161,7 @@ fn reduce_at_leaf<C: Communicator + ?Sized>(
     op: ReduceOp,
     root: Rank,
 ) -> Result<()> {
-    let prepared = (move || {
+    let prepared = prepare(move || {
         check_rank(root, comm.size())?;
         let sf = read_facts(send.0, send.1)?;
         sf.element.check_reduction(op)?;
@@ -178,7 +178,7 @@ fn reduce_at_leaf<C: Communicator + ?Sized>(
             op: mop,
             chunked,
         })
-    })();
+    });
     let r = agree(comm, prepared)?;
     if !r.chunked {
         comm.process_at_rank(root)
@@ -214,7 +214,7 @@ fn reduce_at_root<C: Communicator + ?Sized>(
 ) -> Result<()> {
     let root = comm.rank();
     let names = ("reduce send vs receive", "reduce receive");
-    let r = agree(comm, prepare(names, send, recv, op))?;
+    let r = agree(comm, prepare_pair(names, send, recv, op))?;
     let Reduction {
         send,
         recv,
@@ -256,43 +256,47 @@ pub(super) fn all_reduce<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let (dt, kind) = (Some(send.dtype()), Kind::Collective);
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
-        let (s, r) = s.zip(r).ok_or_else(|| missing("all-reduce buffers"))?;
-        let names = ("all-reduce send vs receive", "all-reduce receive");
-        let prepared = prepare(names, s, r, op);
-        let Reduction {
-            send,
-            recv,
-            op: mop,
-            chunked,
-        } = agree(comm, prepared)?;
-        let Some(mut recv) = recv else { return Ok(()) };
-        if !chunked {
-            comm.all_reduce_into(&send, &mut recv, op.system_operation());
-            return recv.finish();
-        }
-        // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
-        // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
-        let datatype = send.unit_datatype().as_raw();
-        let (sp, rp) = (send.ptr(), recv.ptr());
-        in_chunks(send.units(), send.unit_bytes(), |offset, n| {
-            // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
-            // spans); the chunk lies inside both; send and receive are disjoint (checked).
-            unsafe {
-                raw::all_reduce(
-                    at(sp, offset),
-                    at(rp, offset),
-                    n,
-                    datatype,
-                    mop,
-                    comm.as_raw(),
-                );
+    let operands = (send, (recv, Access::Write));
+    with_pair(
+        tc,
+        Kind::Collective,
+        operands,
+        Some(send.dtype()),
+        |s, r| {
+            let names = ("all-reduce send vs receive", "all-reduce receive");
+            let prepared = prepare_pair(names, s, r, op);
+            let Reduction {
+                send,
+                recv,
+                op: mop,
+                chunked,
+            } = agree(comm, prepared)?;
+            let Some(mut recv) = recv else { return Ok(()) };
+            if !chunked {
+                comm.all_reduce_into(&send, &mut recv, op.system_operation());
+                return recv.finish();
             }
-        });
-        recv.finish()
-    })
+            // Strided or beyond-int: predefined reductions need predefined datatypes, so reduce
+            // contiguous copies (or the tensors' own runs) in chunks of at most 2^30 units.
+            let datatype = send.unit_datatype().as_raw();
+            let (sp, rp) = (send.ptr(), recv.ptr());
+            in_chunks(send.units(), send.unit_bytes(), |offset, n| {
+                // SAFETY: both buffers hold `units` units of `datatype` (checked counts and
+                // spans); the chunk lies inside both; send and receive are disjoint (checked).
+                unsafe {
+                    raw::all_reduce(
+                        at(sp, offset),
+                        at(rp, offset),
+                        n,
+                        datatype,
+                        mop,
+                        comm.as_raw(),
+                    );
+                }
+            });
+            recv.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::all_reduce_tensor_in_place`]: the tensor's own run, or a packed
@@ -305,35 +309,39 @@ pub(super) fn all_reduce_in_place<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let (dt, kind) = (Some(tensor.dtype()), Kind::Collective);
-    let recv = Some((tensor, Access::Update));
-    with_stand_ins(tc.stager(), comm, kind, None, recv, dt, |_, r| {
-        let prepared = (move || {
-            let (t, reach) = r.ok_or_else(|| missing("in-place all-reduce buffer"))?;
-            let rf = write_facts(&*t, Access::Update, reach)?;
-            rf.element.check_reduction(op)?;
-            let mop = op_handle(op, rf.element.dtype)?;
-            Ok((side_out(t, rf, Need::Chunks, Access::Update)?, mop))
-        })();
-        let (side, mop) = agree(comm, prepared)?;
-        let (ptr, datatype) = (side.ptr(), side.unit_datatype().as_raw());
-        in_chunks(side.units(), side.unit_bytes(), |offset, n| {
-            // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the side's
-            // units (the tensor's own run, checked writable and disjoint, or a packed copy
-            // of its values); the chunk lies inside it.
-            unsafe {
-                raw::all_reduce(
-                    raw::in_place(),
-                    at(ptr, offset),
-                    n,
-                    datatype,
-                    mop,
-                    comm.as_raw(),
-                );
-            }
-        });
-        side.finish()
-    })
+    let dt = Some(tensor.dtype());
+    with_write(
+        tc,
+        Kind::Collective,
+        (tensor, Access::Update),
+        dt,
+        |(t, reach)| {
+            let prepared = prepare(move || {
+                let rf = write_facts(&*t, Access::Update, reach)?;
+                rf.element.check_reduction(op)?;
+                let mop = op_handle(op, rf.element.dtype)?;
+                Ok((side_out(t, rf, Need::Chunks, Access::Update)?, mop))
+            });
+            let (side, mop) = agree(comm, prepared)?;
+            let (ptr, datatype) = (side.ptr(), side.unit_datatype().as_raw());
+            in_chunks(side.units(), side.unit_bytes(), |offset, n| {
+                // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the side's
+                // units (the tensor's own run, checked writable and disjoint, or a packed copy
+                // of its values); the chunk lies inside it.
+                unsafe {
+                    raw::all_reduce(
+                        raw::in_place(),
+                        at(ptr, offset),
+                        n,
+                        datatype,
+                        mop,
+                        comm.as_raw(),
+                    );
+                }
+            });
+            side.finish()
+        },
+    )
 }
 
 /// [`super::TensorComm::reduce_scatter_block_tensor`].
@@ -345,40 +353,43 @@ pub(super) fn reduce_scatter_block<T: TensorComm + ?Sized>(
 ) -> Result<()> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let (dt, kind) = (Some(send.dtype()), Kind::Collective);
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
-        let prepared = (move || {
-            let ((s, s_reach), (r, r_reach)) = s
-                .zip(r)
-                .ok_or_else(|| missing("reduce-scatter-block buffers"))?;
-            let sf = read_facts(s, s_reach)?;
-            sf.element.check_reduction(op)?;
-            let mop = op_handle(op, sf.element.dtype)?;
-            let rf = write_facts(&*r, Access::Write, r_reach)?;
-            check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
-            let size = comm.size();
-            check_count(
-                || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
-                rf.len_elems.saturating_mul(i64::from(size)),
-                sf.len_elems,
-            )?;
-            let recv = side_out(r, rf, Need::Units, Access::Write)?;
-            Ok((side_in(s, sf, Need::Units)?, recv, mop))
-        })();
-        let (send, recv, mop) = agree(comm, prepared)?;
-        // SAFETY: `recv` holds `count` units of the predefined type, `send` holds
-        // `size × count`; both are contiguous runs and disjoint (checked).
-        unsafe {
-            raw::reduce_scatter_block(
-                send.ptr(),
-                recv.ptr(),
-                recv.count(),
-                recv.as_datatype().as_raw(),
-                mop,
-                comm.as_raw(),
-            );
-        }
-        recv.finish()
-    })
+    let operands = (send, (recv, Access::Write));
+    let dt = Some(send.dtype());
+    with_pair(
+        tc,
+        Kind::Collective,
+        operands,
+        dt,
+        |(s, s_reach), (r, r_reach)| {
+            let prepared = prepare(move || {
+                let sf = read_facts(s, s_reach)?;
+                sf.element.check_reduction(op)?;
+                let mop = op_handle(op, sf.element.dtype)?;
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
+                let size = comm.size();
+                check_count(
+                    || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
+                    rf.len_elems.saturating_mul(i64::from(size)),
+                    sf.len_elems,
+                )?;
+                let recv = side_out(r, rf, Need::Units, Access::Write)?;
+                Ok((side_in(s, sf, Need::Units)?, recv, mop))
+            });
+            let (send, recv, mop) = agree(comm, prepared)?;
+            // SAFETY: `recv` holds `count` units of the predefined type, `send` holds
+            // `size × count`; both are contiguous runs and disjoint (checked).
+            unsafe {
+                raw::reduce_scatter_block(
+                    send.ptr(),
+                    recv.ptr(),
+                    recv.count(),
+                    recv.as_datatype().as_raw(),
+                    mop,
+                    comm.as_raw(),
+                );
+            }
+            recv.finish()
+        },
+    )
 }

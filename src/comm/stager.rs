@@ -12,6 +12,7 @@
 use mpi::topology::Communicator;
 
 use super::agree::agree;
+use super::TensorComm;
 use crate::dlpack::{Tensor, TensorView};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -162,4 +163,72 @@ fn stand_in<'s, C: Communicator + ?Sized>(
         Err(e) if kind == Kind::Collective && !comm.test_inter() => agree(comm, Err(e)),
         Err(e) => Err(e),
     }
+}
+
+/// [`with_stand_ins`] for an operation with one send and one receive operand.
+///
+/// # Errors
+/// As [`with_stand_ins`].
+#[inline]
+pub(super) fn with_pair<T: TensorComm + ?Sized, R>(
+    tc: &T,
+    kind: Kind,
+    (send, recv): (&dyn Tensor, (&mut dyn Tensor, Access)),
+    reduce: Option<DType>,
+    body: impl FnOnce(ReadIn<'_>, WriteIn<'_>) -> Result<R>,
+) -> Result<R> {
+    let comm = tc.communicator();
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        kind,
+        Some(send),
+        Some(recv),
+        reduce,
+        |s, r| {
+            let (s, r) = s.zip(r).ok_or_else(|| not_declared("send and receive"))?;
+            body(s, r)
+        },
+    )
+}
+
+/// [`with_stand_ins`] for an operation with one read operand.
+///
+/// # Errors
+/// As [`with_stand_ins`].
+#[inline]
+pub(super) fn with_read<T: TensorComm + ?Sized, R>(
+    tc: &T,
+    kind: Kind,
+    send: &dyn Tensor,
+    body: impl FnOnce(ReadIn<'_>) -> Result<R>,
+) -> Result<R> {
+    let comm = tc.communicator();
+    with_stand_ins(tc.stager(), comm, kind, Some(send), None, None, |s, _| {
+        body(s.ok_or_else(|| not_declared("send"))?)
+    })
+}
+
+/// [`with_stand_ins`] for an operation with one written (or updated) operand.
+///
+/// # Errors
+/// As [`with_stand_ins`].
+#[inline]
+pub(super) fn with_write<T: TensorComm + ?Sized, R>(
+    tc: &T,
+    kind: Kind,
+    recv: (&mut dyn Tensor, Access),
+    reduce: Option<DType>,
+    body: impl FnOnce(WriteIn<'_>) -> Result<R>,
+) -> Result<R> {
+    let comm = tc.communicator();
+    with_stand_ins(tc.stager(), comm, kind, None, Some(recv), reduce, |_, r| {
+        body(r.ok_or_else(|| not_declared("receive"))?)
+    })
+}
+
+/// A declared operand that came back without a stand-in: not reached (each declared operand
+/// gets one), but an error rather than a panic.
+fn not_declared(what: &'static str) -> crate::Error {
+    super::checks::missing(what)
 }

@@ -23,11 +23,11 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::Equivalence;
 use mpi::Tag;
 
-use super::checks::{check_incoming, check_rank, check_tag, missing};
+use super::checks::{check_incoming, check_rank, check_tag};
 use super::immediate::{immediate_reach, post_recv, post_send, TensorRequest};
 use super::operands::{read_facts, side_in, side_out, write_facts};
 use super::p2p::unfit;
-use super::stager::{with_stand_ins, Kind};
+use super::stager::{with_read, with_write, Kind};
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::error::{Error, Matched, Result};
@@ -95,9 +95,7 @@ pub(super) fn send<T: TensorComm + ?Sized>(
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let kind = Kind::PointToPoint;
-    with_stand_ins(tc.stager(), comm, kind, Some(tensor), None, None, |s, _| {
-        let (t, reach) = s.ok_or_else(|| missing("send tensor"))?;
+    with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let (side, part) = window_in(t, reach, window)?;
         if !part {
             comm.process_at_rank(dest).send_with_tag(&side, tag);
@@ -134,10 +132,8 @@ pub(super) fn recv<T: TensorComm + ?Sized>(
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let kind = Kind::PointToPoint;
-    let recv = Some((tensor, Access::Update));
-    with_stand_ins(tc.stager(), comm, kind, None, recv, None, |_, r| {
-        let (t, reach) = r.ok_or_else(|| missing("receive tensor"))?;
+    let recv = (tensor, Access::Update);
+    with_write(tc, Kind::PointToPoint, recv, None, |(t, reach)| {
         let (mut side, part) = window_out(t, reach, window)?;
         let process = comm.process_at_rank(source);
         // The message is matched (`MPI_Mprobe`), so a concurrent receiver on the same
