@@ -54,7 +54,7 @@ use crate::spec::Access;
 /// refused with [`Error::TransportUnavailable`] (the copy would have to outlive the call).
 ///
 /// **Pipelining** (point-to-point only): a large staged contiguous send goes out in parts,
-/// and [`DeviceComm::recv_tensor`] recognises both forms, into a receive tensor of any
+/// and `recv_tensor` recognises both forms, into a receive tensor of any
 /// layout; the [`pipeline`](super::pipeline) module documents the wire format.
 ///
 /// The errors are [`TensorComm`]'s plus

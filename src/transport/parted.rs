@@ -1,5 +1,5 @@
 //! The receiving end of the parted point-to-point protocol ([`super::pipeline`]) for
-//! [`DeviceComm::recv_tensor`]: which tensors a parted message may be meant for, and the
+//! [`DeviceComm`]'s `recv_tensor`: which tensors a parted message may be meant for, and the
 //! parts received into a contiguous or a strided tensor (staged or not), with the drain of a
 //! refused message.
 

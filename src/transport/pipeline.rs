@@ -1,7 +1,7 @@
 //! The parted point-to-point message: how [`super::DeviceComm`] sends a large staged tensor
 //! in parts, so that the device → host copy of one part overlaps the transfer of the last.
 //!
-//! **When.** [`DeviceComm::send_tensor`](super::DeviceComm::send_tensor) parts a tensor
+//! **When.** [`DeviceComm::send_tensor`](crate::comm::TensorComm::send_tensor) parts a tensor
 //! that takes the [staged route](super::Route::Staged), is contiguous, and spans more than
 //! `P` bytes, where `P` is [`DeviceComm::pipeline_chunk_bytes`](super::DeviceComm::pipeline_chunk_bytes)
 //! ([`DEFAULT_PIPELINE_CHUNK_BYTES`] = 4 MiB unless set; between
@@ -47,7 +47,7 @@
 //! The sender keeps at most two parts in flight (`MPI_Isend` from two pinned buffers of
 //! `m × e` bytes): it copies part `k + 1` to the host while part `k` is sent.
 //!
-//! **Receiving.** [`DeviceComm::recv_tensor`](super::DeviceComm::recv_tensor) probes the
+//! **Receiving.** [`DeviceComm::recv_tensor`](crate::comm::TensorComm::recv_tensor) probes the
 //! first message (`MPI_Probe`, source and tag as given) when its tensor's elements span
 //! more than [`MIN_PIPELINE_CHUNK_BYTES`] bytes in all (`len × e`, any layout, whatever its
 //! own `P`): a first message of exactly 40 bytes is received and read as a part header;
