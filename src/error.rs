@@ -375,6 +375,29 @@ pub enum Error {
         reason: String,
     },
 
+    /// The ranks passed arguments to one collective that do not match across the
+    /// communicator (MPI-4.1 §6.1: the same operation, root, reduction operator and type
+    /// signature on every rank), each valid on its own rank; found by the agreement before
+    /// the data operation, so no rank entered it, every rank returns this error, and the
+    /// next matching collective on the communicator works. Names two ranks that differ
+    /// (the lowest rank, and the lowest rank whose arguments differ from its) and each one's
+    /// arguments in words, e.g. `all_reduce float32 × 1000 sum` and `broadcast float32 ×
+    /// 1000 root 0` (counts in elements).
+    #[error(
+        "the ranks' arguments to this collective do not match (MPI-4.1 §6.1), so no rank \
+         entered it: rank {rank}: {arguments}; rank {other_rank}: {other_arguments}"
+    )]
+    CollectiveMismatch {
+        /// The lowest rank of the communicator.
+        rank: i32,
+        /// Its collective and arguments, in words.
+        arguments: String,
+        /// The lowest rank whose arguments differ from `rank`'s.
+        other_rank: i32,
+        /// That rank's collective and arguments, in words.
+        other_arguments: String,
+    },
+
     /// The first element is not aligned for the Rust type asked for (DLPack does not promise
     /// alignment: `byte_offset` may be any number of bytes).
     #[error("first element at address {address:#x} is not aligned to {align} bytes")]

@@ -42,6 +42,7 @@ use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
+use super::signature::Signature;
 use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
 pub use crate::settings::{agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV};
@@ -58,12 +59,24 @@ pub(super) fn prepare<P>(steps: impl FnOnce() -> Result<P>) -> Result<P> {
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
 pub const AGREEMENT_REASON_BYTES: usize = 512;
 
-/// Agrees on `local` (this rank's checks and buffers) across the ranks of `comm`, an
-/// intra-communicator, before a collective; every rank calls it exactly once per
-/// collective. Returns `local` when every rank succeeded (or under [`Agreement::Local`]);
-/// this rank's own error when it failed; else [`Error::PeerRefused`] naming the lowest rank
-/// that failed and its error text.
-pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> Result<T> {
+/// Agrees on `local` (this rank's checks and buffers) and on `signature` (what MPI
+/// requires to match, [`Signature`]) across the ranks of `comm`, an intra-communicator,
+/// before a collective; every rank calls it exactly once per collective. Returns `local`
+/// when every rank succeeded with the same signature (or under [`Agreement::Local`]); this
+/// rank's own error when it failed; [`Error::PeerRefused`] naming the lowest rank that
+/// failed and its error text; [`Error::CollectiveMismatch`] on every rank when all
+/// succeeded but their signatures differ.
+///
+/// One `MPI_Allreduce` (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN` decides both:
+/// `[status, fp, !fp]`, where `status` is this rank when it failed and the communicator size
+/// otherwise, and `fp` the signature's fingerprint; the minimum of `!fp` is `!max(fp)`, so
+/// every rank agrees exactly when `min(fp) == !min(!fp)`. Only on an error do the ranks
+/// send more (the refusing rank's text; or the fingerprints and two ranks' signatures).
+pub(crate) fn agree<C: Communicator + ?Sized, T>(
+    comm: &C,
+    signature: &Signature<'_>,
+    local: Result<T>,
+) -> Result<T> {
     let local = match agreement() {
         Ok(Agreement::Local) => return local,
         Ok(Agreement::Collective) => local,
@@ -73,12 +86,24 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> 
     if size == 1 {
         return local;
     }
-    let mine: Rank = if local.is_err() { comm.rank() } else { size };
-    let mut lowest: Rank = size;
-    comm.all_reduce_into(&mine, &mut lowest, SystemOperation::min());
-    if lowest == size {
+    let fp = signature.fingerprint();
+    let status = i64::from(if local.is_err() { comm.rank() } else { size });
+    let mine = [status, fp, !fp];
+    let mut min = [0i64; 3];
+    comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+    if min[0] < i64::from(size) {
+        // A rank number: below `size`, so it fits a Rank.
+        let lowest = Rank::try_from(min[0]).unwrap_or(0);
+        return refused(comm, lowest, local);
+    }
+    if min[1] == !min[2] {
         return local;
     }
+    Err(mismatch(comm, signature, fp))
+}
+
+/// The refusal path: the lowest refusing rank broadcasts its error text.
+fn refused<C: Communicator + ?Sized, T>(comm: &C, lowest: Rank, local: Result<T>) -> Result<T> {
     let mut text = [0u8; AGREEMENT_REASON_BYTES];
     if let (Err(e), true) = (&local, comm.rank() == lowest) {
         encode_reason(&e.to_string(), &mut text);
@@ -90,6 +115,32 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(comm: &C, local: Result<T>) -> 
             rank: lowest,
             reason: decode_reason(&text),
         }),
+    }
+}
+
+/// The mismatch path (every rank took it): the ranks gather the fingerprints, and rank 0
+/// and the lowest rank whose fingerprint differs from rank 0's broadcast their signatures
+/// in words.
+fn mismatch<C: Communicator + ?Sized>(comm: &C, signature: &Signature<'_>, fp: i64) -> Error {
+    let size = usize::try_from(comm.size()).unwrap_or(1);
+    let mut fps = vec![0i64; size];
+    comm.all_gather_into(&fp, &mut fps[..]);
+    let other = fps.iter().position(|&f| f != fps[0]).unwrap_or(0);
+    let other = Rank::try_from(other).unwrap_or(0);
+    let said = |who: Rank| {
+        let mut text = [0u8; AGREEMENT_REASON_BYTES];
+        if comm.rank() == who {
+            encode_reason(&signature.describe(), &mut text);
+        }
+        comm.process_at_rank(who).broadcast_into(&mut text[..]);
+        decode_reason(&text)
+    };
+    let (arguments, other_arguments) = (said(0), said(other));
+    Error::CollectiveMismatch {
+        rank: 0,
+        arguments,
+        other_rank: other,
+        other_arguments,
     }
 }
 

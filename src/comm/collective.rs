@@ -23,6 +23,7 @@ use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
 use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
+use super::signature::{Collective, Signature};
 use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind};
 use super::{takes_unused, TensorComm};
 use crate::dlpack::Tensor;
@@ -39,12 +40,16 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Broadcast)
+        .root(root)
+        .dtype(buffer.sent().dtype())
+        .count(buffer.sent().num_elements());
     check_intra(comm)?;
     let root_ok = check_rank(root, comm.size());
     if comm.rank() == root {
-        return with_read(tc, Kind::Collective, buffer.sent(), |(t, reach)| {
+        return with_read(tc, Kind::Collective(sig), buffer.sent(), |(t, reach)| {
             let prepared = root_ok.and_then(|()| read_side(t, reach, Need::Counted));
-            let side = agree(comm, prepared)?;
+            let side = agree(comm, &sig, prepared)?;
             let (ptr, count, datatype) = (
                 side.pointer().cast_mut(),
                 side.count(),
@@ -60,12 +65,12 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
     // other local check: through the agreement, so that no rank is left in MPI_Bcast.
     let tensor = match buffer.received(comm.rank(), root) {
         Ok(tensor) => tensor,
-        Err(e) => return agree(comm, Err(e)),
+        Err(e) => return agree(comm, &sig, Err(e)),
     };
     let recv = (tensor, Access::Write);
-    with_write(tc, Kind::Collective, recv, None, |(t, reach)| {
+    with_write(tc, Kind::Collective(sig), recv, None, |(t, reach)| {
         let prepared = root_ok.and_then(|()| write_side(t, Access::Write, reach, Need::Counted));
-        let mut side = agree(comm, prepared)?;
+        let mut side = agree(comm, &sig, prepared)?;
         comm.process_at_rank(root).broadcast_into(&mut side);
         side.finish()
     })
@@ -80,6 +85,10 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Gather)
+        .root(root)
+        .dtype(send.dtype())
+        .count(send.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let recv = recv
@@ -88,7 +97,7 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
     with_stand_ins(
         tc.stager(),
         comm,
-        Kind::Collective,
+        Kind::Collective(sig),
         Some(send),
         recv,
         None,
@@ -117,7 +126,7 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
                 };
                 Ok((side_in(s, sf, Need::Counted)?, rf))
             });
-            let (side, rf) = agree(comm, prepared)?;
+            let (side, rf) = agree(comm, &sig, prepared)?;
             let process = comm.process_at_rank(root);
             match rf {
                 Some(mut rf) => {
@@ -164,6 +173,9 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Gatherv)
+        .root(root)
+        .dtype(send.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let (recv, lists) = match recv.filter(|_| is_root || takes_unused(tc)) {
@@ -173,7 +185,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
     with_stand_ins(
         tc.stager(),
         comm,
-        Kind::Collective,
+        Kind::Collective(sig),
         Some(send),
         recv,
         None,
@@ -200,7 +212,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
                 };
                 Ok((side_in(s, sf, Need::Counted)?, at_root))
             });
-            let (sent, at_root) = agree(comm, prepared)?;
+            let (sent, at_root) = agree(comm, &sig, prepared)?;
             let process = comm.process_at_rank(root);
             match at_root {
                 Some((mut rf, (cu, du))) => {
@@ -228,6 +240,10 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Scatter)
+        .root(root)
+        .dtype(recv.dtype())
+        .count(recv.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let send = send.filter(|_| is_root || takes_unused(tc));
@@ -235,7 +251,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
     with_stand_ins(
         tc.stager(),
         comm,
-        Kind::Collective,
+        Kind::Collective(sig),
         send,
         recv,
         None,
@@ -264,7 +280,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
                 };
                 Ok((sf, side_out(r, rf, Need::Counted, Access::Write)?))
             });
-            let (sf, mut side) = agree(comm, prepared)?;
+            let (sf, mut side) = agree(comm, &sig, prepared)?;
             let process = comm.process_at_rank(root);
             match &sf {
                 Some(sf) => process.scatter_into_root(sf, &mut side),
@@ -285,6 +301,9 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Scatterv)
+        .root(root)
+        .dtype(recv.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let (send, lists) = match send.filter(|_| is_root || takes_unused(tc)) {
@@ -295,7 +314,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
     with_stand_ins(
         tc.stager(),
         comm,
-        Kind::Collective,
+        Kind::Collective(sig),
         send,
         recv,
         None,
@@ -329,7 +348,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
                 };
                 Ok((at_root, side_out(r, rf, Need::Counted, Access::Write)?))
             });
-            let (at_root, mut side) = agree(comm, prepared)?;
+            let (at_root, mut side) = agree(comm, &sig, prepared)?;
             let process = comm.process_at_rank(root);
             match &at_root {
                 Some((sf, (cu, du))) => {
@@ -350,11 +369,14 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
     recv: &mut dyn Tensor,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllGather)
+        .dtype(send.dtype())
+        .count(send.num_elements());
     check_intra(comm)?;
     let operands = (send, (recv, Access::Write));
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         None,
         |(s, s_reach), (r, r_reach)| {
@@ -371,7 +393,7 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
                 let rf = side_out(r, rf, Need::Units, Access::Write)?;
                 Ok((side_in(s, sf, Need::Counted)?, rf))
             });
-            let (side, mut rf) = agree(comm, prepared)?;
+            let (side, mut rf) = agree(comm, &sig, prepared)?;
             comm.all_gather_into(&side, &mut rf);
             rf.finish()
         },
@@ -387,11 +409,14 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
     displacements: &[i64],
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllGatherv)
+        .dtype(send.dtype())
+        .counts(counts);
     check_intra(comm)?;
     let operands = (send, (recv, Access::Update));
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         None,
         |(s, s_reach), (r, r_reach)| {
@@ -408,7 +433,7 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
                 // `dlpack-mpi check --layout step`).
                 Ok((side_in(s, sf, Need::Units)?, rf, blocks))
             });
-            let (sf, mut rf, (cu, du)) = agree(comm, prepared)?;
+            let (sf, mut rf, (cu, du)) = agree(comm, &sig, prepared)?;
             {
                 let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
                 comm.all_gather_varcount_into(&sf, &mut part);
@@ -425,11 +450,14 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
     recv: &mut dyn Tensor,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllToAll)
+        .dtype(send.dtype())
+        .count(send.num_elements());
     check_intra(comm)?;
     let operands = (send, (recv, Access::Write));
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         None,
         |(s, s_reach), (r, r_reach)| {
@@ -448,7 +476,7 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
                 let rf = side_out(r, rf, Need::Units, Access::Write)?;
                 Ok((side_in(s, sf, Need::Units)?, rf))
             });
-            let (sf, mut rf) = agree(comm, prepared)?;
+            let (sf, mut rf) = agree(comm, &sig, prepared)?;
             comm.all_to_all_into(&sf, &mut rf);
             rf.finish()
         },
@@ -462,11 +490,12 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
     (recv, recv_counts, recv_displacements): (&mut dyn Tensor, &[i64], &[i64]),
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllToAllv).dtype(send.dtype());
     check_intra(comm)?;
     let operands = (send, (recv, Access::Update));
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         None,
         |(s, s_reach), (r, r_reach)| {
@@ -504,7 +533,7 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
                 let rf = side_out(r, rf, Need::Units, Access::Update)?;
                 Ok((side_in(s, sf, Need::Units)?, rf, sends, recvs))
             });
-            let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, prepared)?;
+            let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, &sig, prepared)?;
             {
                 let sp = Partition::new(&sf, &scu[..], &sdu[..]);
                 let mut rp = PartitionMut::new(&mut rf, &rcu[..], &rdu[..]);

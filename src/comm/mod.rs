@@ -58,6 +58,7 @@ mod operands;
 pub(crate) mod p2p;
 mod packing;
 pub(crate) mod reduce;
+mod signature;
 mod stager;
 mod window;
 

@@ -22,6 +22,7 @@ use mpi::traits::*;
 use super::agree::{agree, prepare};
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use super::operands::{read_facts, side_in, side_out, write_facts};
+use super::signature::{Collective, Signature};
 use super::stager::{with_pair, with_stand_ins, with_write, Kind, ReadIn, WriteIn};
 use super::TensorComm;
 use crate::dlpack::Tensor;
@@ -137,18 +138,23 @@ pub(super) fn reduce<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::Reduce)
+        .root(root)
+        .dtype(send.dtype())
+        .count(send.num_elements())
+        .reduce(op);
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let recv = recv.filter(|_| is_root || super::takes_unused(tc));
     let dt = Some(send.dtype());
     let recv = recv.map(|r| (r, Access::Write));
-    let kind = Kind::Collective;
+    let kind = Kind::Collective(sig);
     with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
         let s = s.ok_or_else(|| missing("reduce send buffer"))?;
         match r {
-            Some(r) if is_root => reduce_at_root(comm, s, r, op),
-            None if is_root => agree(comm, Err(missing("reduce receive buffer"))),
-            r => reduce_at_leaf(comm, s, r, op, root),
+            Some(r) if is_root => reduce_at_root(comm, &sig, s, r, op),
+            None if is_root => agree(comm, &sig, Err(missing("reduce receive buffer"))),
+            r => reduce_at_leaf(comm, &sig, s, r, op, root),
         }
     })
 }
@@ -156,6 +162,7 @@ pub(super) fn reduce<T: TensorComm + ?Sized>(
 /// A non-root rank's side of [`reduce`] (also a rank whose `root` is out of range).
 fn reduce_at_leaf<C: Communicator + ?Sized>(
     comm: &C,
+    sig: &Signature<'_>,
     send: ReadIn<'_>,
     recv: Option<WriteIn<'_>>,
     op: ReduceOp,
@@ -179,7 +186,7 @@ fn reduce_at_leaf<C: Communicator + ?Sized>(
             chunked,
         })
     });
-    let r = agree(comm, prepared)?;
+    let r = agree(comm, sig, prepared)?;
     if !r.chunked {
         comm.process_at_rank(root)
             .reduce_into(&r.send, op.system_operation());
@@ -208,13 +215,14 @@ fn reduce_at_leaf<C: Communicator + ?Sized>(
 /// The root's side of [`reduce`].
 fn reduce_at_root<C: Communicator + ?Sized>(
     comm: &C,
+    sig: &Signature<'_>,
     send: ReadIn<'_>,
     recv: WriteIn<'_>,
     op: ReduceOp,
 ) -> Result<()> {
     let root = comm.rank();
     let names = ("reduce send vs receive", "reduce receive");
-    let r = agree(comm, prepare_pair(names, send, recv, op))?;
+    let r = agree(comm, sig, prepare_pair(names, send, recv, op))?;
     let Reduction {
         send,
         recv,
@@ -255,11 +263,15 @@ pub(super) fn all_reduce<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllReduce)
+        .dtype(send.dtype())
+        .count(send.num_elements())
+        .reduce(op);
     check_intra(comm)?;
     let operands = (send, (recv, Access::Write));
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         Some(send.dtype()),
         |s, r| {
@@ -270,7 +282,7 @@ pub(super) fn all_reduce<T: TensorComm + ?Sized>(
                 recv,
                 op: mop,
                 chunked,
-            } = agree(comm, prepared)?;
+            } = agree(comm, &sig, prepared)?;
             let Some(mut recv) = recv else { return Ok(()) };
             if !chunked {
                 comm.all_reduce_into(&send, &mut recv, op.system_operation());
@@ -308,11 +320,15 @@ pub(super) fn all_reduce_in_place<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::AllReduceInPlace)
+        .dtype(tensor.dtype())
+        .count(tensor.num_elements())
+        .reduce(op);
     check_intra(comm)?;
     let dt = Some(tensor.dtype());
     with_write(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         (tensor, Access::Update),
         dt,
         |(t, reach)| {
@@ -322,7 +338,7 @@ pub(super) fn all_reduce_in_place<T: TensorComm + ?Sized>(
                 let mop = op_handle(op, rf.element.dtype)?;
                 Ok((side_out(t, rf, Need::Chunks, Access::Update)?, mop))
             });
-            let (side, mop) = agree(comm, prepared)?;
+            let (side, mop) = agree(comm, &sig, prepared)?;
             let (ptr, datatype) = (side.ptr(), side.unit_datatype().as_raw());
             in_chunks(side.units(), side.unit_bytes(), |offset, n| {
                 // SAFETY: MPI_IN_PLACE as the send buffer makes MPI read and write the side's
@@ -352,12 +368,16 @@ pub(super) fn reduce_scatter_block<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
+    let sig = Signature::of(Collective::ReduceScatterBlock)
+        .dtype(send.dtype())
+        .count(recv.num_elements())
+        .reduce(op);
     check_intra(comm)?;
     let operands = (send, (recv, Access::Write));
     let dt = Some(send.dtype());
     with_pair(
         tc,
-        Kind::Collective,
+        Kind::Collective(sig),
         operands,
         dt,
         |(s, s_reach), (r, r_reach)| {
@@ -376,7 +396,7 @@ pub(super) fn reduce_scatter_block<T: TensorComm + ?Sized>(
                 let recv = side_out(r, rf, Need::Units, Access::Write)?;
                 Ok((side_in(s, sf, Need::Units)?, recv, mop))
             });
-            let (send, recv, mop) = agree(comm, prepared)?;
+            let (send, recv, mop) = agree(comm, &sig, prepared)?;
             // SAFETY: `recv` holds `count` units of the predefined type, `send` holds
             // `size × count`; both are contiguous runs and disjoint (checked).
             unsafe {

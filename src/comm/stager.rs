@@ -12,6 +12,7 @@
 use mpi::topology::Communicator;
 
 use super::agree::agree;
+use super::signature::Signature;
 use super::TensorComm;
 use crate::dlpack::{Tensor, TensorView};
 use crate::dtype::DType;
@@ -83,10 +84,11 @@ pub trait Stager {
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as
 /// point-to-point (the error is returned).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Kind<'a> {
     PointToPoint,
-    Collective,
+    /// A collective with its signature, which the agreement of a staging error carries.
+    Collective(Signature<'a>),
 }
 
 /// A read operand's stand-in: the caller's tensor, or the stager's, with its reach
@@ -106,7 +108,7 @@ pub(super) type WriteIn<'a> = (&'a mut dyn Tensor, Option<Reach>);
 pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
     stager: Option<&dyn Stager>,
     comm: &C,
-    kind: Kind,
+    kind: Kind<'_>,
     send: Option<&dyn Tensor>,
     recv: Option<(&mut dyn Tensor, Access)>,
     reduce: Option<DType>,
@@ -124,8 +126,7 @@ pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
     let r_op = recv.as_ref().map(|(t, a)| declared(&**t, *a));
     let staging = match stager.stage(s_op, r_op) {
         Ok(s) => s,
-        Err(e) if kind == Kind::Collective && !comm.test_inter() => return agree(comm, Err(e)),
-        Err(e) => return Err(e),
+        Err(e) => return agreed(comm, kind, e),
     };
     let out = {
         let (sv, s_reach) = stand_in(staging.send.as_deref(), kind, comm)?;
@@ -152,7 +153,7 @@ pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
 /// The view and reach of one staged operand (`None`, `None`: not staged).
 fn stand_in<'s, C: Communicator + ?Sized>(
     staged: Option<&'s (dyn StagedTensor + 's)>,
-    kind: Kind,
+    kind: Kind<'_>,
     comm: &C,
 ) -> Result<(Option<TensorView<'s>>, Option<Reach>)> {
     let Some(st) = staged else {
@@ -160,8 +161,16 @@ fn stand_in<'s, C: Communicator + ?Sized>(
     };
     match st.view() {
         Ok(v) => Ok((v, Some(st.reach()))),
-        Err(e) if kind == Kind::Collective && !comm.test_inter() => agree(comm, Err(e)),
-        Err(e) => Err(e),
+        Err(e) => agreed(comm, kind, e),
+    }
+}
+
+/// A staging error: for a collective on an intra-communicator, taken into the agreement
+/// (its peers return `PeerRefused`); else returned.
+fn agreed<C: Communicator + ?Sized, T>(comm: &C, kind: Kind<'_>, e: crate::Error) -> Result<T> {
+    match kind {
+        Kind::Collective(signature) if !comm.test_inter() => agree(comm, &signature, Err(e)),
+        _ => Err(e),
     }
 }
 
@@ -172,7 +181,7 @@ fn stand_in<'s, C: Communicator + ?Sized>(
 #[inline]
 pub(super) fn with_pair<T: TensorComm + ?Sized, R>(
     tc: &T,
-    kind: Kind,
+    kind: Kind<'_>,
     (send, recv): (&dyn Tensor, (&mut dyn Tensor, Access)),
     reduce: Option<DType>,
     body: impl FnOnce(ReadIn<'_>, WriteIn<'_>) -> Result<R>,
@@ -199,7 +208,7 @@ pub(super) fn with_pair<T: TensorComm + ?Sized, R>(
 #[inline]
 pub(super) fn with_read<T: TensorComm + ?Sized, R>(
     tc: &T,
-    kind: Kind,
+    kind: Kind<'_>,
     send: &dyn Tensor,
     body: impl FnOnce(ReadIn<'_>) -> Result<R>,
 ) -> Result<R> {
@@ -216,7 +225,7 @@ pub(super) fn with_read<T: TensorComm + ?Sized, R>(
 #[inline]
 pub(super) fn with_write<T: TensorComm + ?Sized, R>(
     tc: &T,
-    kind: Kind,
+    kind: Kind<'_>,
     recv: (&mut dyn Tensor, Access),
     reduce: Option<DType>,
     body: impl FnOnce(WriteIn<'_>) -> Result<R>,

@@ -1,0 +1,259 @@
+//! What MPI requires to match across the ranks of one collective ([`Signature`]), and its
+//! fingerprint, which the agreement ([`super::agree`]) compares at no extra message.
+//!
+//! MPI-4.1 §6.1: "the type signature of the data sent must match the type signature of the
+//! data received", the root and the reduction operator must be the same on every rank, and
+//! every rank must call the same collectives in the same order; a program that breaks this
+//! is erroneous and MPI need not detect it (it hangs, aborts with `MPI_ERR_TRUNCATE`, or
+//! returns wrong data). Each collective of [`super::TensorComm`] declares its signature: the
+//! operation, the root, the element type, the element count where the operation requires
+//! equal counts, the reduction operator, and the per-rank counts where every rank passes the
+//! same array (all-gatherv's). The agreement's one all-reduce carries its 64-bit
+//! fingerprint, so a signature that differs on any rank is an error on every rank
+//! ([`crate::Error::CollectiveMismatch`]) before any rank enters the data operation.
+//!
+//! What a fingerprint cannot see: arguments MPI relates across ranks in other ways (the
+//! send counts of an all-to-allv against the peers' receive counts, a gatherv's send count
+//! against the root's array, displacements, which are local), two ranks that call the same
+//! collective with identical arguments from different places in the program, and a
+//! collective shared with ranks that do not use dlpack-mpi (they do not join the agreement).
+
+use std::fmt::Write as _;
+
+use mpi::topology::Rank;
+
+use crate::dtype::{DType, ReduceOp};
+
+/// The collectives of [`super::TensorComm`], as a signature names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Collective {
+    Broadcast,
+    Reduce,
+    AllReduce,
+    AllReduceInPlace,
+    ReduceScatterBlock,
+    Gather,
+    Gatherv,
+    Scatter,
+    Scatterv,
+    AllGather,
+    AllGatherv,
+    AllToAll,
+    AllToAllv,
+}
+
+impl Collective {
+    /// The name in the words of [`super::TensorComm`]'s methods.
+    fn name(self) -> &'static str {
+        match self {
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllReduce => "all_reduce",
+            Collective::AllReduceInPlace => "all_reduce_in_place",
+            Collective::ReduceScatterBlock => "reduce_scatter_block",
+            Collective::Gather => "gather",
+            Collective::Gatherv => "gatherv",
+            Collective::Scatter => "scatter",
+            Collective::Scatterv => "scatterv",
+            Collective::AllGather => "all_gather",
+            Collective::AllGatherv => "all_gatherv",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllv => "all_to_allv",
+        }
+    }
+}
+
+/// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
+/// elements.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Signature<'a> {
+    op: Collective,
+    root: Option<Rank>,
+    dtype: Option<DType>,
+    count: Option<i64>,
+    reduce: Option<ReduceOp>,
+    counts: Option<&'a [i64]>,
+}
+
+impl<'a> Signature<'a> {
+    /// The signature of `op` with nothing declared yet.
+    pub(crate) fn of(op: Collective) -> Self {
+        Signature {
+            op,
+            root: None,
+            dtype: None,
+            count: None,
+            reduce: None,
+            counts: None,
+        }
+    }
+
+    /// The root every rank must name.
+    pub(crate) fn root(mut self, root: Rank) -> Self {
+        self.root = Some(root);
+        self
+    }
+
+    /// The element type every rank's buffers must have.
+    pub(crate) fn dtype(mut self, dtype: DType) -> Self {
+        self.dtype = Some(dtype);
+        self
+    }
+
+    /// The element count every rank must pass (the operation requires equal counts).
+    pub(crate) fn count(mut self, count: i64) -> Self {
+        self.count = Some(count);
+        self
+    }
+
+    /// The reduction operator every rank must pass.
+    pub(crate) fn reduce(mut self, op: ReduceOp) -> Self {
+        self.reduce = Some(op);
+        self
+    }
+
+    /// The per-rank counts every rank must pass (the same array on each).
+    pub(crate) fn counts(mut self, counts: &'a [i64]) -> Self {
+        self.counts = Some(counts);
+        self
+    }
+
+    /// The 64-bit FNV-1a hash of the signature, as the `i64` the agreement reduces.
+    pub(crate) fn fingerprint(&self) -> i64 {
+        let mut h = Fnv::new();
+        h.word(self.op as u64);
+        h.opt(self.root.map(|r| bits(i64::from(r))));
+        h.opt(
+            self.dtype
+                .map(|d| u64::from(d.code) | u64::from(d.bits) << 8 | u64::from(d.lanes) << 16),
+        );
+        h.opt(self.count.map(bits));
+        h.opt(self.reduce.map(|r| r as u64));
+        match self.counts {
+            Some(list) => {
+                h.word(1 + list.len() as u64);
+                list.iter().for_each(|&c| h.word(bits(c)));
+            }
+            None => h.word(0),
+        }
+        i64::from_ne_bytes(h.0.to_ne_bytes())
+    }
+
+    /// The signature in words: `all_reduce float32 × 1000 sum`, `broadcast float32 × 1000
+    /// root 0`, `all_gatherv float32 counts [2, 1, 3]`.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = self.op.name().to_string();
+        if let Some(d) = self.dtype {
+            let _ = write!(s, " {d}");
+        }
+        if let Some(c) = self.count {
+            let _ = write!(s, " × {c}");
+        }
+        if let Some(r) = self.reduce {
+            let _ = write!(s, " {r}");
+        }
+        if let Some(r) = self.root {
+            let _ = write!(s, " root {r}");
+        }
+        if let Some(list) = self.counts {
+            const SHOWN: usize = 16;
+            let head: Vec<String> = list.iter().take(SHOWN).map(i64::to_string).collect();
+            let more = if list.len() > SHOWN { ", …" } else { "" };
+            let _ = write!(s, " counts [{}{more}]", head.join(", "));
+        }
+        s
+    }
+}
+
+/// The two's-complement bits of `x`.
+fn bits(x: i64) -> u64 {
+    u64::from_ne_bytes(x.to_ne_bytes())
+}
+
+/// 64-bit FNV-1a over words (little-endian bytes).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn word(&mut self, w: u64) {
+        for b in w.to_le_bytes() {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// A field that may be absent, so that "absent" and "0" hash apart.
+    fn opt(&mut self, w: Option<u64>) {
+        match w {
+            Some(w) => {
+                self.word(1);
+                self.word(w);
+            }
+            None => self.word(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+
+    #[test]
+    fn every_declared_field_changes_the_fingerprint() {
+        let f32 = DType::new(2, 32);
+        let base = Signature::of(Collective::AllReduce)
+            .dtype(f32)
+            .count(1000)
+            .reduce(ReduceOp::Sum);
+        let fp = base.fingerprint();
+        assert_eq!(fp, base.fingerprint(), "deterministic");
+        let others = [
+            base.count(1001),
+            base.dtype(DType::new(2, 64)),
+            base.reduce(ReduceOp::Max),
+            base.root(0),
+            Signature::of(Collective::Broadcast)
+                .dtype(f32)
+                .count(1000)
+                .reduce(ReduceOp::Sum),
+            Signature::of(Collective::AllReduce).dtype(f32).count(1000),
+        ];
+        for o in others {
+            assert_ne!(o.fingerprint(), fp, "{}", o.describe());
+        }
+        let c1 = [2i64, 1, 3];
+        let c2 = [1i64, 2, 3];
+        let v = Signature::of(Collective::AllGatherv).dtype(f32);
+        assert_ne!(v.counts(&c1).fingerprint(), v.counts(&c2).fingerprint());
+        assert_eq!(
+            v.counts(&c1).fingerprint(),
+            v.counts(&[2, 1, 3]).fingerprint()
+        );
+        // a root of 0 is not an absent root
+        let b = Signature::of(Collective::Broadcast);
+        assert_ne!(b.root(0).fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn descriptions_name_what_differs() {
+        let f32 = DType::new(2, 32);
+        let s = Signature::of(Collective::AllReduce)
+            .dtype(f32)
+            .count(1000)
+            .reduce(ReduceOp::Sum);
+        assert_eq!(s.describe(), "all_reduce float32 × 1000 sum");
+        let b = Signature::of(Collective::Broadcast)
+            .dtype(f32)
+            .count(1000)
+            .root(0);
+        assert_eq!(b.describe(), "broadcast float32 × 1000 root 0");
+        let v = Signature::of(Collective::AllGatherv)
+            .dtype(f32)
+            .counts(&[2, 1, 3]);
+        assert_eq!(v.describe(), "all_gatherv float32 counts [2, 1, 3]");
+    }
+}
