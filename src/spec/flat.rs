@@ -50,7 +50,7 @@ fn refused(plan: &Plan, elem: usize) -> Error {
 }
 
 /// Copies the elements of `tensor` into a pooled buffer, in logical order, with the pack
-/// kernels ([`super::kernels::gather`]). The caller has validated the tensor with a send spec
+/// kernels ([`super::kernels::pack`]). The caller has validated the tensor with a send spec
 /// (host memory, address range) and passes its element size in bytes.
 ///
 /// # Errors
@@ -62,7 +62,7 @@ pub(crate) fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Scratch> {
     let base = tensor.first_element_ptr().cast::<u8>().cast_const();
     // SAFETY: the spec checked that every element lies in the address range the producer
     // vouches for (`byte_range`); `out` is a buffer of our own, disjoint from the tensor.
-    let done = unsafe { kernels::gather(base, &plan.axes, elem, &mut out) };
+    let done = unsafe { kernels::pack(base, &plan.axes, elem, &mut out) };
     if done {
         Ok(out)
     } else {
@@ -71,7 +71,7 @@ pub(crate) fn pack(tensor: &dyn Tensor, elem: usize) -> Result<Scratch> {
 }
 
 /// Copies `data` (logical order) into the elements of `tensor` with the unpack kernels
-/// ([`super::kernels::scatter`]). The caller has validated the tensor with a receive spec
+/// ([`super::kernels::unpack`]). The caller has validated the tensor with a receive spec
 /// (writable, elements disjoint) and passes its element size; `data` holds every element.
 ///
 /// # Errors
@@ -82,7 +82,7 @@ pub(crate) fn unpack(tensor: &mut dyn Tensor, elem: usize, data: &[u8]) -> Resul
     let base = tensor.first_element_ptr().cast::<u8>();
     // SAFETY: as in `pack`; the receive spec proved the tensor writable and its elements
     // disjoint, `&mut` makes this the only access, and `data` is not the tensor's memory.
-    let done = unsafe { kernels::scatter(data, base, &plan.axes, elem) };
+    let done = unsafe { kernels::unpack(data, base, &plan.axes, elem) };
     if done {
         Ok(())
     } else {

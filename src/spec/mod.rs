@@ -114,6 +114,9 @@ use crate::layout;
 
 pub(crate) mod datatype;
 pub(crate) mod flat;
+// Public only for tests/hostile_kernels.rs and benches/pack_kernels.rs, which drive the
+// pack kernels directly; hidden from the docs, not part of the API (no stability promise).
+#[doc(hidden)]
 pub mod kernels;
 pub mod scratch;
 
