@@ -165,6 +165,16 @@ pub enum Error {
         actual: i64,
     },
 
+    /// The root of a rooted collective was given `None` for a buffer only the root needs
+    /// (the receive buffer of reduce, gather and gatherv, the send buffer of scatter and
+    /// scatterv: [`crate::comm::TensorComm`]); returned at the root before any MPI call (the
+    /// other ranks get [`Error::PeerRefused`] under the default agreement).
+    #[error("{what}: none given at the root, which needs it")]
+    MissingBuffer {
+        /// Which buffer, e.g. `"gather receive buffer"` or `"scatterv send buffer"`.
+        what: &'static str,
+    },
+
     /// A per-rank argument list (counts or displacements) has the wrong length.
     #[error("{what} has {actual} entries, expected one per rank ({expected})")]
     LengthMismatch {
@@ -559,6 +569,22 @@ pub enum Error {
     #[error("exporter failed: {0}")]
     Export(String),
 
+    /// A built-in exporter ([`crate::dlpack::Owned`], [`crate::dlpack::SliceMut`], the CUDA
+    /// exporter) refused an export because tensors it exported earlier still hold its storage:
+    /// any number of read-only exports, or one writable export, may be alive at a time. Drop
+    /// the live tensors (or export read-only) and export again.
+    #[error(
+        "storage is already exported ({}); a {} export must wait: drop that tensor first",
+        holders(.readers),
+        export_kind(.writable)
+    )]
+    StorageBusy {
+        /// Whether the refused export was writable (`false`: read-only).
+        writable: bool,
+        /// The read-only exports alive, in tensors; `0` means one writable export is alive.
+        readers: usize,
+    },
+
     /// The sender of a pipelined device message ([`crate::transport::pipeline`]) stopped
     /// partway and said so with an abort part (its device → host copy of part `part`
     /// failed); the parts before it were received, the receive tensor is incomplete.
@@ -587,4 +613,21 @@ pub enum Error {
         /// Why it is refused.
         reason: &'static str,
     },
+}
+
+/// The live exports of [`Error::StorageBusy`], for its message.
+fn holders(readers: &usize) -> String {
+    match *readers {
+        0 => "writable".to_string(),
+        n => format!("{n} read-only"),
+    }
+}
+
+/// The refused export of [`Error::StorageBusy`], for its message.
+fn export_kind(writable: &bool) -> &'static str {
+    if *writable {
+        "writable"
+    } else {
+        "read-only"
+    }
 }

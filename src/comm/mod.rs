@@ -83,8 +83,8 @@ use crate::spec::{RecvSpec, SendSpec};
 ///
 /// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
 /// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
-/// required at the root; at another rank they may be `None`, and when given they are
-/// checked as at the root (and not used).
+/// required at the root ([`Error::MissingBuffer`] without them); at another rank they may be
+/// `None`, and when given they are checked as at the root (and not used).
 ///
 /// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
 /// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,
@@ -345,8 +345,8 @@ pub trait TensorComm: Communicator {
     /// Reduce `send` from every rank into `recv` at `root` (`MPI_Reduce`, §6.9.1).
     ///
     /// # Errors
-    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`]
-    /// (also when the root has no `recv`), [`Error::InvalidRank`], spec errors.
+    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`],
+    /// [`Error::MissingBuffer`] (the root has no `recv`), [`Error::InvalidRank`], spec errors.
     fn reduce_tensor(
         &self,
         send: &dyn Tensor,
@@ -384,8 +384,8 @@ pub trait TensorComm: Communicator {
     /// `recv` has `size × send` elements.
     ///
     /// # Errors
-    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
-    /// errors.
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::MissingBuffer`],
+    /// [`Error::InvalidRank`], spec errors.
     fn gather_tensor(
         &self,
         send: &dyn Tensor,
@@ -401,8 +401,8 @@ pub trait TensorComm: Communicator {
     ///
     /// # Errors
     /// [`Error::LengthMismatch`], [`Error::OutOfBounds`], [`Error::BlocksOverlap`],
-    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
-    /// errors.
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::MissingBuffer`],
+    /// [`Error::InvalidRank`], spec errors.
     fn gatherv_tensor(
         &self,
         send: &dyn Tensor,
