@@ -75,7 +75,7 @@ pub enum Error {
     /// The tensor is not C-contiguous (row-major compact) on `axis`, where contiguity is
     /// required: reading it as a slice ([`crate::dlpack::Tensor::as_slice`]). Strided
     /// layouts themselves are sent and received through derived datatypes
-    /// ([`crate::derived`]); the specs use this error internally to pick that path.
+    /// ([`crate::spec::datatype`]); the specs use this error internally to pick that path.
     #[error(
         "tensor is not C-contiguous: axis {axis} has stride {stride_elems} elements, \
          expected {expected_elems}"

@@ -33,10 +33,9 @@
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
 //! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
-//! `reduce` (reductions, with the half-precision operations of `halfops`, public as
-//! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
-//! ([`Agreement`]) and `packing` the packing policy ([`Packing`]). Raw MPI calls go through
-//! the crate's private `raw` module.
+//! `reduce` (reductions, with the half-precision operations of [`halfops`]); `checks` holds
+//! the argument checks, `agree` the agreement ([`Agreement`]) and `packing` the packing
+//! policy ([`Packing`]). Raw MPI calls go through the crate's private `raw` module.
 
 #[macro_use]
 mod agree;
@@ -71,6 +70,7 @@ pub use packing::{
     parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
     DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
 };
+pub use reduce::halfops;
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;

@@ -209,12 +209,12 @@ impl FlatSpec {
 
     /// A flat used as one rsmpi buffer of any size: beyond MPI's `int` units it is one
     /// large-count datatype (`contiguous(q, contiguous(2^30, unit))` plus the rest, see
-    /// [`crate::derived::large_contiguous`]) sent with count 1, so a packed copy of more
+    /// [`super::datatype::large_contiguous`]) sent with count 1, so a packed copy of more
     /// than `i32::MAX` units goes whole (point-to-point, where the receiver compares the
     /// whole message).
     ///
     /// # Errors
-    /// As [`crate::derived::large_contiguous`].
+    /// As [`super::datatype::large_contiguous`].
     pub(crate) fn whole(mut self) -> Result<Self> {
         if self.units > i32::MAX as usize {
             let units =

@@ -87,14 +87,14 @@
 //! is accepted: a contiguous tensor is `count` units of its predefined type, a strided one
 //! is one derived datatype that visits its elements in place, and a contiguous count beyond
 //! MPI's `int` is one large-count datatype (both sent with count 1, see
-//! [`crate::derived`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
+//! [`datatype`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
 //! and `IS_COPIED` ([`Error::IsCopied`], C42) tensors and overlapping layouts
 //! ([`Error::Overlap`], C26).
 //!
-//! Submodules: `datatype` (public as [`crate::derived`]) builds and caches the committed
-//! derived datatypes (its `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct
-//! calls of MPI's C API); `flat` is the contiguous form one side of a collective takes when
-//! MPI needs predefined units (packed copies of strided tensors, chunked reductions).
+//! Submodules: [`datatype`] builds and caches the committed derived datatypes (its
+//! `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct calls of MPI's C API);
+//! `flat` is the contiguous form one side of a collective takes when MPI needs predefined
+//! units (packed copies of strided tensors, chunked reductions).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -112,7 +112,7 @@ use crate::dtype::{self, DType, ElementType};
 use crate::error::{Error, Result};
 use crate::layout;
 
-pub(crate) mod datatype;
+pub mod datatype;
 pub(crate) mod flat;
 // Public only for tests/hostile_kernels.rs and benches/pack_kernels.rs, which drive the
 // pack kernels directly; hidden from the docs, not part of the API (no stability promise).

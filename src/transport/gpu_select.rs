@@ -23,9 +23,9 @@
 
 use mpi::topology::Communicator;
 
-use super::DeviceRuntime;
 use crate::device::device_type;
 use crate::error::{Error, Result};
+use crate::runtime::DeviceRuntime;
 
 /// The environment variable that picks the device ordinal for every rank it is set for.
 pub const DEVICE_ENV: &str = "DLPACK_MPI_DEVICE";
