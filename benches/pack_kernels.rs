@@ -1,4 +1,4 @@
-//! The host pack kernels alone (`dlpack_mpi::spec::kernels::gather`), against a `memcpy` of
+//! The host pack kernels alone (`dlpack_mpi::spec::kernels::pack`), against a `memcpy` of
 //! the packed bytes: the step-2 view of 64 MiB f32 (32 MiB packed), the 4096 × 4096 f32
 //! transpose (64 MiB) and the 64 MiB f32 storage reversed. Issue 13's targets: step 2 at most
 //! 2× the `memcpy`, the transpose at most 3×. No MPI: one process, buffers touched before
@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use dlpack_mpi::layout::Axis;
-use dlpack_mpi::spec::kernels::gather;
+use dlpack_mpi::spec::kernels::pack;
 
 /// Elements of the storage (64 MiB of f32).
 const STORAGE: usize = 1 << 24;
@@ -75,7 +75,7 @@ fn main() {
         ),
     ];
     println!(
-        "case        packed   memcpy med  best |   gather med  best | gather/memcpy med  best"
+        "case        packed   memcpy med  best |     pack med  best |   pack/memcpy med  best"
     );
     for (name, axes, first, packed) in cases {
         let bytes = packed * 4;
@@ -88,7 +88,7 @@ fn main() {
             let base = src[first..].as_ptr().cast::<u8>();
             // SAFETY: every element of the view lies in `src` (the axes' reach from `first`
             // stays inside 0..STORAGE), and `out` is a separate buffer.
-            let ok = unsafe { gather(base, &axes, 4, &mut out[..bytes]) };
+            let ok = unsafe { pack(base, &axes, 4, &mut out[..bytes]) };
             assert!(ok);
             std::hint::black_box(&mut out);
         });
@@ -106,7 +106,7 @@ fn main() {
         stride_elems: 2,
     }];
     // SAFETY: as above.
-    assert!(unsafe { gather(src.as_ptr().cast(), &axes, 4, &mut out[..view]) });
+    assert!(unsafe { pack(src.as_ptr().cast(), &axes, 4, &mut out[..view]) });
     let ok = out[..view]
         .chunks_exact(4)
         .enumerate()

@@ -8,10 +8,10 @@
 //! ```
 
 use dlpack_mpi::comm::TensorComm;
-use dlpack_mpi::cuda::CudaExport;
-use dlpack_mpi::dlpack::{acquire, AcquireOptions};
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, CudaExport};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::transport::{default_runtime, DeviceComm, Transport};
+use dlpack_mpi::runtime::default_runtime;
+use dlpack_mpi::transport::{DeviceComm, Transport};
 use mpi::traits::*;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -1,8 +1,11 @@
-//! CUDA through the driver API (cudarc 0.19, feature `cuda`), gathered under one path for
-//! users: the GPU runtime [`CudaRuntime`] (defined in [`crate::runtime::cuda`], below
-//! acquisition) and [`CudaExport`], the DLPack exporter of cudarc's `CudaSlice<T>`,
-//! `CudaView<T>` and `CudaViewMut<T>` (defined with the other producers in
-//! [`crate::dlpack`]). Nothing is defined here.
+//! The earlier path of the CUDA runtime and exporter (feature `cuda`), deprecated: the GPU
+//! runtime is [`crate::runtime::cuda::CudaRuntime`] and the exporter of cudarc's slices
+//! and views is [`crate::dlpack::CudaExport`]. Nothing is defined here; hidden from the docs.
 
-pub use crate::dlpack::CudaExport;
-pub use crate::runtime::cuda::CudaRuntime;
+/// Deprecated path of [`crate::runtime::cuda::CudaRuntime`].
+#[deprecated(note = "use dlpack_mpi::runtime::cuda::CudaRuntime")]
+pub type CudaRuntime = crate::runtime::cuda::CudaRuntime;
+
+/// Deprecated path of [`crate::dlpack::CudaExport`].
+#[deprecated(note = "use dlpack_mpi::dlpack::CudaExport")]
+pub type CudaExport<'a, T> = crate::dlpack::CudaExport<'a, T>;

@@ -9,7 +9,11 @@
 //! It also holds the DLPack stream table ([`NO_SYNC_STREAM`], [`CUDA_LEGACY_DEFAULT_STREAM`],
 //! [`CUDA_PER_THREAD_DEFAULT_STREAM`], [`ROCM_DEFAULT_STREAM`]): stream values are a property
 //! of the device kind, read by both the GPU runtime ([`crate::runtime`]) and acquisition
-//! ([`crate::dlpack`], which re-exports them).
+//! ([`crate::dlpack`]).
+//!
+//! What the crate knows about each of the 19 `DLDeviceType` codes (its dlpack.h name, its
+//! short name, its memory kind, why it is refused where host memory is needed) is one row of
+//! one table, which every function here reads.
 
 use std::fmt;
 
@@ -62,28 +66,10 @@ pub mod device_type {
     /// The dlpack.h name of a device type code (`"kDLCPU"`, ...), `None` for a code dlpack.h
     /// does not define.
     pub const fn name(code: u32) -> Option<&'static str> {
-        Some(match code {
-            CPU => "kDLCPU",
-            CUDA => "kDLCUDA",
-            CUDA_HOST => "kDLCUDAHost",
-            OPENCL => "kDLOpenCL",
-            VULKAN => "kDLVulkan",
-            METAL => "kDLMetal",
-            VPI => "kDLVPI",
-            ROCM => "kDLROCM",
-            ROCM_HOST => "kDLROCMHost",
-            EXT_DEV => "kDLExtDev",
-            CUDA_MANAGED => "kDLCUDAManaged",
-            ONE_API => "kDLOneAPI",
-            WEBGPU => "kDLWebGPU",
-            HEXAGON => "kDLHexagon",
-            MAIA => "kDLMAIA",
-            TRN => "kDLTrn",
-            TPU => "kDLTPU",
-            TPU_HOST => "kDLTPUHost",
-            ASCEND => "kDLAscend",
-            _ => return None,
-        })
+        match super::row(code) {
+            Some(row) => Some(row.name),
+            None => None,
+        }
     }
 
     /// Whether dlpack.h (v1.4) defines `code`.
@@ -100,6 +86,177 @@ const CUDA_NOT_HOST: &str = if cfg!(feature = "cuda") {
     "CUDA memory is not host memory: send it with transport::DeviceComm (with a GPU \
      runtime: feature `cuda`), not TensorComm"
 };
+
+/// One DLPack device type code and everything this crate says about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Row {
+    /// The `DLDeviceType` code.
+    code: u32,
+    /// Its dlpack.h name (`kDLCPU`, ...): [`device_type::name`].
+    name: &'static str,
+    /// Its short name in [`Device`]'s `Display` (`cpu:0`, ...).
+    display: &'static str,
+    /// Where its bytes live: [`Device::memory_kind`].
+    kind: MemoryKind,
+    /// Why [`Device::check_host_accessible`] refuses it; `None`: host memory, accepted.
+    refusal: Option<&'static str>,
+}
+
+/// The row of a device type with no path to MPI (memory kind `Other`), refused for `reason`.
+const fn no_path(
+    code: u32,
+    name: &'static str,
+    display: &'static str,
+    reason: &'static str,
+) -> Row {
+    Row {
+        code,
+        name,
+        display,
+        kind: MemoryKind::Other,
+        refusal: Some(reason),
+    }
+}
+
+/// The 19 device type codes of dlpack.h v1.4, in code order: the one table that
+/// [`device_type::name`], [`Device::memory_kind`], [`Device::check_host_accessible`] and
+/// `Display` read.
+const ROWS: [Row; 19] = {
+    use device_type as t;
+    [
+        Row {
+            code: t::CPU,
+            name: "kDLCPU",
+            display: "cpu",
+            kind: MemoryKind::Host,
+            refusal: None,
+        },
+        Row {
+            code: t::CUDA,
+            name: "kDLCUDA",
+            display: "cuda",
+            kind: MemoryKind::Cuda,
+            refusal: Some(CUDA_NOT_HOST),
+        },
+        Row {
+            code: t::CUDA_HOST,
+            name: "kDLCUDAHost",
+            display: "cuda_host",
+            kind: MemoryKind::PinnedHost,
+            refusal: None,
+        },
+        no_path(
+            t::OPENCL,
+            "kDLOpenCL",
+            "opencl",
+            "kDLOpenCL memory has no path to MPI",
+        ),
+        no_path(
+            t::VULKAN,
+            "kDLVulkan",
+            "vulkan",
+            "kDLVulkan memory has no path to MPI",
+        ),
+        no_path(
+            t::METAL,
+            "kDLMetal",
+            "metal",
+            "kDLMetal memory has no path to MPI",
+        ),
+        no_path(t::VPI, "kDLVPI", "vpi", "kDLVPI memory has no path to MPI"),
+        Row {
+            code: t::ROCM,
+            name: "kDLROCM",
+            display: "rocm",
+            kind: MemoryKind::Rocm,
+            refusal: Some("ROCm device memory has no path to MPI in this build"),
+        },
+        Row {
+            code: t::ROCM_HOST,
+            name: "kDLROCMHost",
+            display: "rocm_host",
+            kind: MemoryKind::PinnedHost,
+            refusal: None,
+        },
+        no_path(
+            t::EXT_DEV,
+            "kDLExtDev",
+            "ext_dev",
+            "kDLExtDev memory has no path to MPI",
+        ),
+        Row {
+            code: t::CUDA_MANAGED,
+            name: "kDLCUDAManaged",
+            display: "cuda_managed",
+            kind: MemoryKind::CudaManaged,
+            refusal: Some(CUDA_NOT_HOST),
+        },
+        no_path(
+            t::ONE_API,
+            "kDLOneAPI",
+            "oneapi",
+            "kDLOneAPI memory has no path to MPI",
+        ),
+        no_path(
+            t::WEBGPU,
+            "kDLWebGPU",
+            "webgpu",
+            "kDLWebGPU memory has no path to MPI",
+        ),
+        no_path(
+            t::HEXAGON,
+            "kDLHexagon",
+            "hexagon",
+            "kDLHexagon memory has no path to MPI",
+        ),
+        no_path(
+            t::MAIA,
+            "kDLMAIA",
+            "maia",
+            "kDLMAIA memory has no path to MPI",
+        ),
+        no_path(
+            t::TRN,
+            "kDLTrn",
+            "trn",
+            "kDLTrn (Trainium) memory has no path to MPI",
+        ),
+        no_path(
+            t::TPU,
+            "kDLTPU",
+            "tpu",
+            "kDLTPU (TPU device) memory has no path to MPI",
+        ),
+        no_path(
+            t::TPU_HOST,
+            "kDLTPUHost",
+            "tpu_host",
+            "kDLTPUHost memory belongs to the TPU runtime and has no path to MPI",
+        ),
+        no_path(
+            t::ASCEND,
+            "kDLAscend",
+            "ascend",
+            "kDLAscend (Ascend NPU) memory has no path to MPI",
+        ),
+    ]
+};
+
+/// Why a code dlpack.h does not define is refused.
+const UNKNOWN_REFUSAL: &str = "this device type is not defined by dlpack.h and has no path to MPI";
+
+/// The row of `code`, `None` for a code dlpack.h does not define. A linear scan: host memory
+/// (`kDLCPU`) is the first row, the others are at most 19 comparisons.
+const fn row(code: u32) -> Option<&'static Row> {
+    let mut i = 0;
+    while i < ROWS.len() {
+        if ROWS[i].code == code {
+            return Some(&ROWS[i]);
+        }
+        i += 1;
+    }
+    None
+}
 
 /// The DLPack stream table: the values of the `stream` argument of `__dlpack__` (array API,
 /// "Data interchange mechanisms"; dlpack.h). Any other CUDA value is a `cudaStream_t`
@@ -142,13 +299,9 @@ impl Device {
     /// The memory kind of this device type.
     #[inline]
     pub fn memory_kind(self) -> MemoryKind {
-        match self.device_type {
-            device_type::CPU => MemoryKind::Host,
-            device_type::CUDA_HOST | device_type::ROCM_HOST => MemoryKind::PinnedHost,
-            device_type::CUDA => MemoryKind::Cuda,
-            device_type::CUDA_MANAGED => MemoryKind::CudaManaged,
-            device_type::ROCM => MemoryKind::Rocm,
-            _ => MemoryKind::Other,
+        match row(self.device_type) {
+            Some(row) => row.kind,
+            None => MemoryKind::Other,
         }
     }
 
@@ -163,11 +316,13 @@ impl Device {
     /// type that takes it.
     #[inline]
     pub fn check_host_accessible(self) -> Result<()> {
-        let reason = match self.memory_kind() {
-            MemoryKind::Host | MemoryKind::PinnedHost => return Ok(()),
-            MemoryKind::Cuda | MemoryKind::CudaManaged => CUDA_NOT_HOST,
-            MemoryKind::Rocm => "ROCm device memory has no path to MPI in this build",
-            MemoryKind::Other => other_refusal(self.device_type),
+        let reason = match row(self.device_type) {
+            Some(Row { refusal: None, .. }) => return Ok(()),
+            Some(Row {
+                refusal: Some(reason),
+                ..
+            }) => reason,
+            None => UNKNOWN_REFUSAL,
         };
         Err(Error::UnsupportedDevice {
             device_type: self.device_type,
@@ -177,54 +332,12 @@ impl Device {
     }
 }
 
-/// Why a device type with no path to MPI is refused, naming it (a `'static` reason for
-/// [`Error::UnsupportedDevice`]).
-fn other_refusal(code: u32) -> &'static str {
-    match code {
-        device_type::OPENCL => "kDLOpenCL memory has no path to MPI",
-        device_type::VULKAN => "kDLVulkan memory has no path to MPI",
-        device_type::METAL => "kDLMetal memory has no path to MPI",
-        device_type::VPI => "kDLVPI memory has no path to MPI",
-        device_type::EXT_DEV => "kDLExtDev memory has no path to MPI",
-        device_type::ONE_API => "kDLOneAPI memory has no path to MPI",
-        device_type::WEBGPU => "kDLWebGPU memory has no path to MPI",
-        device_type::HEXAGON => "kDLHexagon memory has no path to MPI",
-        device_type::MAIA => "kDLMAIA memory has no path to MPI",
-        device_type::TRN => "kDLTrn (Trainium) memory has no path to MPI",
-        device_type::TPU => "kDLTPU (TPU device) memory has no path to MPI",
-        device_type::TPU_HOST => {
-            "kDLTPUHost memory belongs to the TPU runtime and has no path to MPI"
-        }
-        device_type::ASCEND => "kDLAscend (Ascend NPU) memory has no path to MPI",
-        _ => "this device type is not defined by dlpack.h and has no path to MPI",
-    }
-}
-
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self.device_type {
-            device_type::CPU => "cpu",
-            device_type::CUDA => "cuda",
-            device_type::CUDA_HOST => "cuda_host",
-            device_type::OPENCL => "opencl",
-            device_type::VULKAN => "vulkan",
-            device_type::METAL => "metal",
-            device_type::VPI => "vpi",
-            device_type::ROCM => "rocm",
-            device_type::ROCM_HOST => "rocm_host",
-            device_type::EXT_DEV => "ext_dev",
-            device_type::CUDA_MANAGED => "cuda_managed",
-            device_type::ONE_API => "oneapi",
-            device_type::WEBGPU => "webgpu",
-            device_type::HEXAGON => "hexagon",
-            device_type::MAIA => "maia",
-            device_type::TRN => "trn",
-            device_type::TPU => "tpu",
-            device_type::TPU_HOST => "tpu_host",
-            device_type::ASCEND => "ascend",
-            _ => return write!(f, "device{}:{}", self.device_type, self.device_id),
-        };
-        write!(f, "{name}:{}", self.device_id)
+        match row(self.device_type) {
+            Some(row) => write!(f, "{}:{}", row.display, self.device_id),
+            None => write!(f, "device{}:{}", self.device_type, self.device_id),
+        }
     }
 }
 
@@ -276,23 +389,91 @@ impl MemoryKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dlpack_rs::ffi::DLDeviceType as dl;
 
+    /// Every row round-trips: its code finds it, and each function answers from it (name,
+    /// memory kind, `Display`, the refusal with its code and id, `DLDevice` and back).
     #[test]
-    fn every_dlpack_1_4_code_is_named_and_refused_by_name() {
-        for code in (1..=4).chain(7..=21) {
-            let name = device_type::name(code).unwrap_or_else(|| panic!("{code} unnamed"));
-            let d = Device::new(code, 0);
-            assert!(!d.to_string().starts_with("device"), "{code}: {d}");
-            if d.memory_kind() == MemoryKind::Other {
-                let err = d.check_host_accessible().unwrap_err().to_string();
-                assert!(err.contains(name), "{code}: {err}");
+    fn every_row_round_trips() {
+        for r in &ROWS {
+            let what = r.name;
+            assert_eq!(row(r.code), Some(r), "{what}");
+            assert_eq!(device_type::name(r.code), Some(r.name), "{what}");
+            assert!(device_type::is_known(r.code), "{what}");
+            let d = Device::new(r.code, 3);
+            assert_eq!(d.memory_kind(), r.kind, "{what}");
+            assert_eq!(d.to_string(), format!("{}:3", r.display), "{what}");
+            assert_eq!(Device::from(dlpack_rs::ffi::DLDevice::from(d)), d, "{what}");
+            let want = r.refusal.map(|reason| Error::UnsupportedDevice {
+                device_type: r.code,
+                device_id: 3,
+                reason,
+            });
+            assert_eq!(d.check_host_accessible().err(), want, "{what}");
+            // Accepted exactly when the host reads the memory directly.
+            let host = matches!(r.kind, MemoryKind::Host | MemoryKind::PinnedHost);
+            assert_eq!(r.refusal.is_none(), host, "{what}");
+            // A type with no path to MPI is refused by its dlpack.h name.
+            if r.kind == MemoryKind::Other {
+                assert!(r.refusal.is_some_and(|m| m.starts_with(r.name)), "{what}");
             }
         }
+    }
+
+    /// The table holds dlpack.h v1.4's codes (1-4, 7-21) once each, in code order, under the
+    /// header's names (dlpack-rs's bindings up to 20; `kDLAscend` = 21 is dlpack.h 1.4), and
+    /// no two rows share a name or a display name.
+    #[test]
+    fn table_is_dlpack_1_4_once() {
+        let header = [
+            (dl::kDLCPU, "kDLCPU"),
+            (dl::kDLCUDA, "kDLCUDA"),
+            (dl::kDLCUDAHost, "kDLCUDAHost"),
+            (dl::kDLOpenCL, "kDLOpenCL"),
+            (dl::kDLVulkan, "kDLVulkan"),
+            (dl::kDLMetal, "kDLMetal"),
+            (dl::kDLVPI, "kDLVPI"),
+            (dl::kDLROCM, "kDLROCM"),
+            (dl::kDLROCMHost, "kDLROCMHost"),
+            (dl::kDLExtDev, "kDLExtDev"),
+            (dl::kDLCUDAManaged, "kDLCUDAManaged"),
+            (dl::kDLOneAPI, "kDLOneAPI"),
+            (dl::kDLWebGPU, "kDLWebGPU"),
+            (dl::kDLHexagon, "kDLHexagon"),
+            (dl::kDLMAIA, "kDLMAIA"),
+            (dl::kDLTrn, "kDLTrn"),
+            (dl::kDLTPU, "kDLTPU"),
+            (dl::kDLTPUHost, "kDLTPUHost"),
+            (21, "kDLAscend"),
+        ];
+        let rows: Vec<(u32, &str)> = ROWS.iter().map(|r| (r.code, r.name)).collect();
+        assert_eq!(rows, header);
+        let codes: Vec<u32> = (1..=4).chain(7..=21).collect();
+        assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), codes);
+        let mut displays: Vec<&str> = ROWS.iter().map(|r| r.display).collect();
+        displays.sort_unstable();
+        displays.dedup();
+        assert_eq!(displays.len(), ROWS.len());
+    }
+
+    /// A code dlpack.h does not define has no row: no name, memory kind `Other`, refused as
+    /// undefined, shown by its number.
+    #[test]
+    fn undefined_codes_have_no_row() {
         for code in [0, 5, 6, 22, u32::MAX] {
+            assert_eq!(row(code), None, "{code}");
             assert!(!device_type::is_known(code), "{code}");
+            let d = Device::new(code, 1);
+            assert_eq!(d.memory_kind(), MemoryKind::Other, "{code}");
+            assert_eq!(d.to_string(), format!("device{code}:1"));
+            assert_eq!(
+                d.check_host_accessible(),
+                Err(Error::UnsupportedDevice {
+                    device_type: code,
+                    device_id: 1,
+                    reason: UNKNOWN_REFUSAL,
+                })
+            );
         }
-        assert_eq!(device_type::name(19), Some("kDLTPU"));
-        assert_eq!(device_type::name(20), Some("kDLTPUHost"));
-        assert_eq!(device_type::name(21), Some("kDLAscend"));
     }
 }

@@ -10,7 +10,7 @@
 //! | Int (0) 8/16/32/64 | `MPI_INT{8,16,32,64}_T` | sum, prod, min, max, land, lor, lxor, band, bor, bxor |
 //! | UInt (1) 8/16/32/64 | `MPI_UINT{8,16,32,64}_T` | same as Int |
 //! | Float (2) 32/64 | `MPI_FLOAT`, `MPI_DOUBLE` | sum, prod, min, max |
-//! | Float (2) 16 | `MPI_UINT16_T` (bits) | sum, prod, min, max through user-defined ops ([`crate::halfops`]) |
+//! | Float (2) 16 | `MPI_UINT16_T` (bits) | sum, prod, min, max through user-defined ops ([`crate::comm::halfops`]) |
 //! | Bfloat (4) 16 | `MPI_UINT16_T` (bits) | sum, prod, min, max through user-defined ops |
 //! | Complex (5) 64/128 | `MPI_C_FLOAT_COMPLEX`, `MPI_C_DOUBLE_COMPLEX` | sum, prod |
 //! | Complex (5) 32 (complex half) | `MPI_UINT32_T` (transfer only) | none |
@@ -441,7 +441,7 @@ const fn raw(code: u8, bits: u8, unit: MpiUnit) -> Row {
 }
 
 /// Half-precision rows: the bits travel as `MPI_UINT16_T`; sum, product, min and max go
-/// through user-defined operations ([`crate::halfops`]).
+/// through user-defined operations ([`crate::comm::halfops`]).
 const fn half(code: u8, bits: u8) -> Row {
     Row {
         code,

@@ -87,7 +87,7 @@ pub enum Error {
     /// The tensor is not C-contiguous (row-major compact) on `axis`, where contiguity is
     /// required: reading it as a slice ([`crate::dlpack::Tensor::as_slice`]). Strided
     /// layouts themselves are sent and received through derived datatypes
-    /// ([`crate::derived`]); the specs use this error internally to pick that path.
+    /// ([`crate::spec::datatype`]); the specs use this error internally to pick that path.
     #[error(
         "tensor is not C-contiguous: axis {axis} has stride {stride_elems} elements, \
          expected {expected_elems}"
@@ -175,6 +175,16 @@ pub enum Error {
         expected: i64,
         /// The count given or arriving, in elements.
         actual: i64,
+    },
+
+    /// The root of a rooted collective was given `None` for a buffer only the root needs
+    /// (the receive buffer of reduce, gather and gatherv, the send buffer of scatter and
+    /// scatterv: [`crate::comm::TensorComm`]); returned at the root before any MPI call (the
+    /// other ranks get [`Error::PeerRefused`] under the default agreement).
+    #[error("{what}: none given at the root, which needs it")]
+    MissingBuffer {
+        /// Which buffer, e.g. `"gather receive buffer"` or `"scatterv send buffer"`.
+        what: &'static str,
     },
 
     /// A per-rank argument list (counts or displacements) has the wrong length.
@@ -594,6 +604,22 @@ pub enum Error {
     #[error("exporter failed: {0}")]
     Export(String),
 
+    /// A built-in exporter ([`crate::dlpack::Owned`], [`crate::dlpack::SliceMut`], the CUDA
+    /// exporter) refused an export because tensors it exported earlier still hold its storage:
+    /// any number of read-only exports, or one writable export, may be alive at a time. Drop
+    /// the live tensors (or export read-only) and export again.
+    #[error(
+        "storage is already exported ({}); a {} export must wait: drop that tensor first",
+        holders(.readers),
+        export_kind(.writable)
+    )]
+    StorageBusy {
+        /// Whether the refused export was writable (`false`: read-only).
+        writable: bool,
+        /// The read-only exports alive, in tensors; `0` means one writable export is alive.
+        readers: usize,
+    },
+
     /// The sender of a pipelined device message ([`crate::transport::pipeline`]) stopped
     /// partway and said so with an abort part (its device → host copy of part `part`
     /// failed); the parts before it were received, the receive tensor is incomplete.
@@ -690,4 +716,21 @@ pub(crate) struct Matched {
     /// `MPI_MESSAGE_NULL` once received or discarded.
     pub(crate) handle: MPI_Message,
     pub(crate) status: MPI_Status,
+}
+
+/// The live exports of [`Error::StorageBusy`], for its message.
+fn holders(readers: &usize) -> String {
+    match *readers {
+        0 => "writable".to_string(),
+        n => format!("{n} read-only"),
+    }
+}
+
+/// The refused export of [`Error::StorageBusy`], for its message.
+fn export_kind(writable: &bool) -> &'static str {
+    if *writable {
+        "writable"
+    } else {
+        "read-only"
+    }
 }

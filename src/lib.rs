@@ -22,7 +22,7 @@
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing, and the DLPack stream table.
 //! - [`runtime`]: the GPU runtime trait [`runtime::DeviceRuntime`] (consumer streams,
-//!   synchronization, pointer checks, pinned buffers, copies), [`runtime::SimulatedDevice`]
+//!   synchronization, pointer checks, pinned buffers, copies), [`runtime::SimulatedRuntime`]
 //!   for machines without a GPU, and `runtime::cuda::CudaRuntime` (feature `cuda`, the CUDA
 //!   driver through cudarc).
 //! - [`dlpack`]: the owning import guard [`dlpack::ManagedTensor`] (legacy and versioned
@@ -32,19 +32,17 @@
 //! - `python` (feature `python`): acquire tensors from any Python object with `__dlpack__`
 //!   (NumPy, ...), and make and read NumPy arrays from Rust.
 //! - [`spec`]: `(pointer, count, datatype)` descriptors implementing rsmpi's buffer traits;
-//!   [`derived`] builds and caches the derived datatypes of strided layouts and of counts
-//!   beyond MPI's `int`.
-//! - [`halfops`]: user-defined MPI reductions for float16 and bfloat16.
+//!   [`spec::datatype`] builds and caches the derived datatypes of strided layouts and of
+//!   counts beyond MPI's `int`.
+//! - `raw` (private): the direct calls of MPI's C API that rsmpi's safe API does not cover.
 //! - [`comm`]: [`comm::TensorComm`], checked point-to-point and collective operations on
-//!   every rsmpi communicator.
+//!   every rsmpi communicator; [`comm::halfops`], the user-defined MPI reductions for
+//!   float16 and bfloat16.
 //! - [`checked`]: optional self-describing messages (a dtype/shape header, then the
 //!   payload); the receiver validates against the header or allocates from it.
 //! - [`transport`]: whether the MPI library is CUDA-aware, and why;
 //!   [`transport::DeviceComm`], which routes each tensor directly, through pinned staging
 //!   buffers, or as host memory.
-//! - `cuda` (feature `cuda`): one path for users to the CUDA runtime and exporter
-//!   (`dlpack_mpi::cuda::{CudaRuntime, CudaExport}`), re-exported from `runtime` and
-//!   `dlpack`.
 //!
 //! Every error is an [`Error`] naming the field and value. Argument errors are returned
 //! before any MPI call; errors about what arrived or what a peer did ([`Error::Unfit`],
@@ -66,19 +64,10 @@
 
 pub mod checked;
 pub mod comm;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-/// Committed MPI derived datatypes for strided layouts and for counts beyond MPI's `int`
-/// (defined in `spec/datatype.rs`, which documents the type maps; this path stays for
-/// existing users).
-pub mod derived {
-    pub use crate::spec::datatype::{cached_count, large_contiguous, strided, LARGE_BLOCK_UNITS};
-}
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
-pub use comm::reduce::halfops;
 pub mod layout;
 mod lifecycle;
 #[cfg(feature = "python")]
@@ -90,6 +79,82 @@ pub mod spec;
 pub mod transport;
 
 pub use error::{Error, Result};
+
+// Earlier paths, deprecated and hidden from the docs; each item has one path above. Rust
+// ignores `#[deprecated]` on a `pub use`, so each old path is a deprecated item of its own
+// (a function calling the new one, a constant, a type alias) that warns where it is used.
+
+/// The earlier path of [`spec::datatype`], deprecated.
+#[deprecated(note = "use dlpack_mpi::spec::datatype")]
+#[doc(hidden)]
+pub mod derived {
+    use mpi::ffi::MPI_Datatype;
+
+    use crate::dtype::MpiUnit;
+    use crate::error::Result;
+    use crate::layout::Axis;
+
+    /// Deprecated path of [`crate::spec::datatype::LARGE_BLOCK_UNITS`].
+    #[deprecated(note = "use dlpack_mpi::spec::datatype::LARGE_BLOCK_UNITS")]
+    pub const LARGE_BLOCK_UNITS: u64 = crate::spec::datatype::LARGE_BLOCK_UNITS;
+
+    /// Deprecated path of [`crate::spec::datatype::cached_count`].
+    #[deprecated(note = "use dlpack_mpi::spec::datatype::cached_count")]
+    pub fn cached_count() -> usize {
+        crate::spec::datatype::cached_count()
+    }
+
+    /// Deprecated path of [`crate::spec::datatype::strided`].
+    ///
+    /// # Errors
+    /// As [`crate::spec::datatype::strided`].
+    #[deprecated(note = "use dlpack_mpi::spec::datatype::strided")]
+    pub fn strided(unit: MpiUnit, lanes: u16, axes: &[Axis]) -> Result<MPI_Datatype> {
+        crate::spec::datatype::strided(unit, lanes, axes)
+    }
+
+    /// Deprecated path of [`crate::spec::datatype::large_contiguous`].
+    ///
+    /// # Errors
+    /// As [`crate::spec::datatype::large_contiguous`].
+    #[deprecated(note = "use dlpack_mpi::spec::datatype::large_contiguous")]
+    pub fn large_contiguous(unit: MpiUnit, units: u64) -> Result<MPI_Datatype> {
+        crate::spec::datatype::large_contiguous(unit, units)
+    }
+}
+
+/// The earlier path of [`comm::halfops`], deprecated.
+#[deprecated(note = "use dlpack_mpi::comm::halfops")]
+#[doc(hidden)]
+pub mod halfops {
+    use mpi::ffi::MPI_Op;
+
+    use crate::dtype::{DType, ReduceOp};
+    use crate::error::Result;
+
+    /// Deprecated path of [`crate::comm::halfops::is_half`].
+    #[deprecated(note = "use dlpack_mpi::comm::halfops::is_half")]
+    pub fn is_half(dtype: DType) -> bool {
+        crate::comm::halfops::is_half(dtype)
+    }
+
+    /// Deprecated path of [`crate::comm::halfops::op`].
+    ///
+    /// # Errors
+    /// As [`crate::comm::halfops::op`].
+    #[deprecated(note = "use dlpack_mpi::comm::halfops::op")]
+    pub fn op(dtype: DType, op: ReduceOp) -> Result<MPI_Op> {
+        crate::comm::halfops::op(dtype, op)
+    }
+}
+
+/// The earlier path of the CUDA runtime and exporter, deprecated.
+#[cfg(feature = "cuda")]
+#[deprecated(
+    note = "use dlpack_mpi::runtime::cuda::CudaRuntime and dlpack_mpi::dlpack::CudaExport"
+)]
+#[doc(hidden)]
+pub mod cuda;
 
 /// The README's code blocks, compiled as doctests.
 #[cfg(doctest)]

@@ -61,7 +61,7 @@ fn verdict(
     w: &SimpleCommunicator,
     refuser: i32,
     got: dlpack_mpi::Result<()>,
-    own: fn(&Error) -> bool,
+    own: impl Fn(&Error) -> bool,
 ) -> Outcome {
     let mut text = [0u8; AGREEMENT_REASON_BYTES];
     if w.rank() == refuser {
@@ -166,7 +166,12 @@ fn scatter(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
     };
     let got = w.scatter_tensor(send_arg, &mut r, root);
     verdict(w, refuser, got, |e| {
-        matches!(e, Error::CountMismatch { .. } | Error::DtypeMismatch { .. })
+        matches!(
+            e,
+            Error::MissingBuffer {
+                what: "scatter send buffer"
+            } | Error::DtypeMismatch { .. }
+        )
     })
 }
 
@@ -331,6 +336,49 @@ fn every_rank_refuses(w: &SimpleCommunicator, bytes: usize) -> Outcome {
     }
 }
 
+/// Every rank passes `None` for the root-only buffer of each rooted collective: only the
+/// root refuses, with `MissingBuffer` naming the buffer; the others get `PeerRefused`. All
+/// five cases run on every rank before any verdict is returned (each verdict is collective).
+fn missing_root_buffers(w: &SimpleCommunicator, root: i32) -> Outcome {
+    let (send, recv) = (f32s(M), f32s(M));
+    let s = t(&send)?;
+    let mut r = t(&recv)?;
+    let missing = |what: &'static str| move |e: &Error| *e == Error::MissingBuffer { what };
+    let outcomes = [
+        verdict(
+            w,
+            root,
+            w.reduce_tensor(&s, None, ReduceOp::Sum, root),
+            missing("reduce receive buffer"),
+        ),
+        verdict(
+            w,
+            root,
+            w.gather_tensor(&s, None, root),
+            missing("gather receive buffer"),
+        ),
+        verdict(
+            w,
+            root,
+            w.gatherv_tensor(&s, None, root),
+            missing("gatherv receive buffer"),
+        ),
+        verdict(
+            w,
+            root,
+            w.scatter_tensor(None, &mut r, root),
+            missing("scatter send buffer"),
+        ),
+        verdict(
+            w,
+            root,
+            w.scatterv_tensor(None, &mut r, root),
+            missing("scatterv send buffer"),
+        ),
+    ];
+    outcomes.into_iter().collect()
+}
+
 /// `Agreement::Local`: a refusal every rank makes alike still returns each rank's own error
 /// (nobody enters MPI, so nothing hangs); then the default is restored.
 fn local_opt_out(w: &SimpleCommunicator) -> Outcome {
@@ -403,6 +451,10 @@ fn main() {
             Box::new(move || every_rank_refuses(w, bytes)),
         ));
     }
+    cases.push((
+        format!("no root-only buffer at the root (rank {root}): MissingBuffer naming it"),
+        Box::new(|| missing_root_buffers(&w, root)),
+    ));
     cases.push((
         "Agreement::Local: each rank's own error".into(),
         Box::new(|| local_opt_out(&w)),

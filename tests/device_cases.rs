@@ -1,6 +1,6 @@
 //! GPU cases C51, C53, C60–C65 and the transport (issue 5) on a machine without a GPU:
 //! tensors labelled `kDLCUDA`/`kDLCUDAManaged` over host memory, with a
-//! [`SimulatedDevice`] runtime that records every call and runs "kernels" (work queued on a
+//! [`SimulatedRuntime`] runtime that records every call and runs "kernels" (work queued on a
 //! stream) only when that stream is synchronized. The routing, staging, pipelining, stream
 //! and device-check code is the code a CUDA tensor runs through; only the runtime differs.
 //!
@@ -18,9 +18,10 @@ use dlpack_mpi::dlpack::{
     ManagedTensor, Owned, StreamPolicy, Tensor, TensorView,
 };
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::runtime::{DeviceRuntime, RuntimeCall, SimulatedRuntime};
 use dlpack_mpi::transport::{
-    select_device, select_device_at, DeviceComm, DeviceRuntime, DeviceSource, NodeLocal, Route,
-    RuntimeCall, SimulatedDevice, Transport, DEVICE_ENV,
+    select_device, select_device_at, DeviceComm, DeviceSource, NodeLocal, Route, Transport,
+    DEVICE_ENV,
 };
 use dlpack_mpi::Error;
 use half::f16;
@@ -59,13 +60,13 @@ fn on(device: Device, vals: Vec<f32>) -> Owned<f32> {
 
 fn staged<'c>(
     w: &'c SimpleCommunicator,
-    rt: &'c SimulatedDevice,
+    rt: &'c SimulatedRuntime,
 ) -> DeviceComm<'c, SimpleCommunicator> {
     DeviceComm::new(w, Some(rt as &dyn DeviceRuntime), Transport::Staged)
         .expect("staged always works")
 }
 
-fn copies(rt: &SimulatedDevice) -> (usize, usize) {
+fn copies(rt: &SimulatedRuntime) -> (usize, usize) {
     rt.calls().iter().fold((0, 0), |(h, d), c| match c {
         RuntimeCall::CopyToHost { .. } => (h + 1, d),
         RuntimeCall::CopyToDevice { .. } => (h, d + 1),
@@ -78,14 +79,14 @@ fn copies(rt: &SimulatedDevice) -> (usize, usize) {
 /// the values exist only once the consumer synchronizes the stream (C61).
 struct AsyncKernel<'r> {
     storage: Owned<f32>,
-    rt: &'r SimulatedDevice,
+    rt: &'r SimulatedRuntime,
     fill: f32,
     asked: std::sync::Mutex<Vec<Option<isize>>>,
     answers_query: bool,
 }
 
 impl<'r> AsyncKernel<'r> {
-    fn new(rt: &'r SimulatedDevice, len: usize, fill: f32, answers_query: bool) -> Self {
+    fn new(rt: &'r SimulatedRuntime, len: usize, fill: f32, answers_query: bool) -> Self {
         AsyncKernel {
             storage: on(CUDA0, vec![0.0; len]),
             rt,
@@ -121,7 +122,7 @@ impl Exporter for AsyncKernel<'_> {
 }
 
 /// A runtime that forgets to synchronize: the control that shows C61 can fail.
-struct NoSync<'a>(&'a SimulatedDevice);
+struct NoSync<'a>(&'a SimulatedRuntime);
 
 impl DeviceRuntime for NoSync<'_> {
     fn describe(&self) -> String {
@@ -166,7 +167,7 @@ impl DeviceRuntime for NoSync<'_> {
 }
 
 fn c51_consumer_stream_and_minus_one(_w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let k = AsyncKernel::new(&rt, 4, 1.0, true);
     drop(call!(acquire_with_runtime(
         &k,
@@ -203,7 +204,7 @@ fn c51_consumer_stream_and_minus_one(_w: &SimpleCommunicator) -> Outcome {
 }
 
 fn c53_no_device_query_syncs_legacy_stream(_w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let k = AsyncKernel::new(&rt, 3, 5.0, false);
     let t = call!(acquire_with_runtime(
         &k,
@@ -229,7 +230,7 @@ fn c53_no_device_query_syncs_legacy_stream(_w: &SimpleCommunicator) -> Outcome {
 /// DeviceComm, and compare with the values the kernel writes.
 fn async_kernel_allreduce(
     w: &SimpleCommunicator,
-    sim: &SimulatedDevice,
+    sim: &SimulatedRuntime,
     rt: &dyn DeviceRuntime,
 ) -> Outcome {
     const N: usize = 100_000;
@@ -258,10 +259,10 @@ fn async_kernel_allreduce(
 }
 
 fn c61_async_kernel_is_ordered_before_mpi(w: &SimpleCommunicator) -> Outcome {
-    let sim = SimulatedDevice::new();
+    let sim = SimulatedRuntime::new();
     async_kernel_allreduce(w, &sim, &sim)?;
     // Control: the same pipeline with the synchronization removed must not pass.
-    let sim2 = SimulatedDevice::new();
+    let sim2 = SimulatedRuntime::new();
     let broken = async_kernel_allreduce(w, &sim2, &NoSync(&sim2));
     ensure!(
         broken.is_err(),
@@ -271,7 +272,7 @@ fn c61_async_kernel_is_ordered_before_mpi(w: &SimpleCommunicator) -> Outcome {
 }
 
 fn c60_pinned_host_is_host_memory(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let src = on(PINNED, vec![w.rank() as f32 + 0.5; 32]);
     let mut dst = on(PINNED, vec![0.0; 32]);
     {
@@ -291,7 +292,7 @@ fn c60_pinned_host_is_host_memory(w: &SimpleCommunicator) -> Outcome {
 }
 
 fn c62_other_device_current(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     rt.set_current_device(0);
     let src = on(CUDA1, vec![1.0; 64]);
     let mut dst = on(CUDA1, vec![0.0; 64]);
@@ -336,7 +337,7 @@ fn c62_other_device_current(w: &SimpleCommunicator) -> Outcome {
 }
 
 fn c63_managed_is_synchronized_not_copied(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let src = on(MANAGED, vec![2.0; 16]);
     let mut dst = on(MANAGED, vec![0.0; 16]);
     {
@@ -360,7 +361,7 @@ fn c63_managed_is_synchronized_not_copied(w: &SimpleCommunicator) -> Outcome {
 /// Every collective through staging, float32 and float16 (whose reduction is a host
 /// function), checked value by value.
 fn c64_staged_every_collective(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let (rank, size) = (w.rank() as usize, w.size() as usize);
     let n = 6;
@@ -479,7 +480,7 @@ fn pipelined_point_to_point(w: &SimpleCommunicator) -> Outcome {
         return Ok(()); // a blocking pipelined send to oneself would wait for itself
     }
     const N: usize = 10 << 18; // 10 MiB of f32
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt).with_pipeline_chunk(Some(1 << 20));
     ensure_eq!(dc.pipeline_chunk_bytes(), 1 << 20);
     if rank == 0 {
@@ -559,7 +560,7 @@ fn pipelined_point_to_point(w: &SimpleCommunicator) -> Outcome {
 }
 
 fn c65_empty_tensor_makes_no_runtime_call(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let empty = on(CUDA0, Vec::new());
     let mut out = on(CUDA0, Vec::new());
     let s = take(&empty, &rt)?;
@@ -599,7 +600,7 @@ fn selected(ordinal: i32) -> Vec<RuntimeCall> {
 fn device_per_node_local_rank(w: &SimpleCommunicator) -> Outcome {
     let local = NodeLocal::of(w);
     ensure_eq!((local.rank, local.size), (w.rank(), w.size()));
-    let rt = SimulatedDevice::with_devices(2);
+    let rt = SimulatedRuntime::with_devices(2);
     let sel = call!(select_device_at(local, &rt, None, None));
     ensure_eq!(sel.ordinal, w.rank() % 2);
     ensure_eq!(sel.source, DeviceSource::NodeLocalRank);
@@ -631,7 +632,7 @@ fn device_per_node_local_rank(w: &SimpleCommunicator) -> Outcome {
     );
     // Through the environment (unset here): the same answer.
     std::env::remove_var(DEVICE_ENV);
-    let rt = SimulatedDevice::with_devices(2);
+    let rt = SimulatedRuntime::with_devices(2);
     let again = call!(select_device(w, &rt, None));
     ensure_eq!(again, sel);
     ensure_eq!(rt.calls(), selected(sel.ordinal));
@@ -643,20 +644,20 @@ fn device_per_node_local_rank(w: &SimpleCommunicator) -> Outcome {
 /// before any context is made.
 fn device_overrides_and_refusals(w: &SimpleCommunicator) -> Outcome {
     let local = NodeLocal::of(w);
-    let rt = SimulatedDevice::with_devices(2);
+    let rt = SimulatedRuntime::with_devices(2);
     let sel = call!(select_device_at(local, &rt, None, Some("1")));
     ensure_eq!((sel.ordinal, sel.source), (1, DeviceSource::Environment));
     ensure_eq!(rt.calls(), selected(1));
-    let rt = SimulatedDevice::with_devices(2);
+    let rt = SimulatedRuntime::with_devices(2);
     let sel = call!(select_device_at(local, &rt, Some(0), Some("1")));
     ensure_eq!((sel.ordinal, sel.source), (0, DeviceSource::Flag));
     ensure_eq!(rt.calls(), selected(0));
     // The process environment, as `select_device` reads it.
     std::env::set_var(DEVICE_ENV, "1");
-    let rt = SimulatedDevice::with_devices(2);
+    let rt = SimulatedRuntime::with_devices(2);
     let from_env = select_device(w, &rt, None);
     std::env::set_var(DEVICE_ENV, "gpu1");
-    let rt_bad = SimulatedDevice::with_devices(2);
+    let rt_bad = SimulatedRuntime::with_devices(2);
     let bad = select_device(w, &rt_bad, None);
     std::env::remove_var(DEVICE_ENV);
     let from_env = call!(from_env);
@@ -674,7 +675,7 @@ fn device_overrides_and_refusals(w: &SimpleCommunicator) -> Outcome {
     ensure!(rt_bad.calls().is_empty(), "{:?}", rt_bad.calls());
     ensure_eq!(rt_bad.selected_device(), None);
     for (flag, env) in [(Some(2), None), (None, Some("2")), (Some(-1), None)] {
-        let rt = SimulatedDevice::with_devices(2);
+        let rt = SimulatedRuntime::with_devices(2);
         match select_device_at(local, &rt, flag, env) {
             Err(Error::UnsupportedDevice { device_id, .. }) => {
                 ensure_eq!(device_id, flag.unwrap_or(2));
@@ -695,7 +696,7 @@ fn device_overrides_and_refusals(w: &SimpleCommunicator) -> Outcome {
 /// stages strided ones and half-precision reductions; `Direct` is refused when MPI is not
 /// CUDA-aware.
 fn direct_route_and_its_exceptions(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
     let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Auto);
     std::env::set_var("DLPACK_MPI_CUDA_AWARE", "0");
@@ -753,7 +754,7 @@ fn direct_route_and_its_exceptions(w: &SimpleCommunicator) -> Outcome {
 
 /// Refusals before MPI and before any copy: ROCm, no runtime, a read-only device receive.
 fn refusals(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let rocm = Owned::new(vec![1.0f32; 4]).labelled(Device::new(device_type::ROCM, 0));
     let unsync = AcquireOptions {
         stream: StreamPolicy::Unsynchronized,

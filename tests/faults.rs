@@ -1,7 +1,7 @@
 //! Faults a peer can cause (issue 14, items 4 and 5b), at 2 ranks:
 //!
 //! - pipelined device messages ([`dlpack_mpi::transport::pipeline`]) on a
-//!   [`SimulatedDevice`] with an injected device → host copy failure: the sender sends the
+//!   [`SimulatedRuntime`] with an injected device → host copy failure: the sender sends the
 //!   abort and returns the copy's error, the receiver returns `SenderAborted` naming the
 //!   sender, and the next message on the same tag arrives intact; sender and receiver with
 //!   different part sizes; an ordinary message exactly one part long (the old one-part
@@ -30,8 +30,9 @@ use dlpack_mpi::dlpack::{
     acquire, acquire_with_runtime, AcquireOptions, Exporter, ManagedTensor, Owned,
 };
 use dlpack_mpi::dtype::code;
+use dlpack_mpi::runtime::{DeviceRuntime, SimulatedRuntime};
 use dlpack_mpi::transport::pipeline::{PART_HEADER_MAGIC, PIPELINE_VERSION};
-use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, SimulatedDevice, Transport};
+use dlpack_mpi::transport::{DeviceComm, Transport};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -113,7 +114,7 @@ fn host<'e, E: Exporter>(e: &'e E) -> Result<ManagedTensor<'e>, String> {
 
 fn staged<'c>(
     w: &'c SimpleCommunicator,
-    rt: &'c SimulatedDevice,
+    rt: &'c SimulatedRuntime,
     part: Option<usize>,
 ) -> DeviceComm<'c, SimpleCommunicator> {
     DeviceComm::new(w, Some(rt as &dyn DeviceRuntime), Transport::Staged)
@@ -134,7 +135,7 @@ fn is_ramp(v: &[f32]) -> bool {
 /// in its tensor and nothing later; then a whole message on the same tag arrives intact,
 /// into device memory and into host memory.
 fn abort_part_ends_the_receive(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt, Some(PART));
     let tag = 21;
     if w.rank() == 0 {
@@ -200,7 +201,7 @@ fn abort_part_ends_the_receive(w: &SimpleCommunicator) -> Outcome {
 /// sender's send completes), copies no more, and returns the copy's error; the next message
 /// on the tag arrives intact.
 fn receiver_copy_failure_drains_the_parts(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt, Some(PART));
     let tag = 27;
     if w.rank() == 0 {
@@ -239,7 +240,7 @@ fn receiver_copy_failure_drains_the_parts(w: &SimpleCommunicator) -> Outcome {
 
 /// A failure on the very first copy: only the header went out, then the abort (part 0).
 fn abort_before_any_part(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt, Some(PART));
     let tag = 22;
     if w.rank() == 0 {
@@ -267,7 +268,7 @@ fn abort_before_any_part(w: &SimpleCommunicator) -> Outcome {
 /// its own part size is larger (4 MiB, the default), smaller (64 KiB) or off, and even
 /// when its tensor is no larger than its own part size.
 fn part_sizes_may_differ(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let tag = 23;
     let receivers = [Some(4 << 20), Some(64 << 10), None, Some(16 << 20)];
     if w.rank() == 0 {
@@ -297,7 +298,7 @@ fn part_sizes_may_differ(w: &SimpleCommunicator) -> Outcome {
 /// ordinary short message: CountMismatch, the message stays queued for a fitting receive,
 /// and the parted message after it arrives intact.
 fn one_part_long_message_is_not_a_part(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let tag = 24;
     if w.rank() == 0 {
         let one = Owned::new(vec![7.0f32; PART / 4]).labelled(CUDA0);
@@ -357,7 +358,7 @@ fn forged_part_headers(w: &SimpleCommunicator) -> Outcome {
         [PART_HEADER_MAGIC, PIPELINE_VERSION, 4, 4096, 8193],
         [0x1234, PIPELINE_VERSION, 4, 1 << 18, n],
     ];
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     if w.rank() == 0 {
         let to = w.process_at_rank(1);
         for h in &forged {
@@ -433,7 +434,7 @@ const SQUARE: usize = 1 << 20;
 /// reversed 1-d device tensor (stride -1). Once the
 /// receiver refused the parted header of a strided tensor, and the sender waited forever.
 fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let tag = 28;
     if w.rank() == 0 {
         let src = Owned::new((0..SQUARE).map(|i| i as f32).collect::<Vec<_>>()).labelled(CUDA0);
@@ -484,7 +485,7 @@ fn strided_receive_of_parted_message(w: &SimpleCommunicator) -> Outcome {
 /// having drained the parts, so the sender's sends return Ok; a third parted message on
 /// the same tag arrives intact. Once the parts were left queued and the sender hung.
 fn refused_parted_message_is_drained(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let tag = 29;
     if w.rank() == 0 {
         let src = ramp();
@@ -555,7 +556,7 @@ fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
         }
     } else if w.rank() == 1 {
         // The size check compares bytes: no lying size builds (and caches) a datatype.
-        let types_before = dlpack_mpi::derived::cached_count();
+        let types_before = dlpack_mpi::spec::datatype::cached_count();
         let mut got = Vec::new();
         for (header, payload) in &cases {
             let (r, largest) = largest_allocation(|| checked::recv_new(w, 0, tag));
@@ -589,7 +590,7 @@ fn lying_checked_headers(w: &SimpleCommunicator) -> Outcome {
             drop(r);
         }
         ensure_eq!(got.len(), 7);
-        ensure_eq!(dlpack_mpi::derived::cached_count(), types_before);
+        ensure_eq!(dlpack_mpi::spec::datatype::cached_count(), types_before);
         let want_prefix = [
             format!("count {} vs 3", 1i64 << 60),
             "overflow checked message payload bytes".to_string(),

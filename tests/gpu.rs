@@ -30,13 +30,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
-use dlpack_mpi::cuda::{CudaExport, CudaRuntime};
 use dlpack_mpi::device::{device_type, Device};
-use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, StreamPolicy};
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, CudaExport, Owned, StreamPolicy};
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::runtime::cuda::CudaRuntime;
+use dlpack_mpi::runtime::DeviceRuntime;
 use dlpack_mpi::transport::{
-    select_device_at, DeviceComm, DeviceRuntime, DeviceSelection, NodeLocal, Route, Transport,
-    DEVICE_ENV,
+    select_device_at, DeviceComm, DeviceSelection, NodeLocal, Route, Transport, DEVICE_ENV,
 };
 use dlpack_mpi::Error;
 use mpi::collective::SystemOperation;

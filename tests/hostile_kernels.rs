@@ -1,9 +1,9 @@
-//! Hostile inputs for the public pack kernels (`spec::kernels::{gather, scatter}`): every
+//! Hostile inputs for the public pack kernels (`spec::kernels::{pack, unpack}`): every
 //! element size 1..=80 (the `Var` copier included), extents across tile edges, strides that
 //! trigger tiling on either side, negative and zero strides; reference = one element at a time.
 
 use dlpack_mpi::layout::Axis;
-use dlpack_mpi::spec::kernels::{gather, scatter};
+use dlpack_mpi::spec::kernels::{pack, unpack};
 use proptest::prelude::*;
 
 const GUARD: usize = 80;
@@ -115,27 +115,27 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 600, failure_persistence: None, .. ProptestConfig::default() })]
 
     #[test]
-    fn gather_any_elem_size(axes in axes_strategy(), elem in 1usize..=80) {
+    fn pack_any_elem_size(axes in axes_strategy(), elem in 1usize..=80) {
         let t = T::new(&axes, elem);
         let reference: Vec<u8> = t.starts().iter().flat_map(|&p| t.buf[p..p + elem].to_vec()).collect();
         let mut out = vec![0xEEu8; reference.len()];
         // SAFETY: `T::new` sized `buf` so every element of the layout, counted from `base`,
         // lies inside it (guard bytes around).
-        let ok = unsafe { gather(t.buf.as_ptr().add(t.base), &axes, elem, &mut out) };
+        let ok = unsafe { pack(t.buf.as_ptr().add(t.base), &axes, elem, &mut out) };
         prop_assert!(ok);
         prop_assert_eq!(out, reference);
     }
 
     #[test]
-    fn scatter_any_elem_size(axes in disjoint_strategy(), elem in 1usize..=80) {
+    fn unpack_any_elem_size(axes in disjoint_strategy(), elem in 1usize..=80) {
         let mut t = T::new(&axes, elem);
         let before = t.buf.clone();
         let starts = t.starts();
         let data: Vec<u8> = (0..starts.len() * elem).map(|i| (i * 7 + 3) as u8).collect();
         let base = t.base;
-        // SAFETY: as in `gather_any_elem_size`; the layout's elements are disjoint and `data`
+        // SAFETY: as in `pack_any_elem_size`; the layout's elements are disjoint and `data`
         // is a separate buffer.
-        let ok = unsafe { scatter(&data, t.buf.as_mut_ptr().add(base), &axes, elem) };
+        let ok = unsafe { unpack(&data, t.buf.as_mut_ptr().add(base), &axes, elem) };
         prop_assert!(ok);
         let mut expect = before;
         for (k, &p) in starts.iter().enumerate() {
@@ -174,7 +174,7 @@ fn stride_overflow_and_extremes_are_refused_not_ub() {
     ] {
         // SAFETY: must be refused before any access.
         // SAFETY: the kernels refuse this layout (or copy nothing) before touching memory.
-        let ok = unsafe { gather(x.as_ptr(), &axes, elem, &mut out) };
+        let ok = unsafe { pack(x.as_ptr(), &axes, elem, &mut out) };
         assert!(!ok, "{axes:?} accepted");
     }
     // packed length overflow (extents product × elem wraps usize) must be refused
@@ -189,7 +189,7 @@ fn stride_overflow_and_extremes_are_refused_not_ub() {
         },
     ];
     // SAFETY: the kernels refuse this layout (or copy nothing) before touching memory.
-    let ok = unsafe { gather(x.as_ptr(), &axes, 8, &mut out) };
+    let ok = unsafe { pack(x.as_ptr(), &axes, 8, &mut out) };
     assert!(!ok);
     // elem_bytes 0 with elements and empty out: nothing to copy
     let axes = vec![Axis {
@@ -197,7 +197,7 @@ fn stride_overflow_and_extremes_are_refused_not_ub() {
         stride_elems: 1,
     }];
     // SAFETY: the kernels refuse this layout (or copy nothing) before touching memory.
-    let ok = unsafe { gather(x.as_ptr(), &axes, 0, &mut []) };
+    let ok = unsafe { pack(x.as_ptr(), &axes, 0, &mut []) };
     assert!(ok);
     // huge elem size with a wrapped packed size
     let axes = vec![Axis {
@@ -205,6 +205,6 @@ fn stride_overflow_and_extremes_are_refused_not_ub() {
         stride_elems: 1,
     }];
     // SAFETY: the kernels refuse this layout (or copy nothing) before touching memory.
-    let ok = unsafe { gather(x.as_ptr(), &axes, usize::MAX / 2 + 1, &mut []) };
+    let ok = unsafe { pack(x.as_ptr(), &axes, usize::MAX / 2 + 1, &mut []) };
     assert!(!ok);
 }

@@ -20,10 +20,10 @@
 //! transfer frees its buffers before the next); at 1 rank the transfers report themselves ignored.
 
 use dlpack_mpi::comm::{set_packing, Packing, TensorComm};
-use dlpack_mpi::derived;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::MpiUnit;
 use dlpack_mpi::layout::Axis;
+use dlpack_mpi::spec::datatype;
 use dlpack_mpi::spec::SendSpec;
 use mpi::collective::SystemOperation;
 use mpi::datatype::AsDatatype;
@@ -92,7 +92,7 @@ fn typemaps_are_exact() -> bool {
     ];
     let mut ok = true;
     for (axes, want) in cases {
-        let got = derived::strided(MpiUnit::Uint8, 1, &axes).map(typemap);
+        let got = datatype::strided(MpiUnit::Uint8, 1, &axes).map(typemap);
         if got != Ok(want) {
             eprintln!("typemap of {axes:?}: {got:?}, expected {want:?}");
             ok = false;

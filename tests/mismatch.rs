@@ -19,7 +19,8 @@ use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, acquire_with_runtime, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, SimulatedDevice, Transport};
+use dlpack_mpi::runtime::{DeviceRuntime, SimulatedRuntime};
+use dlpack_mpi::transport::{DeviceComm, Transport};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -221,7 +222,7 @@ fn all_gatherv_counts_differ(w: &SimpleCommunicator) -> Outcome {
 
 /// The same catch on `DeviceComm` (simulated CUDA memory, staged): `Sum` against `Max`.
 fn device_sum_against_max(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Staged)
         .map_err(|e| e.to_string())?;
     let cuda = Device::new(device_type::CUDA, 0);

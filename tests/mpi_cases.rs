@@ -1030,11 +1030,11 @@ fn strided_blocks_are_packed(w: &SimpleCommunicator) -> Outcome {
 fn derived_datatypes_are_cached(w: &SimpleCommunicator) -> Outcome {
     let raw = f32_raw(&[0., 1., 2., 3., 4.], &[3], &[2], 0);
     strided_delivery(w, &raw, 3)?;
-    let before = dlpack_mpi::derived::cached_count();
+    let before = dlpack_mpi::spec::datatype::cached_count();
     for _ in 0..20 {
         strided_delivery(w, &raw, 3)?;
     }
-    ensure_eq!(dlpack_mpi::derived::cached_count(), before);
+    ensure_eq!(dlpack_mpi::spec::datatype::cached_count(), before);
     Ok(())
 }
 

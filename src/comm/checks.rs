@@ -110,13 +110,10 @@ pub(super) fn check_count(what: impl FnOnce() -> String, expected: i64, actual: 
     }
 }
 
-/// The error for an argument the root requires and did not get.
+/// The error for a buffer the root requires and did not get ([`Error::MissingBuffer`]
+/// naming it, e.g. `"gather receive buffer"`).
 pub(super) fn missing(what: &'static str) -> Error {
-    Error::CountMismatch {
-        what: format!("{what} (no buffer given at the root)"),
-        expected: 1,
-        actual: 0,
-    }
+    Error::MissingBuffer { what }
 }
 
 /// A rank or a communicator size as an index into per-rank lists. Only for values that

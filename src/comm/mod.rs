@@ -40,8 +40,7 @@
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
 //! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
 //! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
-//! `reduce` (reductions, with the half-precision operations of `halfops`, public as
-//! [`crate::halfops`]); `checks` holds the argument checks, `agree` the agreement
+//! `reduce` (reductions, with the half-precision operations of `halfops`, [`halfops`]); `checks` holds the argument checks, `agree` the agreement
 //! ([`Agreement`]), `packing` the packing policy ([`Packing`]; both settings are in
 //! [`crate::settings`]), `held` the matched-probe handle and the messages held by
 //! [`Error::Unfit`] ([`crate::error::Unreceived`]), `operands` the way from a tensor to its
@@ -82,6 +81,7 @@ pub use packing::{
     parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
     DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
 };
+pub use reduce::halfops;
 #[doc(hidden)]
 pub use stager::{Operand, StagedTensor, Stager, Staging};
 
@@ -96,8 +96,8 @@ use crate::spec::{RecvSpec, SendSpec};
 ///
 /// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
 /// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
-/// required at the root; at another rank they may be `None`, and when given they are
-/// checked as at the root (and not used).
+/// required at the root ([`Error::MissingBuffer`] without them); at another rank they may be
+/// `None`, and when given they are checked as at the root (and not used).
 ///
 /// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
 /// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,
@@ -373,8 +373,8 @@ pub trait TensorComm {
     /// Reduce `send` from every rank into `recv` at `root` (`MPI_Reduce`, §6.9.1).
     ///
     /// # Errors
-    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`]
-    /// (also when the root has no `recv`), [`Error::InvalidRank`], spec errors.
+    /// [`Error::UnsupportedReduction`], [`Error::DtypeMismatch`], [`Error::CountMismatch`],
+    /// [`Error::MissingBuffer`] (the root has no `recv`), [`Error::InvalidRank`], spec errors.
     fn reduce_tensor(
         &self,
         send: &dyn Tensor,
@@ -412,8 +412,8 @@ pub trait TensorComm {
     /// `recv` has `size × send` elements.
     ///
     /// # Errors
-    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
-    /// errors.
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::MissingBuffer`],
+    /// [`Error::InvalidRank`], spec errors.
     fn gather_tensor(
         &self,
         send: &dyn Tensor,
@@ -429,8 +429,8 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// [`Error::LengthMismatch`], [`Error::OutOfBounds`], [`Error::BlocksOverlap`],
-    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::InvalidRank`], spec
-    /// errors.
+    /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], [`Error::MissingBuffer`],
+    /// [`Error::InvalidRank`], spec errors.
     fn gatherv_tensor(
         &self,
         send: &dyn Tensor,

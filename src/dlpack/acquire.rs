@@ -69,7 +69,8 @@ pub trait Exporter {
     /// `__dlpack__`: hands out a managed tensor honouring `request`.
     ///
     /// # Errors
-    /// Whatever the producer refuses, typically as [`Error::Export`].
+    /// Whatever the producer refuses, typically as [`Error::Export`] (the built-in
+    /// exporters: [`Error::StorageBusy`] while earlier exports hold the storage).
     fn dlpack(&self, request: &ExportRequest) -> Result<ManagedTensor<'_>>;
 }
 

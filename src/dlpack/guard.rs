@@ -739,7 +739,10 @@ mod tests {
             // A second writable export of the same storage is refused while one lives.
             assert!(matches!(
                 acquire(&owned, &AcquireOptions::default()),
-                Err(Error::Export(_))
+                Err(Error::StorageBusy {
+                    writable: true,
+                    readers: 0
+                })
             ));
         }
         assert!(acquire(&owned, &AcquireOptions::default()).is_ok());

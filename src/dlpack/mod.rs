@@ -50,11 +50,27 @@ pub(crate) use acquire::{acquire_from, check_acquired};
 pub use cudarc::CudaExport;
 pub use guard::{ManagedTensor, TensorView};
 pub use producers::{Owned, SliceMut};
-// The DLPack stream table, defined in `crate::device` (below the runtime, which reads it
-// too) and re-exported here, its historical path.
-pub use crate::device::{
-    CUDA_LEGACY_DEFAULT_STREAM, CUDA_PER_THREAD_DEFAULT_STREAM, NO_SYNC_STREAM, ROCM_DEFAULT_STREAM,
-};
+
+// The DLPack stream table is defined in `crate::device` (below the runtime, which reads it
+// too). Its earlier paths here stay for existing users, deprecated and hidden from the docs
+// (Rust ignores `#[deprecated]` on a `pub use`, hence constants of their own).
+
+/// Deprecated path of [`crate::device::NO_SYNC_STREAM`].
+#[deprecated(note = "use dlpack_mpi::device::NO_SYNC_STREAM")]
+#[doc(hidden)]
+pub const NO_SYNC_STREAM: isize = crate::device::NO_SYNC_STREAM;
+/// Deprecated path of [`crate::device::CUDA_LEGACY_DEFAULT_STREAM`].
+#[deprecated(note = "use dlpack_mpi::device::CUDA_LEGACY_DEFAULT_STREAM")]
+#[doc(hidden)]
+pub const CUDA_LEGACY_DEFAULT_STREAM: isize = crate::device::CUDA_LEGACY_DEFAULT_STREAM;
+/// Deprecated path of [`crate::device::CUDA_PER_THREAD_DEFAULT_STREAM`].
+#[deprecated(note = "use dlpack_mpi::device::CUDA_PER_THREAD_DEFAULT_STREAM")]
+#[doc(hidden)]
+pub const CUDA_PER_THREAD_DEFAULT_STREAM: isize = crate::device::CUDA_PER_THREAD_DEFAULT_STREAM;
+/// Deprecated path of [`crate::device::ROCM_DEFAULT_STREAM`].
+#[deprecated(note = "use dlpack_mpi::device::ROCM_DEFAULT_STREAM")]
+#[doc(hidden)]
+pub const ROCM_DEFAULT_STREAM: isize = crate::device::ROCM_DEFAULT_STREAM;
 
 /// The DLPack major version this consumer reads (`DLPACK_MAJOR_VERSION`).
 pub const MAJOR_VERSION: u32 = 1;

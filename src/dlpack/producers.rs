@@ -27,15 +27,11 @@ pub(super) struct Lease(AtomicIsize);
 
 impl Lease {
     fn take(&self, writable: bool) -> Result<()> {
-        let busy = |now: isize| {
-            Error::Export(format!(
-                "storage is already exported ({}); drop that tensor first",
-                if now < 0 {
-                    "writable".to_string()
-                } else {
-                    format!("{now} read-only")
-                }
-            ))
+        // `now` is -1 (one writable export) or the count of read-only exports: a negative
+        // value reads as no readers.
+        let busy = |now: isize| Error::StorageBusy {
+            writable,
+            readers: usize::try_from(now).unwrap_or(0),
         };
         let mut now = self.0.load(Ordering::Acquire);
         loop {
@@ -509,7 +505,7 @@ impl<T: AnyBits> Exporter for Owned<T> {
     }
 
     /// Exports the storage; writable unless [`Owned::read_only`]. While a writable tensor is
-    /// alive, every other export is refused ([`Error::Export`]), and a writable export is
+    /// alive, every other export is refused ([`Error::StorageBusy`]), and a writable export is
     /// refused while any tensor is alive: two live tensors never alias writably.
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
         // SAFETY: the layout was checked to stay inside the storage, which lives as long as
@@ -622,6 +618,38 @@ mod tests {
         assert!(Owned::new(vec![0u8; 5])
             .with_dtype(DType::new(2, 16))
             .is_err());
+    }
+
+    /// A refused lease says which export was refused and what holds the storage: readers
+    /// shut out a writer, a writer shuts out everyone.
+    #[test]
+    fn busy_lease_names_the_refused_export_and_the_holders() {
+        let lease = Lease::default();
+        lease.take(false).unwrap();
+        lease.take(false).unwrap();
+        assert_eq!(
+            lease.take(true),
+            Err(Error::StorageBusy {
+                writable: true,
+                readers: 2
+            })
+        );
+        lease.give_back();
+        lease.give_back();
+        lease.take(true).unwrap();
+        for writable in [true, false] {
+            let err = lease.take(writable).unwrap_err();
+            assert_eq!(
+                err,
+                Error::StorageBusy {
+                    writable,
+                    readers: 0
+                }
+            );
+            assert!(err.to_string().contains("(writable)"), "{err}");
+        }
+        lease.give_back();
+        lease.take(true).unwrap();
     }
 
     /// The release hook runs once per tensor, when it is dropped, with the request's stream,

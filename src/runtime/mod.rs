@@ -2,7 +2,7 @@
 //! ask of a GPU (consumer streams, stream synchronization, pointer checks, pinned host
 //! buffers, device ↔ host copies), as the trait [`DeviceRuntime`].
 //!
-//! - [`SimulatedDevice`] implements it on host memory so that the stream, staging and routing
+//! - [`SimulatedRuntime`] implements it on host memory so that the stream, staging and routing
 //!   logic can be tested on a machine without a GPU: a tensor *labelled* `kDLCUDA` whose
 //!   bytes are really host memory goes through exactly the code a CUDA tensor goes through,
 //!   and the simulated runtime records every call it gets ([`RuntimeCall`]).
@@ -24,7 +24,12 @@ pub mod cuda;
 mod simulated;
 pub mod strided;
 
-pub use simulated::{RuntimeCall, SimulatedDevice};
+pub use simulated::{RuntimeCall, SimulatedRuntime};
+
+/// The earlier name of [`SimulatedRuntime`] (it is a runtime, not a device).
+#[deprecated(note = "renamed dlpack_mpi::runtime::SimulatedRuntime")]
+#[doc(hidden)]
+pub type SimulatedDevice = SimulatedRuntime;
 pub use strided::{Copy2d, CopyKind, Direction, StridedCopy};
 
 /// What acquisition and the transport ask of a GPU runtime. Every method that names a `device` runs with

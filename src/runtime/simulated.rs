@@ -1,4 +1,4 @@
-//! [`SimulatedDevice`]: a [`DeviceRuntime`] over host memory, and the [`RuntimeCall`]s it
+//! [`SimulatedRuntime`]: a [`DeviceRuntime`] over host memory, and the [`RuntimeCall`]s it
 //! records.
 
 use std::collections::HashMap;
@@ -11,7 +11,7 @@ use super::{check_placement, DeviceRuntime};
 use crate::device::{Device, NO_SYNC_STREAM};
 use crate::error::{Error, Result};
 
-/// One call a [`SimulatedDevice`] received, in order.
+/// One call a [`SimulatedRuntime`] received, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuntimeCall {
     /// `device_count()` answered `count`.
@@ -127,37 +127,37 @@ struct SimState {
 /// --simulate-device` on machines without a GPU.
 ///
 /// - Streams: the consumer stream of device `(t, id)` is the handle `0x5100 + 16·id` (never
-///   `0`, `1`, `2` or `-1`). Producers may [`SimulatedDevice::enqueue`] work on a stream —
+///   `0`, `1`, `2` or `-1`). Producers may [`SimulatedRuntime::enqueue`] work on a stream —
 ///   the stand-in for an asynchronous kernel — which runs only when that stream is
 ///   synchronized: a consumer that forgets to synchronize reads stale data, as on a GPU.
-/// - Pointers: [`SimulatedDevice::place`] says which device a byte range "really" is on;
+/// - Pointers: [`SimulatedRuntime::place`] says which device a byte range "really" is on;
 ///   `check_pointer` compares the label with it. Unplaced memory passes as its label.
-/// - The current device ([`SimulatedDevice::current_device`]) is switched to the tensor's
+/// - The current device ([`SimulatedRuntime::current_device`]) is switched to the tensor's
 ///   device for each copy and restored after, as the CUDA runtime does.
 /// - Pinned buffers are page-aligned host allocations; copies are `memcpy`.
-/// - Devices: [`SimulatedDevice::with_devices`] models a node with several GPUs, for the
+/// - Devices: [`SimulatedRuntime::with_devices`] models a node with several GPUs, for the
 ///   device selection of [`crate::transport::select_device`]; `device_count` and
 ///   `select_device` are recorded like every other call. Copies and checks accept any
 ///   ordinal (the number only bounds `select_device`).
-pub struct SimulatedDevice {
+pub struct SimulatedRuntime {
     state: Mutex<SimState>,
 }
 
-impl std::fmt::Debug for SimulatedDevice {
+impl std::fmt::Debug for SimulatedRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimulatedDevice").finish_non_exhaustive()
+        f.debug_struct("SimulatedRuntime").finish_non_exhaustive()
     }
 }
 
 const PINNED_ALIGN: usize = 4096;
 
-impl Default for SimulatedDevice {
+impl Default for SimulatedRuntime {
     fn default() -> Self {
         Self::with_devices(1)
     }
 }
 
-impl SimulatedDevice {
+impl SimulatedRuntime {
     /// A simulated runtime with one device, device 0 current and nothing recorded.
     pub fn new() -> Self {
         Self::default()
@@ -166,7 +166,7 @@ impl SimulatedDevice {
     /// A simulated runtime that reports `count` devices (ordinals `0..count`), device 0
     /// current, none selected, nothing recorded.
     pub fn with_devices(count: usize) -> Self {
-        SimulatedDevice {
+        SimulatedRuntime {
             state: Mutex::new(SimState {
                 devices: count,
                 ..SimState::default()
@@ -338,7 +338,7 @@ impl SimulatedDevice {
     }
 }
 
-impl DeviceRuntime for SimulatedDevice {
+impl DeviceRuntime for SimulatedRuntime {
     fn describe(&self) -> String {
         let n = self.state().devices;
         format!("simulated device (host memory labelled as GPU memory), {n} device(s)")
@@ -493,7 +493,7 @@ impl DeviceRuntime for SimulatedDevice {
         Ok(())
     }
 
-    /// Host memory, placed as memory of `device` ([`SimulatedDevice::place`]).
+    /// Host memory, placed as memory of `device` ([`SimulatedRuntime::place`]).
     fn alloc_device(&self, device: Device, bytes: usize) -> Result<NonNull<u8>> {
         let ptr = self.buffer(bytes, "simulated alloc_device")?;
         self.place(ptr.as_ptr().cast(), bytes.max(1), device);
@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn enqueued_work_runs_only_on_synchronize() {
-        let sim = SimulatedDevice::new();
+        let sim = SimulatedRuntime::new();
         let cuda = Device::new(device_type::CUDA, 0);
         let s = sim.consumer_stream(cuda).unwrap();
         assert!(![0, 1, 2, -1].contains(&s));
@@ -542,7 +542,7 @@ mod tests {
 
     #[test]
     fn placement_mismatch_names_both_devices() {
-        let sim = SimulatedDevice::new();
+        let sim = SimulatedRuntime::new();
         let buf = [0u8; 16];
         let on1 = Device::new(device_type::CUDA, 1);
         sim.place(buf.as_ptr().cast(), buf.len(), on1);
@@ -564,7 +564,7 @@ mod tests {
 
     #[test]
     fn copies_switch_and_restore_the_current_device() {
-        let sim = SimulatedDevice::new();
+        let sim = SimulatedRuntime::new();
         let src = [7u8; 8];
         let mut dst = [0u8; 8];
         let d1 = Device::new(device_type::CUDA, 1);

@@ -1,6 +1,6 @@
 //! Committed MPI derived datatypes for strided layouts and for counts beyond MPI's `int`.
 //!
-//! Part of [`crate::spec`] (public as `dlpack_mpi::derived`): a strided tensor is described
+//! Part of [`crate::spec`]: a strided tensor is described
 //! by one derived datatype whose type map visits its elements in logical row-major order
 //! (MPI-4.1 §5.1), so MPI reads or writes them in place, with no packing copy:
 //!

@@ -1,5 +1,5 @@
 //! Host pack and unpack kernels: copy the elements of a strided tensor into a contiguous
-//! buffer in logical row-major order ([`gather`]) and back ([`scatter`]).
+//! buffer in logical row-major order ([`pack`]) and back ([`unpack`]).
 //!
 //! Both directions run one engine that copies between two strided layouts of the same shape
 //! (the tensor's, and the packed buffer's compact row-major one), with every stride in bytes:
@@ -24,7 +24,7 @@
 //! §5.1.11, "Pack and Unpack", defines the same logical order for `MPI_Pack`).
 //!
 //! Casts between `usize` and `isize` in this module are of element sizes (at most 64 bytes on
-//! the specialised paths), indices below an axis extent, and tile sizes: `gather`/`scatter`
+//! the specialised paths), indices below an axis extent, and tile sizes: `pack`/`unpack`
 //! check that every axis's byte stride fits `isize` (and refuse the layout otherwise), and
 //! every element they address lies in the tensor's byte span, which the caller's spec
 //! checked to fit the address space (`layout::byte_span`), so an index times a byte stride
@@ -69,7 +69,7 @@ const MEMCPY_MIN_BYTES: usize = 64;
 /// consecutive elements of one axis are readable and not written concurrently: the
 /// step-2 path for 4-byte elements reads (and discards) them with 16-byte loads. They lie
 /// inside the tensor's byte span, which DLPack places in one allocation.
-pub unsafe fn gather(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mut [u8]) -> bool {
+pub unsafe fn pack(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mut [u8]) -> bool {
     let Some(job) = Job::new(axes, elem_bytes, out.len(), Side::Src) else {
         return false;
     };
@@ -80,7 +80,7 @@ pub unsafe fn gather(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mu
 }
 
 /// Copies `data` (elements in logical row-major order) into the elements of a strided tensor:
-/// the inverse of [`gather`], with the same `axes` and `elem_bytes` conventions and the same
+/// the inverse of [`pack`], with the same `axes` and `elem_bytes` conventions and the same
 /// `false` cases (then nothing is written).
 ///
 /// Only the tensor's element bytes are written. When elements overlap (zero strides) the
@@ -90,7 +90,7 @@ pub unsafe fn gather(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mu
 /// # Safety
 /// Every element address `base + offset × elem_bytes` is valid for writes of `elem_bytes`
 /// bytes and no element overlaps `data`.
-pub unsafe fn scatter(data: &[u8], base: *mut u8, axes: &[Axis], elem_bytes: usize) -> bool {
+pub unsafe fn unpack(data: &[u8], base: *mut u8, axes: &[Axis], elem_bytes: usize) -> bool {
     let Some(job) = Job::new(axes, elem_bytes, data.len(), Side::Dst) else {
         return false;
     };
@@ -103,9 +103,9 @@ pub unsafe fn scatter(data: &[u8], base: *mut u8, axes: &[Axis], elem_bytes: usi
 /// Which side of the copy the strided tensor is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
-    /// The tensor is read (gather); the packed buffer is written.
+    /// The tensor is read (pack); the packed buffer is written.
     Src,
-    /// The tensor is written (scatter); the packed buffer is read.
+    /// The tensor is written (unpack); the packed buffer is read.
     Dst,
 }
 

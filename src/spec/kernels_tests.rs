@@ -1,5 +1,5 @@
 //! Property tests of the host pack kernels (`super`): pack then unpack is the identity,
-//! and pack equals a reference gather, on random layouts and element sizes.
+//! and pack equals a reference pack, on random layouts and element sizes.
 
 // Test layouts are small (extents ≤ 9, strides within ±20, sizes ≤ 4096²): the casts of
 // indices and strides between the integer types cannot wrap.
@@ -67,8 +67,8 @@ impl Tensor {
         out
     }
 
-    /// The reference gather: one element at a time over the multi-index.
-    fn reference_gather(&self) -> Vec<u8> {
+    /// The reference pack: one element at a time over the multi-index.
+    fn reference_pack(&self) -> Vec<u8> {
         let e = self.elem;
         self.element_starts()
             .iter()
@@ -76,12 +76,12 @@ impl Tensor {
             .collect()
     }
 
-    fn gather(&self) -> Option<Vec<u8>> {
+    fn pack(&self) -> Option<Vec<u8>> {
         let n: i64 = self.axes.iter().map(|a| a.extent).product();
         let mut out = vec![0u8; n as usize * self.elem];
         // SAFETY: `buf` covers every element (built from the axes' reach).
         let ok = unsafe {
-            gather(
+            pack(
                 self.buf.as_ptr().add(self.base),
                 &self.axes,
                 self.elem,
@@ -91,10 +91,10 @@ impl Tensor {
         ok.then_some(out)
     }
 
-    fn scatter(&mut self, data: &[u8]) -> bool {
-        // SAFETY: as in `gather`, for writes.
+    fn unpack(&mut self, data: &[u8]) -> bool {
+        // SAFETY: as in `pack`, for writes.
         unsafe {
-            scatter(
+            unpack(
                 data,
                 self.buf.as_mut_ptr().add(self.base),
                 &self.axes,
@@ -156,28 +156,28 @@ proptest! {
     })]
 
     #[test]
-    fn gather_equals_reference(axes in any_axes(), e in 0..ELEMS.len()) {
+    fn pack_equals_reference(axes in any_axes(), e in 0..ELEMS.len()) {
         let t = Tensor::new(&axes, ELEMS[e], pattern);
-        prop_assert_eq!(t.gather(), Some(t.reference_gather()));
+        prop_assert_eq!(t.pack(), Some(t.reference_pack()));
     }
 
     #[test]
-    fn disjoint_gather_equals_reference(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+    fn disjoint_pack_equals_reference(axes in disjoint_axes(), e in 0..ELEMS.len()) {
         let t = Tensor::new(&axes, ELEMS[e], pattern);
-        prop_assert_eq!(t.gather(), Some(t.reference_gather()));
+        prop_assert_eq!(t.pack(), Some(t.reference_pack()));
     }
 
     #[test]
-    fn scatter_then_gather_is_identity(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+    fn unpack_then_pack_is_identity(axes in disjoint_axes(), e in 0..ELEMS.len()) {
         let x = Tensor::new(&axes, ELEMS[e], pattern);
-        let packed = x.gather().unwrap();
+        let packed = x.pack().unwrap();
         let mut y = Tensor::new(&axes, ELEMS[e], |_| 0);
-        prop_assert!(y.scatter(&packed));
-        prop_assert_eq!(y.gather(), Some(packed));
+        prop_assert!(y.unpack(&packed));
+        prop_assert_eq!(y.pack(), Some(packed));
     }
 
     #[test]
-    fn scatter_writes_only_elements(axes in disjoint_axes(), e in 0..ELEMS.len()) {
+    fn unpack_writes_only_elements(axes in disjoint_axes(), e in 0..ELEMS.len()) {
         let elem = ELEMS[e];
         let mut y = Tensor::new(&axes, elem, |_| 0xAA);
         let mut expected = y.buf.clone();
@@ -186,7 +186,7 @@ proptest! {
         for (k, &p) in starts.iter().enumerate() {
             expected[p..p + elem].copy_from_slice(&data[k * elem..(k + 1) * elem]);
         }
-        prop_assert!(y.scatter(&data));
+        prop_assert!(y.unpack(&data));
         prop_assert_eq!(y.buf, expected);
     }
 
@@ -201,10 +201,10 @@ proptest! {
         let mut out = vec![7u8; len];
         let before = t.buf.clone();
         // SAFETY: `buf` covers every element.
-        let ok = unsafe { gather(t.buf.as_ptr().add(t.base), &axes, elem, &mut out) };
+        let ok = unsafe { pack(t.buf.as_ptr().add(t.base), &axes, elem, &mut out) };
         prop_assert!(!ok);
         prop_assert!(out.iter().all(|&b| b == 7));
-        prop_assert!(!t.scatter(&out));
+        prop_assert!(!t.unpack(&out));
         prop_assert_eq!(t.buf, before);
     }
 }
@@ -224,7 +224,7 @@ fn transpose_case(rows: i64, cols: i64) {
     let src: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
     let mut out = vec![0u8; src.len() * 4];
     // SAFETY: `src` holds every element of the view.
-    assert!(unsafe { gather(src.as_ptr().cast(), &axes, 4, &mut out) });
+    assert!(unsafe { pack(src.as_ptr().cast(), &axes, 4, &mut out) });
     let got: Vec<f32> = out
         .chunks_exact(4)
         .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
@@ -240,7 +240,7 @@ fn transpose_case(rows: i64, cols: i64) {
     }
     let mut back = vec![0f32; src.len()];
     // SAFETY: `back` has the same extent as `src`.
-    assert!(unsafe { scatter(&out, back.as_mut_ptr().cast(), &axes, 4) });
+    assert!(unsafe { unpack(&out, back.as_mut_ptr().cast(), &axes, 4) });
     assert_eq!(back, src);
 }
 
@@ -275,7 +275,7 @@ fn step_two_view() {
     }];
     let mut out = vec![0u8; (n as usize / 2 + 1) * 4];
     // SAFETY: the view's last element is `src[n - 1]`.
-    assert!(unsafe { gather(src.as_ptr().cast(), &axes, 4, &mut out) });
+    assert!(unsafe { pack(src.as_ptr().cast(), &axes, 4, &mut out) });
     let got: Vec<u32> = out
         .chunks_exact(4)
         .map(|c| u32::from_ne_bytes(c.try_into().unwrap()))
@@ -314,7 +314,7 @@ fn step_two_and_reversed_lines_of_every_length() {
             let mut out = vec![0u8; expect.len() * 4];
             // SAFETY: every element lies in `src` (its last byte is the buffer's last).
             let ok = unsafe {
-                gather(
+                pack(
                     src.as_ptr().cast::<u8>().wrapping_add(4 * first as usize),
                     &axes,
                     4,
@@ -337,8 +337,8 @@ fn empty_and_scalar() {
     let mut none: [u8; 0] = [];
     // SAFETY: nothing is read for an empty tensor; one 4-byte element otherwise.
     unsafe {
-        assert!(gather(x.as_ptr(), &[], 4, &mut none));
-        assert!(gather(
+        assert!(pack(x.as_ptr(), &[], 4, &mut none));
+        assert!(pack(
             x.as_ptr(),
             &[Axis {
                 extent: 0,
@@ -348,9 +348,9 @@ fn empty_and_scalar() {
             &mut none
         ));
         let mut one = [0u8; 4];
-        assert!(gather(x.as_ptr(), &[], 4, &mut one));
+        assert!(pack(x.as_ptr(), &[], 4, &mut one));
         assert_eq!(one, x);
-        assert!(!gather(
+        assert!(!pack(
             x.as_ptr(),
             &[Axis {
                 extent: -1,
@@ -359,7 +359,7 @@ fn empty_and_scalar() {
             4,
             &mut none
         ));
-        assert!(!gather(
+        assert!(!pack(
             x.as_ptr(),
             &[Axis {
                 extent: 2,

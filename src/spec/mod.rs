@@ -87,11 +87,11 @@
 //! is accepted: a contiguous tensor is `count` units of its predefined type, a strided one
 //! is one derived datatype that visits its elements in place, and a contiguous count beyond
 //! MPI's `int` is one large-count datatype (both sent with count 1, see
-//! [`crate::derived`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
+//! [`datatype`]). A receive spec also refuses `READ_ONLY` ([`Error::ReadOnly`], C41)
 //! and `IS_COPIED` ([`Error::IsCopied`], C42) tensors and overlapping layouts
 //! ([`Error::Overlap`], C26).
 //!
-//! Submodules: `datatype` (public as [`crate::derived`]) builds and caches the committed
+//! Submodules: [`datatype`] builds and caches the committed
 //! derived datatypes (its `MPI_Type_*` calls are, with `raw` and `halfops`, the only direct
 //! calls of MPI's C API). The operand model the operations of [`crate::comm`] use: `facts`
 //! (a tensor's element, extent, contiguity and layout plan, computed once), `operand`
@@ -116,9 +116,12 @@ use crate::error::{Error, Result};
 use crate::layout;
 use facts::Facts;
 
-pub(crate) mod datatype;
+pub mod datatype;
 pub(crate) mod encoding;
 pub(crate) mod facts;
+// Public only for tests/hostile_kernels.rs and benches/pack_kernels.rs, which drive the
+// pack kernels directly; hidden from the docs, not part of the API (no stability promise).
+#[doc(hidden)]
 pub mod kernels;
 mod operand;
 pub mod scratch;

@@ -322,7 +322,7 @@ pub(crate) fn pack(facts: &Facts) -> Result<Scratch> {
     // SAFETY: the facts checked that every element lies in the address range the producer
     // vouches for and that the memory is host-readable (`Reach::Host`); `out` is a buffer
     // of our own, disjoint from the tensor.
-    let done = unsafe { kernels::gather(base, &plan.axes, elem, &mut out) };
+    let done = unsafe { kernels::pack(base, &plan.axes, elem, &mut out) };
     if done {
         Ok(out)
     } else {
@@ -346,7 +346,7 @@ pub(crate) fn unpack(
     // SAFETY: the side's facts proved the tensor writable, its elements disjoint and in
     // range, and host-writable; `&mut` makes this the only access, and `data` is not the
     // tensor's memory.
-    let done = unsafe { kernels::scatter(data, base, &plan.axes, elem) };
+    let done = unsafe { kernels::unpack(data, base, &plan.axes, elem) };
     if done {
         Ok(())
     } else {
@@ -416,7 +416,7 @@ mod tests {
     /// elements only.
     #[test]
     fn packed_sides_copy_in_logical_order_and_build_no_datatype() {
-        let before = crate::derived::cached_count();
+        let before = crate::spec::datatype::cached_count();
         // storage [0 1 2 3 4 5] as a 3 × 2 view with strides (1, 3): rows (0 3) (1 4) (2 5)
         let src = Owned::new((0..6).map(|i| i as f32).collect::<Vec<f32>>())
             .with_layout(&[3, 2], Some(&[1, 3]), 0)
@@ -453,7 +453,7 @@ mod tests {
             &[10.0, 11.0, 12.0, -1.0, 13.0, 14.0, 15.0, -1.0]
         );
         assert_eq!(
-            crate::derived::cached_count(),
+            crate::spec::datatype::cached_count(),
             before,
             "no datatype was built"
         );

@@ -84,7 +84,7 @@ impl<C: Communicator + ?Sized> std::fmt::Debug for DeviceComm<'_, C> {
 
 impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// A device-aware view of `comm`. `runtime` is the GPU runtime (usually
-    /// [`super::default_runtime`]; `None` handles host tensors only). `transport` decides
+    /// [`crate::runtime::default_runtime`]; `None` handles host tensors only). `transport` decides
     /// whether CUDA tensors go direct: `Auto` asks [`cuda_awareness`] (call after
     /// `MPI_Init` and after the runtime made a CUDA context).
     ///

@@ -1,9 +1,9 @@
 //! How device memory reaches MPI: whether the MPI library is CUDA-aware and why we think so
-//! ([`cuda_awareness`]), the GPU runtime the transport uses ([`DeviceRuntime`], with
-//! [`SimulatedDevice`] for machines without a GPU), which device each rank uses
-//! ([`select_device`]: the node-local rank modulo the device count, overridable), and
-//! [`DeviceComm`], which routes each tensor of an operation directly, through pinned staging
-//! buffers, or as host memory.
+//! ([`cuda_awareness`]), which device each rank uses ([`select_device`], in `gpu_select.rs`:
+//! the node-local rank modulo the device count, overridable), and [`DeviceComm`], which
+//! routes each tensor of an operation directly, through pinned staging buffers, or as host
+//! memory, with a GPU runtime of [`crate::runtime`] ([`crate::runtime::DeviceRuntime`];
+//! [`crate::runtime::SimulatedRuntime`] on machines without a GPU).
 //!
 //! The answer comes from, in this order (docs/ARCHITECTURE.md, "Routing"):
 //!
@@ -24,25 +24,46 @@ use crate::error::Result;
 // reader under the name it has always had here.
 pub use crate::settings::{parse_cuda_aware as parse_override, CUDA_AWARE_ENV};
 
-mod device;
 mod device_comm;
+mod gpu_select;
 mod parted;
 pub mod pipeline;
 mod pool;
 mod route;
 mod stage;
 
-pub use crate::runtime::{default_runtime, DeviceRuntime, RuntimeCall, SimulatedDevice};
-pub use device::{
+pub use device_comm::DeviceComm;
+pub use gpu_select::{
     parse_device_override, select_device, select_device_at, DeviceSelection, DeviceSource,
     NodeLocal, DEVICE_ENV,
 };
-pub use device_comm::DeviceComm;
 pub use pipeline::{
     DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES, MIN_PIPELINE_CHUNK_BYTES,
 };
 pub use pool::{MAX_POOLED_BYTES, MAX_POOLED_DEVICE_BYTES};
 pub use route::{Route, Transport};
+
+// The GPU runtime's items once had paths here; they live in `crate::runtime` (below
+// acquisition). The old paths stay for existing users, deprecated and hidden from the docs;
+// the trait `DeviceRuntime` cannot stay (Rust ignores `#[deprecated]` on a `pub use` and has
+// no trait aliases): import it from `dlpack_mpi::runtime`.
+
+/// Deprecated path of [`crate::runtime::SimulatedRuntime`] (once `transport::SimulatedDevice`).
+#[deprecated(note = "use dlpack_mpi::runtime::SimulatedRuntime")]
+#[doc(hidden)]
+pub type SimulatedDevice = crate::runtime::SimulatedRuntime;
+
+/// Deprecated path of [`crate::runtime::RuntimeCall`].
+#[deprecated(note = "use dlpack_mpi::runtime::RuntimeCall")]
+#[doc(hidden)]
+pub type RuntimeCall = crate::runtime::RuntimeCall;
+
+/// Deprecated path of [`crate::runtime::default_runtime`].
+#[deprecated(note = "use dlpack_mpi::runtime::default_runtime")]
+#[doc(hidden)]
+pub fn default_runtime() -> Option<&'static dyn crate::runtime::DeviceRuntime> {
+    crate::runtime::default_runtime()
+}
 
 /// Which source decided [`CudaAwareness::aware`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -60,7 +60,7 @@
 //! in logical row-major order, then unpacked into its layout by the staging code: into its
 //! packed staging buffer when [`DeviceComm`](super::DeviceComm)'s staging packs it (pinned,
 //! or device scratch on the direct route; then unpacked on the device), else into a host
-//! scratch buffer of `len × e` bytes that the pack kernels ([`crate::spec::kernels`])
+//! scratch buffer of `len × e` bytes that the pack kernels (`spec/kernels.rs`)
 //! unpack into its host memory or staged span. A strided tensor is left unchanged unless
 //! every part arrived (no overlap of copies with parts on that path). The returned status
 //! is the header's. So any `DeviceComm` receives from any `DeviceComm` whatever their

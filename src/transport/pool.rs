@@ -184,11 +184,11 @@ impl Drop for PinnedBuf<'_, '_> {
 mod tests {
     use super::*;
     use crate::device::device_type;
-    use crate::runtime::SimulatedDevice;
+    use crate::runtime::SimulatedRuntime;
 
     #[test]
     fn device_scratch_is_reused_bounded_and_freed() {
-        let sim = SimulatedDevice::new();
+        let sim = SimulatedRuntime::new();
         let cuda = Device::new(device_type::CUDA, 0);
         {
             let pool = PinnedPool::new(Some(&sim));

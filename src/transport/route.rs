@@ -1,10 +1,10 @@
 //! The route decision: how one tensor of an operation reaches MPI ([`Route`]), from the
 //! transport asked for ([`Transport`]) and the tensor's memory, layout and reduction.
 
+use crate::comm::halfops;
 use crate::device::{device_type, Device, MemoryKind};
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::halfops;
 
 /// How device memory reaches MPI, as asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -17,7 +17,7 @@ pub(super) fn one_rank_staging_refusal_is_agreed(w: &SimpleCommunicator) -> Outc
         return Ok(());
     }
     let last = size - 1;
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let n = 4usize;
     let src = on(CUDA0, vec![1.0; n]);

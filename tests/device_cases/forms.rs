@@ -14,7 +14,7 @@ fn staged_windows_keep_the_rest(w: &SimpleCommunicator) -> Outcome {
     if w.size() < 2 || w.rank() > 1 {
         return Ok(());
     }
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let mut mine = if w.rank() == 0 {
         on(CUDA0, (0..8).map(|i| i as f32).collect())
@@ -41,7 +41,7 @@ fn staged_windows_keep_the_rest(w: &SimpleCommunicator) -> Outcome {
 /// `broadcast_tensor_from` on `DeviceComm`: the root holds a shared, `READ_ONLY` CUDA
 /// tensor (never written, so allowed), every other rank a CUDA tensor that receives it.
 fn shared_root_broadcast_on_the_device(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let root = w.size() - 1;
     let vals: Vec<f32> = (0..6).map(|i| 10.0 + i as f32).collect();
@@ -67,7 +67,7 @@ fn immediate_forms_on_the_device(w: &SimpleCommunicator) -> Outcome {
     if w.size() < 2 || w.rank() > 1 {
         return Ok(());
     }
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let other = 1 - w.rank();
     let send = Owned::new(vec![w.rank() as f32 + 1.0; 5]);
@@ -114,7 +114,7 @@ fn immediate_direct_posts_the_device_pointer(w: &SimpleCommunicator) -> Outcome 
     if w.size() < 2 || w.rank() > 1 {
         return Ok(());
     }
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
     let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Direct);
     std::env::remove_var("DLPACK_MPI_CUDA_AWARE");

@@ -12,7 +12,7 @@ use dlpack_mpi::runtime::CopyKind;
 /// Strided device tensors keep their layout through staging: a step-2 and a negative-stride
 /// send, received into a step-2 tensor whose gap elements must keep their values.
 fn c64_strided_staged(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let (rank, size) = (w.rank(), w.size());
     let next = (rank + 1) % size;
@@ -122,7 +122,7 @@ impl Layout {
     }
 }
 
-fn sum_2d(rt: &SimulatedDevice, kind: CopyKind) -> usize {
+fn sum_2d(rt: &SimulatedRuntime, kind: CopyKind) -> usize {
     rt.calls()
         .iter()
         .map(|c| match c {
@@ -137,7 +137,7 @@ fn sum_2d(rt: &SimulatedDevice, kind: CopyKind) -> usize {
 fn ring(
     w: &SimpleCommunicator,
     dc: &DeviceComm<'_, SimpleCommunicator>,
-    rt: &SimulatedDevice,
+    rt: &SimulatedRuntime,
     l: &Layout,
     tag: i32,
 ) -> Result<Vec<f32>, String> {
@@ -167,7 +167,7 @@ fn ring(
 /// Staged: each layout is packed device → host (only its elements) and unpacked host →
 /// device into the strided receive tensor; no span copy.
 pub(super) fn strided_staged_packs_only_the_elements(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     for (k, l) in LAYOUTS.iter().enumerate() {
         ring(w, &dc, &rt, l, 20 + k as i32)?;
@@ -185,7 +185,7 @@ pub(super) fn strided_staged_packs_only_the_elements(w: &SimpleCommunicator) -> 
 /// (device → device), sent contiguous, and unpacked device → device; nothing crosses to the
 /// host, and the scratch buffers are pooled and freed with the `DeviceComm`.
 pub(super) fn strided_direct_packs_on_the_device(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
     let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Direct);
     std::env::remove_var("DLPACK_MPI_CUDA_AWARE");
@@ -220,7 +220,7 @@ pub(super) fn strided_direct_packs_on_the_device(w: &SimpleCommunicator) -> Outc
 /// Receive-side unpack with another layout than the sender's, and an in-place all-reduce of
 /// a strided device tensor (packed, reduced, unpacked; the bytes between stay).
 pub(super) fn strided_unpack_and_in_place(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let (rank, size) = (w.rank(), w.size());
     let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);
@@ -256,7 +256,7 @@ pub(super) fn strided_unpack_and_in_place(w: &SimpleCommunicator) -> Outcome {
 /// one-element copies; one of 5000 (over `MAX_STRIDED_COPIES`) copies the whole span, as a
 /// strided host tensor.
 pub(super) fn strided_fallbacks(w: &SimpleCommunicator) -> Outcome {
-    let rt = SimulatedDevice::new();
+    let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     let (rank, size) = (w.rank(), w.size());
     let (next, prev) = ((rank + 1) % size, (rank + size - 1) % size);

@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-use dlpack_mpi::transport::{CudaAwareness, DeviceRuntime};
+use dlpack_mpi::runtime::DeviceRuntime;
+use dlpack_mpi::transport::CudaAwareness;
 use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

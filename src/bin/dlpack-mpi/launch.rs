@@ -4,9 +4,9 @@
 #![forbid(unsafe_code)]
 
 use dlpack_mpi::device::{device_type, Device};
+use dlpack_mpi::runtime::{default_runtime, DeviceRuntime, SimulatedRuntime};
 use dlpack_mpi::transport::{
-    default_runtime, parse_device_override, select_device_at, DeviceRuntime, DeviceSelection,
-    NodeLocal, SimulatedDevice, DEVICE_ENV,
+    parse_device_override, select_device_at, DeviceSelection, NodeLocal, DEVICE_ENV,
 };
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -166,12 +166,12 @@ impl NoGpu {
     }
 }
 
-/// The GPU runtime without a device chosen: a [`SimulatedDevice`] with `simulated` devices
+/// The GPU runtime without a device chosen: a [`SimulatedRuntime`] with `simulated` devices
 /// when that is `Some`, else the CUDA driver ([`default_runtime`]), else why there is none.
 pub fn gpu_runtime(simulated: Option<u16>) -> Result<&'static dyn DeviceRuntime, String> {
     if let Some(count) = simulated {
-        let sim = SimulatedDevice::with_devices(usize::from(count));
-        let sim: &'static SimulatedDevice = Box::leak(Box::new(sim));
+        let sim = SimulatedRuntime::with_devices(usize::from(count));
+        let sim: &'static SimulatedRuntime = Box::leak(Box::new(sim));
         return Ok(sim);
     }
     default_runtime().ok_or_else(no_runtime_reason)
@@ -228,7 +228,7 @@ pub fn no_runtime_reason() -> String {
     #[cfg(feature = "cuda")]
     {
         use dlpack_mpi::Error;
-        match dlpack_mpi::cuda::CudaRuntime::global() {
+        match dlpack_mpi::runtime::cuda::CudaRuntime::global() {
             // cuInit, cuDeviceGetCount or cuDeviceGet returned an error.
             Err(err @ Error::Cuda { .. }) => {
                 format!("the CUDA driver loaded, but a driver call failed ({err})")

@@ -28,7 +28,8 @@ use std::ptr::NonNull;
 
 use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::transport::{DeviceComm, DeviceRuntime, Transport};
+use dlpack_mpi::runtime::DeviceRuntime;
+use dlpack_mpi::transport::{DeviceComm, Transport};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -96,7 +97,7 @@ impl DevBuf {
             }
             #[cfg(feature = "cuda")]
             DevBuf::Cuda(slice, _) => {
-                let export = dlpack_mpi::cuda::CudaExport::new_mut(slice);
+                let export = dlpack_mpi::dlpack::CudaExport::new_mut(slice);
                 let mut t = acquire_with_runtime(&export, &options, Some(rt)).map_err(ers)?;
                 f(&mut t)
             }

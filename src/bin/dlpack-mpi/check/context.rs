@@ -4,7 +4,8 @@
 
 use std::cell::Cell;
 
-use dlpack_mpi::transport::{DeviceRuntime, Route};
+use dlpack_mpi::runtime::DeviceRuntime;
+use dlpack_mpi::transport::Route;
 use dlpack_mpi::Error;
 
 use super::args::Producer;

@@ -138,7 +138,7 @@ impl<S: AnyBits> Store<S> {
                 ..
             } => {
                 let mut slice = slice.borrow_mut();
-                let export = dlpack_mpi::cuda::CudaExport::new_mut(&mut *slice)
+                let export = dlpack_mpi::dlpack::CudaExport::new_mut(&mut *slice)
                     .with_dtype(*dtype)
                     .and_then(|x| x.with_layout(shape, Some(strides), *byte_offset))
                     .map_err(e)?;

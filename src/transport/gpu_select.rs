@@ -23,10 +23,10 @@
 
 use mpi::topology::Communicator;
 
-use super::DeviceRuntime;
 use crate::device::device_type;
 use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_DEVICE`) is in `crate::settings`.
+use crate::runtime::DeviceRuntime;
 pub use crate::settings::{parse_device_override, DEVICE_ENV};
 
 /// Which source decided [`DeviceSelection::ordinal`].
