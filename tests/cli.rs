@@ -230,6 +230,14 @@ fn check_default_output_is_one_screen() {
         lines[0].starts_with("dlpack-mpi check: 416 cases at 4 rank(s)"),
         "{stdout}"
     );
+    // The mismatch section: each probe ended in errors on every rank, not a hang.
+    assert!(
+        stdout.contains(
+            "mismatched arguments (MPI-4.1 §6.1): 6 probes at 4 ranks, each ended in \
+             CollectiveMismatch on every rank, none waited"
+        ),
+        "{stdout}"
+    );
     for case_line in ["PASS ", "SKIP ", "N/A ", "FAIL ", "KNOWN-BUG"] {
         assert!(!stdout.contains(case_line), "{case_line}: {stdout}");
     }

@@ -29,7 +29,8 @@
 //! 7. `dtypes`: the table of dtypes.
 //! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
 //! 9. `setup`: devices, GPU runtime and each rank's GPU, and communicator, agreed by every
-//!    rank.
+//!    rank; `mismatch`: the probes of mismatched arguments across ranks (the agreement's
+//!    fingerprint, MPI-4.1 §6.1).
 //! 10. `summary`: the verdict people read: a line per operation, the operation × dtype
 //!     matrix, skips by reason, known MPI-library bugs by matrix cell.
 //! 11. `report`: header, lines, closing counts, JSON and JUnit reports.
@@ -45,6 +46,7 @@ mod context;
 mod dtypes;
 mod kind;
 mod matrix;
+mod mismatch;
 mod producers;
 mod report;
 mod run;
@@ -103,8 +105,9 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         Err(why) => return refuse(&format!("--inject-fault: {why}")),
     };
     let started = std::time::Instant::now();
+    let probed = mismatch::run(w, dc, args.quiet);
     let tally = run::run_cases(w, args, (&run, dc), &cases, inject.as_ref());
-    let mut status = i32::from(tally.any_failed());
+    let mut status = i32::from(tally.any_failed() || !probed);
     if root {
         let seconds = started.elapsed().as_secs_f64();
         if let Err(why) = tally.finish(w, args, library, seconds) {
