@@ -203,7 +203,7 @@ fn byte_count(value: &str) -> Option<usize> {
 /// data (see the module docs of `comm` and [`set_agreement`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Agreement {
-    /// Every rank runs its local checks, then the ranks agree (one all-reduce of one `int`)
+    /// Every rank runs its local checks, then the ranks agree (one all-reduce of three `int64_t`)
     /// and either all enter the data operation or all return an error: the ranks that
     /// refused their own diagnosis, the others [`Error::PeerRefused`]. The default.
     #[default]

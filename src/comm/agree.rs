@@ -11,11 +11,14 @@
 //! (every rank calling `reduce_tensor(f32 send, Some(f64 recv))` hangs rank 1 inside
 //! `MPI_Reduce` at 4 MiB once the root refuses).
 //!
-//! **Mechanism.** One `MPI_Allreduce` (MPI-4.1 §6.9.6) of one `int` with `MPI_MIN`: each
-//! rank contributes its own rank when its local checks failed, else the communicator size.
-//! The minimum is the communicator size when every rank can proceed (the success path costs
-//! this one small all-reduce and nothing more), else the lowest rank that refused. Only on
-//! failure does that rank broadcast its error text (`MPI_Bcast`, §6.4) in a fixed buffer of
+//! **Mechanism.** One `MPI_Allreduce` (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN`,
+//! `[status, fp, !fp]`: `status` is the rank's own number when its local checks failed,
+//! else the communicator size; `fp` is the fingerprint of the collective's signature (what
+//! MPI-4.1 §6.1 requires to match, see `signature`), and since `min(!fp) = !max(fp)` the
+//! ranks agree on it exactly when `min(fp) == !min(!fp)`. The minimum status is the
+//! communicator size when every rank can proceed (the success path costs this one small
+//! all-reduce and nothing more), else the lowest rank that refused. Only on failure does
+//! that rank broadcast its error text (`MPI_Bcast`, §6.4) in a fixed buffer of
 //! [`AGREEMENT_REASON_BYTES`] bytes (UTF-8, cut at a character boundary, NUL-padded), so
 //! that the other ranks return [`Error::PeerRefused`] naming it and its diagnosis; each
 //! rank that refused returns its own error. The check cannot be folded into the data
@@ -34,9 +37,11 @@
 //! C or Fortran MPI code in an MPMD job) needs [`Agreement::Local`] on the dlpack-mpi ranks:
 //! the others would not join the agreement all-reduce.
 //!
-//! Not detected by agreement: arguments each rank finds valid but that do not match
-//! across ranks (different roots, counts or dtypes; MPI-4.1 §6.1 makes matching signatures
-//! the caller's obligation).
+//! **Mismatch.** When every rank can proceed but the fingerprints differ, the ranks gather
+//! the fingerprints and rank 0 and the lowest rank that differs from it broadcast their
+//! signatures in words: every rank returns [`Error::CollectiveMismatch`] naming both (extra
+//! messages on that error path only). What a fingerprint cannot see is listed in
+//! `signature`'s docs.
 
 use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, Rank};

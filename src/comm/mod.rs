@@ -11,18 +11,21 @@
 //! root's receive buffer too small or `READ_ONLY`, one rank's displacements, a count above
 //! `int` on one rank), and MPI cannot take back a collective that the other ranks have
 //! entered: they would wait forever. So every collective first runs its checks and builds
-//! its buffers on every rank, then the ranks agree with one `MPI_Allreduce` of one `int`
-//! (MPI-4.1 §6.9.6), and either all enter the data operation or all return an error without
-//! entering it: a rank that refused its own diagnosis, the others
-//! [`Error::PeerRefused`] naming the lowest refusing rank and its error text. Root-only
+//! its buffers on every rank, then the ranks agree with one `MPI_Allreduce` of three
+//! `int64_t` (MPI-4.1 §6.9.6: each rank's status and the fingerprint of its arguments), and
+//! either all enter the data operation or all return an error without entering it: a rank
+//! that refused its own diagnosis, the others [`Error::PeerRefused`] naming the lowest
+//! refusing rank and its error text; every rank [`Error::CollectiveMismatch`] when each
+//! rank's arguments are valid but they do not match across ranks (a different root, dtype,
+//! count, reduction operator or collective; MPI-4.1 §6.1). Root-only
 //! arguments a non-root rank passes anyway are checked there as at the root.
 //! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
 //! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
 //! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
 //!
-//! What cannot be checked locally, nor by agreement: that every rank passes matching roots,
-//! counts and dtypes to a collective (MPI-4.1 §6.1 makes that the caller's obligation; each
-//! rank's arguments can be valid on their own and still not match). For point-to-point
+//! What the fingerprint cannot see (README, "Reliability"): two ranks calling the same
+//! collective with identical arguments from different places, and the cross-rank relations
+//! of per-rank counts other than "the same array on every rank". For point-to-point
 //! receives the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the
 //! message is matched (`MPI_Mprobe`), and a size mismatch is [`Error::Unfit`] around an
 //! [`Error::CountMismatch`] naming both counts, holding the message so that the job goes
