@@ -27,7 +27,7 @@
 //! `MPI_Type_create_struct`), sent with count 1: never a truncated or negative count.
 //!
 //! Datatypes are committed once per `(unit, lanes, axes)` or `(unit, units)` and cached
-//! until `MPI_Finalize`, which frees them (the cache is a registry of [`crate::lifecycle`],
+//! until `MPI_Finalize`, which frees them (the cache is a registry of `lifecycle`,
 //! whose hook is a delete callback on an `MPI_COMM_SELF` attribute, MPI-4.1 §9.5.1);
 //! building one needs MPI to be initialized.
 
