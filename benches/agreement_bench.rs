@@ -15,7 +15,7 @@
 //! host). Rooted collectives use root 0. This is a measurement, not a test:
 //! it asserts only that every call returned `Ok` and that the last all-reduce summed right.
 
-use dlpack_mpi::comm::{set_agreement, Agreement, TensorComm};
+use dlpack_mpi::comm::{set_agreement, Agreement, Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
 use mpi::collective::SystemOperation;
@@ -78,7 +78,7 @@ fn call(w: &SimpleCommunicator, op: Op, b: &mut Bufs<'_>) -> dlpack_mpi::Result<
             w.gather_tensor(&b.block, recv, 0)
         }
         Op::Gatherv => {
-            let recv = root.then_some((&mut b.all_out as &mut dyn Tensor, c, d));
+            let recv = root.then_some((&mut b.all_out as &mut dyn Tensor, Blocks::new(c, d)));
             w.gatherv_tensor(&b.block, recv, 0)
         }
         Op::Scatter => {
@@ -86,7 +86,7 @@ fn call(w: &SimpleCommunicator, op: Op, b: &mut Bufs<'_>) -> dlpack_mpi::Result<
             w.scatter_tensor(send, &mut b.block_out, 0)
         }
         Op::Scatterv => {
-            let send = root.then_some((&b.all as &dyn Tensor, c, d));
+            let send = root.then_some((&b.all as &dyn Tensor, Blocks::new(c, d)));
             w.scatterv_tensor(send, &mut b.block_out, 0)
         }
         Op::Reduce => {
@@ -96,9 +96,11 @@ fn call(w: &SimpleCommunicator, op: Op, b: &mut Bufs<'_>) -> dlpack_mpi::Result<
         Op::AllReduce => w.all_reduce_tensor(&b.block, &mut b.block_out, ReduceOp::Sum),
         Op::AllReduceInPlace => w.all_reduce_tensor_in_place(&mut b.block_out, ReduceOp::Max),
         Op::AllGather => w.all_gather_tensor(&b.block, &mut b.all_out),
-        Op::AllGatherv => w.all_gatherv_tensor(&b.block, &mut b.all_out, c, d),
+        Op::AllGatherv => w.all_gatherv_tensor(&b.block, &mut b.all_out, Blocks::new(c, d)),
         Op::AllToAll => w.all_to_all_tensor(&b.all, &mut b.all_out),
-        Op::AllToAllv => w.all_to_allv_tensor(&b.all, c, d, &mut b.all_out, c, d),
+        Op::AllToAllv => {
+            w.all_to_allv_tensor(&b.all, Blocks::new(c, d), &mut b.all_out, Blocks::new(c, d))
+        }
         Op::ReduceScatterBlock => {
             w.reduce_scatter_block_tensor(&b.all, &mut b.block_out, ReduceOp::Sum)
         }

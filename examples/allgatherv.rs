@@ -7,7 +7,7 @@
 //! mpirun -n 4 target/debug/examples/allgatherv
 //! ```
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use mpi::traits::*;
 
@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let opts = AcquireOptions::default();
         let s = acquire(&send, &opts)?;
         let mut r = acquire(&recv, &opts)?;
-        world.all_gatherv_tensor(&s, &mut r, &counts, &displacements)?;
+        world.all_gatherv_tensor(&s, &mut r, Blocks::new(&counts, &displacements))?;
     }
 
     let got = recv.into_vec();

@@ -18,7 +18,7 @@ mod common;
 mod harness;
 
 use common::RawTensor;
-use dlpack_mpi::comm::{set_agreement, Agreement, TensorComm, AGREEMENT_REASON_BYTES};
+use dlpack_mpi::comm::{set_agreement, Agreement, Blocks, TensorComm, AGREEMENT_REASON_BYTES};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::Error;
@@ -137,11 +137,8 @@ fn gatherv(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
     }
     let s = t(&send)?;
     let mut r = t(&recv)?;
-    let recv_arg = (me == root || me == refuser).then_some((
-        &mut r as &mut dyn Tensor,
-        &counts[..],
-        &displs[..],
-    ));
+    let recv_arg = (me == root || me == refuser)
+        .then_some((&mut r as &mut dyn Tensor, Blocks::new(&counts, &displs)));
     let got = w.gatherv_tensor(&s, recv_arg, root);
     verdict(w, refuser, got, |e| {
         matches!(
@@ -189,7 +186,7 @@ fn scatterv(w: &SimpleCommunicator, root: i32, refuser: i32) -> Outcome {
     let s = t(&send)?;
     let mut r = t(&recv)?;
     let send_arg =
-        (me == root || me == refuser).then_some((&s as &dyn Tensor, &counts[..], &displs[..]));
+        (me == root || me == refuser).then_some((&s as &dyn Tensor, Blocks::new(&counts, &displs)));
     let got = w.scatterv_tensor(send_arg, &mut r, root);
     verdict(w, refuser, got, |e| {
         matches!(e, Error::OutOfBounds { .. } | Error::LengthMismatch { .. })
@@ -260,7 +257,7 @@ fn all_gatherv(w: &SimpleCommunicator, _root: i32, refuser: i32) -> Outcome {
     if me == refuser {
         counts[me as usize] = M as i64 + 1;
     }
-    let got = w.all_gatherv_tensor(&t(&send)?, &mut t(&recv)?, &counts, &displs);
+    let got = w.all_gatherv_tensor(&t(&send)?, &mut t(&recv)?, Blocks::new(&counts, &displs));
     verdict(w, refuser, got, |e| {
         // The longer block overlaps the next one, or runs past the tensor at the last rank.
         matches!(e, Error::BlocksOverlap { .. } | Error::OutOfBounds { .. })
@@ -293,11 +290,9 @@ fn all_to_allv(w: &SimpleCommunicator, _root: i32, refuser: i32) -> Outcome {
     }
     let got = w.all_to_allv_tensor(
         &t(&send)?,
-        &counts,
-        &displs,
+        Blocks::new(&counts, &displs),
         &mut t(&recv)?,
-        &counts,
-        &recv_displs,
+        Blocks::new(&counts, &recv_displs),
     );
     verdict(w, refuser, got, |e| matches!(e, Error::OutOfBounds { .. }))
 }

@@ -24,7 +24,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use dlpack_mpi::comm::{BroadcastBuffer, Packing, TensorComm};
+use dlpack_mpi::comm::{Blocks, BroadcastBuffer, Packing, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
     FLAG_IS_COPIED, FLAG_READ_ONLY,
@@ -637,7 +637,11 @@ fn gatherv(w: &SimpleCommunicator, kind: Kind) -> Outcome {
         let st = s.tensor(FLAG_READ_ONLY);
         if me == 0 {
             let mut rt = r.tensor(0);
-            call!(w.gatherv_tensor(&st, Some((&mut rt, &counts[..], &displs[..])), 0));
+            call!(w.gatherv_tensor(
+                &st,
+                Some((&mut rt, Blocks::new(&counts[..], &displs[..]))),
+                0
+            ));
         } else {
             call!(w.gatherv_tensor(&st, None, 0));
         }
@@ -683,7 +687,11 @@ fn scatterv(w: &SimpleCommunicator, kind: Kind) -> Outcome {
         let mut rt = r.tensor(0);
         if me == 0 {
             let st = s.tensor(FLAG_READ_ONLY);
-            call!(w.scatterv_tensor(Some((&st, &counts[..], &displs[..])), &mut rt, 0));
+            call!(w.scatterv_tensor(
+                Some((&st, Blocks::new(&counts[..], &displs[..]))),
+                &mut rt,
+                0
+            ));
         } else {
             call!(w.scatterv_tensor(None, &mut rt, 0));
         }
@@ -714,8 +722,7 @@ fn all_gatherv(w: &SimpleCommunicator, kind: Kind) -> Outcome {
     call!(w.all_gatherv_tensor(
         &s.tensor(FLAG_READ_ONLY),
         &mut r.tensor(0),
-        &counts,
-        &displs
+        Blocks::new(&counts, &displs)
     ));
     s.untouched()?;
     r.received(|i| match in_block(&counts, &displs, i) {
@@ -763,11 +770,9 @@ fn all_to_allv(w: &SimpleCommunicator, kind: Kind) -> Outcome {
     let mut r = Canary::new(I32, kind, recv_total, |_| STALE);
     call!(w.all_to_allv_tensor(
         &s.tensor(FLAG_READ_ONLY),
-        &send_counts,
-        &send_displs,
+        Blocks::new(&send_counts, &send_displs),
         &mut r.tensor(0),
-        &recv_counts,
-        &recv_displs,
+        Blocks::new(&recv_counts, &recv_displs)
     ));
     s.untouched()?;
     // Rank j's send displacement for rank `me`: Σ_{k < me} amount(j, k).
@@ -1166,8 +1171,7 @@ fn c44_allgatherv_zero_count(w: &SimpleCommunicator) -> Outcome {
     call!(w.all_gatherv_tensor(
         &s.tensor(FLAG_READ_ONLY),
         &mut r.tensor(0),
-        &counts,
-        &displs
+        Blocks::new(&counts, &displs)
     ));
     s.untouched()?;
     r.received(|i| match in_block(&counts, &displs, i) {
@@ -1186,7 +1190,9 @@ fn c45_blocks_past_the_tensor(w: &SimpleCommunicator) -> Outcome {
         let counts = vec![2i64; p];
         let mut displs: Vec<i64> = (0..p as i64).map(|j| 2 * j).collect();
         displs[p - 1] += 1; // the last block reaches one element past the tensor
-        let e = w.all_gatherv_tensor(&st, &mut rt, &counts, &displs).err();
+        let e = w
+            .all_gatherv_tensor(&st, &mut rt, Blocks::new(&counts, &displs))
+            .err();
         ensure!(
             matches!(e, Some(Error::OutOfBounds { .. })),
             "block past the end: {e:?}"

@@ -15,7 +15,7 @@
 #[macro_use]
 mod harness;
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, acquire_with_runtime, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
@@ -204,7 +204,7 @@ fn all_gatherv_counts_differ(w: &SimpleCommunicator) -> Outcome {
     let got = {
         let s = acquire(&send, &opts()).map_err(|e| e.to_string())?;
         let mut r = acquire(&recv, &opts()).map_err(|e| e.to_string())?;
-        w.all_gatherv_tensor(&s, &mut r, &counts, &displs)
+        w.all_gatherv_tensor(&s, &mut r, Blocks::new(&counts, &displs))
     };
     let (ours, theirs) = if size == 2 {
         ("counts [1, 2]", "counts [2, 1]")

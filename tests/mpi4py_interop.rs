@@ -13,7 +13,7 @@
 //! and passes without doing anything. The collectives run under `Agreement::Local`: the peer
 //! does not join dlpack-mpi's agreement all-reduce.
 
-use dlpack_mpi::comm::{set_agreement, set_packing, Agreement, Packing, TensorComm};
+use dlpack_mpi::comm::{set_agreement, set_packing, Agreement, Blocks, Packing, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::{DType, ReduceOp};
 use half::f16;
@@ -200,7 +200,11 @@ fn run(w: &SimpleCommunicator, c: &mut Checker) -> dlpack_mpi::Result<()> {
         let total: i64 = counts.iter().sum();
         let g = tensor(values(name, rank as usize + 1, rank), dtype);
         let all = tensor(vec![0; total as usize * elem], dtype);
-        w.all_gatherv_tensor(&acquire(&g, &o)?, &mut acquire(&all, &o)?, &counts, &displs)?;
+        w.all_gatherv_tensor(
+            &acquire(&g, &o)?,
+            &mut acquire(&all, &o)?,
+            Blocks::new(&counts, &displs),
+        )?;
         let want: Vec<u8> = (0..size)
             .flat_map(|r| values(name, r as usize + 1, r))
             .collect();

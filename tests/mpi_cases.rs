@@ -11,7 +11,7 @@ mod common;
 mod harness;
 
 use common::RawTensor;
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::{self, AnyBits, DType, ReduceOp};
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
@@ -481,7 +481,7 @@ fn c44_allgatherv_with_a_zero_count(w: &SimpleCommunicator) -> Outcome {
     let out = Owned::new(vec![-1f64; total as usize]);
     {
         let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
-        w.all_gatherv_tensor(&s, &mut o, &counts, &displs)
+        w.all_gatherv_tensor(&s, &mut o, Blocks::new(&counts, &displs))
             .map_err(|e| e.to_string())?;
     }
     let expect: Vec<f64> = (0..p)
@@ -507,7 +507,7 @@ fn empty_byte_tensors_are_not_mpi_in_place(w: &SimpleCommunicator) -> Outcome {
     {
         let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
         let recv = if w.rank() == 0 {
-            Some((&mut o as &mut dyn Tensor, &counts[..], &displs[..]))
+            Some((&mut o as &mut dyn Tensor, Blocks::new(&counts, &displs)))
         } else {
             None
         };
@@ -527,9 +527,9 @@ fn c45_vector_counts_past_the_tensor_fail_before_mpi(w: &SimpleCommunicator) -> 
     let mut o = acquire(&out, &opts()).map_err(|e| e.to_string())?;
     let counts = vec![2i64; p];
     let displs: Vec<i64> = (0..p as i64).map(|i| 2 * i + 1).collect(); // last block reaches past
-    let r = w.all_gatherv_tensor(&s, &mut o, &counts, &displs);
+    let r = w.all_gatherv_tensor(&s, &mut o, Blocks::new(&counts, &displs));
     ensure!(matches!(r, Err(Error::OutOfBounds { .. })), "got {r:?}");
-    let r = w.all_gatherv_tensor(&s, &mut o, &counts[1..], &displs);
+    let r = w.all_gatherv_tensor(&s, &mut o, Blocks::new(&counts[1..], &displs));
     ensure!(matches!(r, Err(Error::LengthMismatch { .. })), "got {r:?}");
     Ok(())
 }
@@ -605,7 +605,7 @@ fn op_reduce_gather_scatter(w: &SimpleCommunicator) -> Outcome {
     {
         let mut o = acquire(&out, &opts()).map_err(e)?;
         let send = if r == 0 {
-            Some((&a as &dyn Tensor, &counts[..], &displs[..]))
+            Some((&a as &dyn Tensor, Blocks::new(&counts, &displs)))
         } else {
             None
         };
@@ -619,7 +619,7 @@ fn op_reduce_gather_scatter(w: &SimpleCommunicator) -> Outcome {
     {
         let mut o = acquire(&out, &opts()).map_err(e)?;
         let recv = if r == 0 {
-            Some((&mut o as &mut dyn Tensor, &counts[..], &displs[..]))
+            Some((&mut o as &mut dyn Tensor, Blocks::new(&counts, &displs)))
         } else {
             None
         };
@@ -671,8 +671,13 @@ fn op_all_gather_all_to_all_reduce_scatter(w: &SimpleCommunicator) -> Outcome {
     let out = Owned::new(vec![0i64; (p * (r + 1)) as usize]);
     {
         let mut o = acquire(&out, &opts()).map_err(e)?;
-        w.all_to_allv_tensor(&s, &scounts, &sdispls, &mut o, &rcounts, &rdispls)
-            .map_err(e)?;
+        w.all_to_allv_tensor(
+            &s,
+            Blocks::new(&scounts, &sdispls),
+            &mut o,
+            Blocks::new(&rcounts, &rdispls),
+        )
+        .map_err(e)?;
     }
     let expect: Vec<i64> = (0..p)
         .flat_map(|i| std::iter::repeat(100 * i + r).take(r as usize + 1))

@@ -15,7 +15,7 @@ mod python_ml;
 
 use std::ffi::CString;
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{AcquireOptions, DeviceQuery, ManagedTensor, StreamPolicy, Tensor};
 use dlpack_mpi::dtype::{DType, ReduceOp};
 use dlpack_mpi::python::{self, pyo3};
@@ -857,7 +857,7 @@ fn c07_numpy_zero_size(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
         .map_err(s)?;
     w.broadcast_tensor(&mut recv, 0).map_err(s)?;
     let zeros = vec![0i64; w.size() as usize];
-    w.all_gatherv_tensor(&send, &mut recv, &zeros, &zeros)
+    w.all_gatherv_tensor(&send, &mut recv, Blocks::new(&zeros, &zeros))
         .map_err(s)?;
     Ok(())
 }
@@ -1053,7 +1053,7 @@ fn numpy_every_dtype_collectives(w: &SimpleCommunicator, c: &Ctx) -> Outcome {
         {
             let g = c.acquire("g")?;
             let mut a = c.acquire("all")?;
-            w.all_gatherv_tensor(&g, &mut a, &counts, &displs)
+            w.all_gatherv_tensor(&g, &mut a, Blocks::new(&counts, &displs))
                 .map_err(s)?;
         }
         ensure!(

@@ -52,6 +52,7 @@
 
 mod agree;
 mod bcast;
+mod blocks;
 mod checks;
 mod collective;
 mod held;
@@ -76,6 +77,7 @@ pub use agree::{
     agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
 };
 pub use bcast::BroadcastBuffer;
+pub use blocks::Blocks;
 pub(crate) use checks::{check_rank, check_tag};
 pub use immediate::TensorRequest;
 pub(crate) use p2p::{recv_matched, unfit};
@@ -427,8 +429,8 @@ pub trait TensorComm {
     }
 
     /// Gather blocks of varying size (`MPI_Gatherv`, §6.5). At the root, `recv` is the
-    /// tensor with `counts` and `displacements` (one per rank, in elements); its own block
-    /// must equal its `send` count.
+    /// tensor with its per-rank [`Blocks`] (counts and displacements, one per rank, in
+    /// elements); its own block must equal its `send` count.
     ///
     /// # Errors
     /// [`Error::LengthMismatch`], [`Error::OutOfBounds`], [`Error::BlocksOverlap`],
@@ -437,9 +439,10 @@ pub trait TensorComm {
     fn gatherv_tensor(
         &self,
         send: &dyn Tensor,
-        recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
+        recv: Option<(&mut dyn Tensor, Blocks<'_>)>,
         root: Rank,
     ) -> Result<()> {
+        let recv = recv.map(|(t, b)| (t, b.counts, b.displacements));
         collective::gatherv(self, send, recv, root)
     }
 
@@ -463,10 +466,11 @@ pub trait TensorComm {
     /// As [`TensorComm::gatherv_tensor`].
     fn scatterv_tensor(
         &self,
-        send: Option<(&dyn Tensor, &[i64], &[i64])>,
+        send: Option<(&dyn Tensor, Blocks<'_>)>,
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
+        let send = send.map(|(t, b)| (t, b.counts, b.displacements));
         collective::scatterv(self, send, recv, root)
     }
 
@@ -478,9 +482,10 @@ pub trait TensorComm {
         collective::all_gather(self, send, recv)
     }
 
-    /// All-gather with blocks of varying size (`MPI_Allgatherv`, §6.7): `counts` and
-    /// `displacements` (elements, one per rank) place each rank's block in `recv`;
-    /// `counts[rank]` must equal this rank's `send` count.
+    /// All-gather with blocks of varying size (`MPI_Allgatherv`, §6.7): `blocks` (counts
+    /// and displacements in elements, one per rank) place each rank's block in `recv`;
+    /// `blocks.counts[rank]` must equal this rank's `send` count, and every rank must pass
+    /// the same counts (the agreement compares them: [`Error::CollectiveMismatch`]).
     ///
     /// # Errors
     /// As [`TensorComm::gatherv_tensor`].
@@ -488,10 +493,9 @@ pub trait TensorComm {
         &self,
         send: &dyn Tensor,
         recv: &mut dyn Tensor,
-        counts: &[i64],
-        displacements: &[i64],
+        blocks: Blocks<'_>,
     ) -> Result<()> {
-        collective::all_gatherv(self, send, recv, counts, displacements)
+        collective::all_gatherv(self, send, recv, blocks.counts, blocks.displacements)
     }
 
     /// Personalized exchange: block `i` of `send` goes to rank `i`, block `j` of `recv`
@@ -504,24 +508,22 @@ pub trait TensorComm {
         collective::all_to_all(self, send, recv)
     }
 
-    /// All-to-all with blocks of varying size (`MPI_Alltoallv`, §6.8).
+    /// All-to-all with blocks of varying size (`MPI_Alltoallv`, §6.8): block `i` of
+    /// `send_blocks` goes to rank `i`, block `j` of `recv_blocks` comes from rank `j`.
     ///
     /// # Errors
     /// As [`TensorComm::gatherv_tensor`], for both sides.
-    #[allow(clippy::too_many_arguments)]
     fn all_to_allv_tensor(
         &self,
         send: &dyn Tensor,
-        send_counts: &[i64],
-        send_displacements: &[i64],
+        send_blocks: Blocks<'_>,
         recv: &mut dyn Tensor,
-        recv_counts: &[i64],
-        recv_displacements: &[i64],
+        recv_blocks: Blocks<'_>,
     ) -> Result<()> {
         collective::all_to_allv(
             self,
-            (send, send_counts, send_displacements),
-            (recv, recv_counts, recv_displacements),
+            (send, send_blocks.counts, send_blocks.displacements),
+            (recv, recv_blocks.counts, recv_blocks.displacements),
         )
     }
 

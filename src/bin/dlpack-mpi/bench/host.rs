@@ -2,7 +2,7 @@
 //! `alltoall`): every path of [`PATHS`] on the same aligned buffers, warmed up, timed in
 //! rotated rounds, then checked element by element. Uses `common`, `args` and `report`.
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec};
@@ -438,7 +438,7 @@ impl Calls<'_> {
             match self.what {
                 Collective::Allreduce => world.all_reduce_tensor(s, r, ReduceOp::Sum)?,
                 Collective::Allgatherv => {
-                    world.all_gatherv_tensor(s, r, &self.counts, &self.displs)?
+                    world.all_gatherv_tensor(s, r, Blocks::new(&self.counts, &self.displs))?
                 }
                 Collective::Alltoall => world.all_to_all_tensor(s, r)?,
             }

@@ -4,7 +4,7 @@
 
 use std::fmt::Debug;
 
-use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::Tensor;
 use dlpack_mpi::dtype::{AnyBits, DType, ReduceOp};
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
@@ -247,7 +247,7 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let k = self.kind.per_elem;
         let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
             let recv = if r == 0 {
-                Some((d, &v.counts[..], &v.displs[..]))
+                Some((d, Blocks::new(&v.counts, &v.displs)))
             } else {
                 None
             };
@@ -276,7 +276,7 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let k = self.kind.per_elem;
         let got = self.pair(self.values(0, v.total, 0), mine as usize * k, |s, d| {
             let send = if r == 0 {
-                Some((s, &v.counts[..], &v.displs[..]))
+                Some((s, Blocks::new(&v.counts, &v.displs)))
             } else {
                 None
             };
@@ -300,7 +300,8 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let mine = v.counts[r as usize];
         let k = self.kind.per_elem;
         let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
-            self.dc.all_gatherv_tensor(s, d, &v.counts, &v.displs)
+            self.dc
+                .all_gatherv_tensor(s, d, Blocks::new(&v.counts, &v.displs))
         })?;
         let expect = self.all_ranks(|i| v.counts[i as usize], |_| 0);
         self.compare("gathered", &expect, &got)
@@ -326,8 +327,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let recv_displs: Vec<i64> = (0..i64::from(p)).map(|i| i * mine).collect();
         let recv_len = (mine * i64::from(p)) as usize * self.kind.per_elem;
         let got = self.pair(self.values(r, v.total, 0), recv_len, |s, d| {
-            self.dc
-                .all_to_allv_tensor(s, &v.counts, &v.displs, d, &recv_counts, &recv_displs)
+            self.dc.all_to_allv_tensor(
+                s,
+                Blocks::new(&v.counts, &v.displs),
+                d,
+                Blocks::new(&recv_counts, &recv_displs),
+            )
         })?;
         let expect = self.all_ranks(|_| mine, |_| v.displs[r as usize]);
         self.compare("exchanged", &expect, &got)

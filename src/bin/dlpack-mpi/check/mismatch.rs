@@ -6,7 +6,7 @@
 //! it or returns wrong data. Skipped at one rank (no peer can differ) and under
 //! `DLPACK_MPI_AGREEMENT=local` (no agreement: the probes would hang).
 
-use dlpack_mpi::comm::{agreement, Agreement, TensorComm};
+use dlpack_mpi::comm::{agreement, Agreement, Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::Error;
@@ -94,7 +94,7 @@ const PROBES: &[Probe] = &[
             let (s, r) = (tensor(1.0f32, mine), tensor(0.0f32, total));
             let o = AcquireOptions::default();
             let (sg, mut rg) = (acquire(&s, &o)?, acquire(&r, &o)?);
-            dc.all_gatherv_tensor(&sg, &mut rg, &counts, &displs)
+            dc.all_gatherv_tensor(&sg, &mut rg, Blocks::new(&counts, &displs))
         },
     ),
 ];
