@@ -12,8 +12,9 @@
 #   budget      rank 0's copy never returns inside a pipelined send (a stuck device),
 #               budget 25 s                 -> FAILED within the budget, later steps "not run"
 #
-# and runs the GPU test binary directly at 2 ranks with a fake where only rank 1's
-# allocations fail (every case fails on both ranks at once, nothing waits), with a fake
+# and runs the GPU cases (the suite gpu of the test binary tests/mpi) directly at 2 ranks
+# with a fake where only rank 1's allocations fail (every case fails on both ranks at once,
+# nothing waits), with a fake
 # whose device copy fails inside a pipelined send (the sender aborts the message and the
 # receiver returns SenderAborted naming it: the job ends, no watchdog needed), with the stuck
 # copy under a 5 s case watchdog (the job is aborted, nothing hangs), and the strided device
@@ -79,15 +80,15 @@ check excl 60 3 "$excl" "$work/excl"
 check stubs-dir 60 3 "$excl" "$work/cuda/lib64/stubs:$work/excl"
 grep -q 'dropped CUDA stub directories: .*/stubs' "$work/stubs-dir.txt" || fail "stubs-dir: the log does not say the stub directory was dropped"
 check budget 25 1 'FAILED: .*GPU cases.*\(not run\)' "$work/hang0"
-grep -q 'GPU cases (tests/gpu.rs), 2 ranks: exit 124 .*(killed at its limit)' "$work/budget.txt" ||
+grep -q 'GPU cases (tests/mpi/gpu.rs), 2 ranks: exit 124 .*(killed at its limit)' "$work/budget.txt" ||
     fail "budget: the GPU cases step was not killed at its capped limit"
 
-# The GPU test binary itself, at 2 ranks.
+# The GPU cases themselves, at 2 ranks.
 gpu_at_2() {
     local name=$1 path=$2; shift 2
     local t0=$SECONDS rc=0
     env LD_LIBRARY_PATH="$path" "$@" timeout -k 5 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 \
-        "$work/pack/bin/gpu" >"$work/$name.txt" 2>&1 || rc=$?
+        "$work/pack/bin/mpi" --suite gpu >"$work/$name.txt" 2>&1 || rc=$?
     echo "$name: exit $rc after $((SECONDS - t0)) s"
     gpu_rc=$rc gpu_took=$((SECONDS - t0))
 }
@@ -108,7 +109,7 @@ grep -q 'c64_c65_ring_pipeline_empty_staged: still running after 5 s' "$work/wat
 # the CUDA runtime's cuMemcpy2DAsync parameters (memory types, pitches) as the fake checks them.
 rc=0
 LD_LIBRARY_PATH="$work/copy0" timeout -k 5 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 \
-    "$work/pack/bin/gpu" strided_2d_copies >"$work/strided.txt" 2>&1 || rc=$?
+    "$work/pack/bin/mpi" --suite gpu strided_2d_copies >"$work/strided.txt" 2>&1 || rc=$?
 echo "strided: exit $rc"
 ((rc == 0)) || fail "strided: exit $rc, want 0"
 grep -q 'strided_2d_copies_staged \.\.\. ok' "$work/strided.txt" || fail "strided: the case did not pass"

@@ -16,10 +16,11 @@
 #      LD_LIBRARY_PATH, /dev/shm, locked-memory limit, preset OMPI_/OPAL_/PMIX_/PRTE_/UCX_/
 #      CUDA_ variables, and the MPI settings this script chose;
 #   3. `dlpack-mpi info`: stops here (exit 3, one line saying why) without a CUDA runtime;
-#   4. the GPU cases (tests/gpu.rs) at 2 ranks, with DLPACK_MPI_REQUIRE_GPU=1 (among them
-#      strided device tensors packed by cuMemcpy2DAsync, staged and direct): stops here
-#      (exit 3) when a rank cannot use the GPU (e.g. an EXCLUSIVE_PROCESS compute mode);
-#   5. the simulated-device cases at 2 ranks;
+#   4. the GPU cases (the suite gpu of tests/mpi: tests/mpi/gpu.rs) at 2 ranks, with
+#      DLPACK_MPI_REQUIRE_GPU=1 (among them strided device tensors packed by
+#      cuMemcpy2DAsync, staged and direct): stops here (exit 3) when a rank cannot use the
+#      GPU (e.g. an EXCLUSIVE_PROCESS compute mode);
+#   5. the simulated-device cases (the suite device_cases) at 2 ranks;
 #   6. `dlpack-mpi check` on CUDA tensors at 2 ranks, staged;
 #   7. the GPU bench: ping-pong and all-reduce 4 KiB … 256 MiB, staged next to the pinned
 #      copy and host MPI, with --iters 2000 --rounds 3 (sizes from 64 MiB up run the
@@ -50,10 +51,12 @@ log=${OUT:-$PWD}/gpu-check.log
 kill_grace=5
 # A transfer may drop the execute bits: restore them before deciding the pack is missing.
 chmod +x "$g"/bin/* "$g"/ompi/bin/* 2>/dev/null
-[ -f "$g/bin/dlpack-mpi" ] || {
-    echo "gpu-check.sh: no $g/bin/dlpack-mpi: run scripts/gpu-pack.sh first and carry .gpu" >&2
-    exit 2
-}
+for exe in dlpack-mpi mpi; do
+    [ -f "$g/bin/$exe" ] || {
+        echo "gpu-check.sh: no $g/bin/$exe: run scripts/gpu-pack.sh first and carry .gpu" >&2
+        exit 2
+    }
+done
 deadline=$((SECONDS + budget))
 failed=()
 steps=0
@@ -235,7 +238,7 @@ run_direct_steps() {
     step "check on CUDA tensors, direct, 2 ranks ($aware)" 90 "${with[@]}" \
         mpirun --oversubscribe --bind-to none -n 2 "$g/bin/dlpack-mpi" check -q --device cuda --transport direct
     step "GPU cases, direct, 2 ranks ($aware)" 90 "${with[@]}" \
-        mpirun --oversubscribe --bind-to none -n 2 "$g/bin/gpu"
+        mpirun --oversubscribe --bind-to none -n 2 "$g/bin/mpi" --suite gpu
 }
 
 main() {
@@ -273,13 +276,13 @@ main() {
         gpu_line=${gpu_line#GPU runtime: }
         stop "no working CUDA runtime: ${gpu_line#none: }; driver library: $libcuda_said"
     fi
-    step "GPU cases (tests/gpu.rs), 2 ranks" 90 "${mpirun_2[@]}" "$g/bin/gpu"
+    step "GPU cases (tests/mpi/gpu.rs), 2 ranks" 90 "${mpirun_2[@]}" "$g/bin/mpi" --suite gpu
     if ((rc == 3)); then
         local why
         why=$(grep -m1 -E '^GPU cases: rank [0-9]+: cannot run: ' "$tmp/step.out" || grep -m1 'cannot run:' "$tmp/step.out")
         stop "a rank cannot use the GPU: ${why#GPU cases: }"
     fi
-    step "simulated-device cases, 2 ranks" 45 "${mpirun_2[@]}" "$g/bin/device_cases"
+    step "simulated-device cases, 2 ranks" 45 "${mpirun_2[@]}" "$g/bin/mpi" --suite device_cases
     step "check on CUDA tensors, staged, 2 ranks" 150 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" check -q --device cuda --transport staged
     step "GPU bench, 2 ranks" 150 "${mpirun_2[@]}" "$g/bin/dlpack-mpi" bench --device cuda --op all --sizes 4K:256M --iters 2000 --rounds 3
     run_direct_steps

@@ -47,7 +47,7 @@ if [ -n "$local_mode" ]; then
     source scripts/mpi-env.sh
     mpi="local: $($MPIRUN --version 2>&1 | head -1) ($MPIRUN)"
     profile=debug
-    executables --features cli,cuda --bin dlpack-mpi --test gpu --test device_cases >"$out/exes"
+    executables --features cli,cuda --bin dlpack-mpi --test mpi >"$out/exes"
 else
     exclude=$(git rev-parse --git-path info/exclude)
     mkdir -p "$(dirname "$exclude")"
@@ -65,9 +65,10 @@ else
     # Build against that Open MPI (its mpicc tells build-probe-mpi where mpi.h and libmpi are).
     export OPAL_PREFIX=$root/$out/ompi PATH=$root/$out/ompi/bin:$PATH
     export CARGO_TARGET_DIR=$root/target/gpu
-    executables --release --features cli,cuda --bin dlpack-mpi --test gpu --test device_cases >"$out/exes"
+    executables --release --features cli,cuda --bin dlpack-mpi --test mpi >"$out/exes"
 fi
-for name in dlpack-mpi gpu device_cases; do
+# bin/mpi: the multi-rank suites (tests/mpi); gpu-check.sh runs its suites gpu and device_cases.
+for name in dlpack-mpi mpi; do
     exe=$(awk -v n="$name" '$1 == n { print $2; exit }' "$out/exes")
     [ -n "$exe" ] || { echo "gpu-pack.sh: cargo reported no executable for $name" >&2; exit 1; }
     if [ -n "$local_mode" ]; then

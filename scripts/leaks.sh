@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Memory errors and leaks under valgrind (memcheck) for the single-rank test binaries:
-# tests/cases, tests/hostile (no MPI) and tests/canaries at 1 rank (MPI initialized). A
-# definite or indirect leak, an invalid read or write, or a use of uninitialised memory
-# fails the run. MPI's own allocations at MPI_Init are suppressed by
+# tests/cases, tests/hostile (no MPI) and the suite canaries of tests/mpi at 1 rank (MPI
+# initialized). A definite or indirect leak, an invalid read or write, or a use of
+# uninitialised memory fails the run. MPI's own allocations at MPI_Init are suppressed by
 # scripts/valgrind-mpi.supp (frames inside the MPI libraries only).
 #
 # The resident-memory check over 100 000 cycles at 2 ranks is tests/leaks.rs, run by
@@ -24,11 +24,15 @@ source scripts/test-binary.sh
 
 status=0
 for t in cases hostile canaries; do
-    bin=$(test_binary "$t")
-    args=()
-    # libtest: one thread, so reports are in order; the hostile tests' child processes
-    # (tests that isolate an abort) are not traced.
-    [[ $t != canaries ]] && args=(--test-threads=1)
+    if [[ $t == canaries ]]; then
+        bin=$(test_binary mpi)
+        args=(--suite canaries)
+    else
+        bin=$(test_binary "$t")
+        # libtest: one thread, so reports are in order; the hostile tests' child processes
+        # (tests that isolate an abort) are not traced.
+        args=(--test-threads=1)
+    fi
     log=$(mktemp)
     echo "== valgrind $t"
     # A small free-list quarantine: tests that assert flat resident memory (C09) would

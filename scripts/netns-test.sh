@@ -2,7 +2,8 @@
 # Two hosts on one machine: makes two network namespaces joined by a veth pair (10.77.0.1/24
 # and 10.77.0.2/24, addresses that exist inside the namespaces only), each with its own
 # hostname (a UTS namespace), and runs one MPI job across them over TCP with one rank per
-# "host": the multi-rank cases (tests/mpi_cases), the checked protocol (tests/checked) and
+# "host": the multi-rank cases and the checked protocol (the suites mpi_cases and checked of
+# the test binary tests/mpi) and
 # the check matrix (`dlpack-mpi check -q`, at lengths 0 and 7 by default, see
 # NETNS_CHECK_ARGS below), all at 2 ranks.
 #
@@ -16,8 +17,8 @@
 # `ip`, no `unshare`, or the kernel refuses. The namespaces are removed on exit.
 #
 # Usage: scripts/netns-test.sh (after a build; scripts/test.sh runs it as a stage)
-# Environment: DLPACK_MPI_IMPL (openmpi | mpich, see scripts/mpi-env.sh); MPI_CASES_BIN and
-# CHECKED_BIN, the test binaries (default: found in the target directory); NETNS_CHECK_ARGS
+# Environment: DLPACK_MPI_IMPL (openmpi | mpich, see scripts/mpi-env.sh); MPI_BIN, the test
+# binary `mpi` (default: the newest in the target directory); NETNS_CHECK_ARGS
 # (default "--len 0,7"; "all" = the whole matrix); NETNS_ONLY_CHECK=1 (the matrix only).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,9 +42,8 @@ newest() { # the newest executable among the files matching $1 (a glob)
     echo "$best"
 }
 cli=$TARGET_DIR/release/dlpack-mpi
-mpi_cases=${MPI_CASES_BIN:-$(newest "$TARGET_DIR/debug/deps/mpi_cases-*")}
-checked=${CHECKED_BIN:-$(newest "$TARGET_DIR/debug/deps/checked-*")}
-for f in "$cli" "$mpi_cases" "$checked"; do
+mpi=${MPI_BIN:-$(newest "$TARGET_DIR/debug/deps/mpi-*")}
+for f in "$cli" "$mpi"; do
     [[ -n $f && -x $f ]] || { echo "netns-test: missing binary '$f' (build first: scripts/test.sh does)" >&2; exit 1; }
 done
 
@@ -146,8 +146,8 @@ veth_bytes() { # bytes sent + received on host A's end of the veth pair
 # NETNS_ONLY_CHECK=1 runs the check matrix only.
 [[ -n ${NETNS_ONLY_CHECK:-} ]] || {
 run "hostnames" on_a "${launch[@]}" hostname
-run "multi-rank cases at 2 ranks on 2 hosts" on_a "${launch[@]}" "$mpi_cases"
-run "checked protocol at 2 ranks on 2 hosts" on_a "${launch[@]}" "$checked"
+run "multi-rank cases at 2 ranks on 2 hosts" on_a "${launch[@]}" "$mpi" --suite mpi_cases
+run "checked protocol at 2 ranks on 2 hosts" on_a "${launch[@]}" "$mpi" --suite checked
 }
 # Over the veth pair Open MPI needs 4 to 20 ms per check case, depending on what else the
 # machine runs (latency-bound: the ranks mostly wait), so by default the matrix runs every

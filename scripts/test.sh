@@ -1,46 +1,158 @@
 #!/usr/bin/env bash
-# Every test: setup.sh's libclang detection, formatting, lints (the library alone and with
-# features cli, python, cuda), rustdoc with warnings denied, unit and doc tests, the behaviour
-# cases, the multi-rank cases under mpirun at 1-4 ranks, the nonblocking/window/broadcast cases
-# (tests/immediate.rs) at 2 ranks, agreement before collectives (one refusing rank, every
-# rooted and vector collective) at 2-4 ranks, the checked protocol at 2 ranks, held messages
-# at MPI_Finalize and on other threads (tests/held_finalize.rs) at 2 ranks, the
-# fault cases at 2 ranks (aborted/forged pipelined messages, lying checked headers), the
-# GPU transport on a simulated device at 2-3 ranks, the `cuda` feature's GPU cases (which skip
-# without a GPU) and gpu-check.sh against fake CUDA drivers, the Python-producer cases (NumPy,
-# JAX, Paddle, the C exchange API) at 1-3 ranks, wire interop with mpi4py (MPMD jobs), the
-# canary bounds harness at 2-3 ranks under every packing policy, threads under
-# MPI_THREAD_MULTIPLE, the 100 000-cycle leak run, valgrind, miri beside a 60 s fuzz run (two targets), every
-# example at 1-4 ranks, the check matrix at 1-4 ranks (NumPy arrays and Rust-made tensors; Rust
-# again under DLPACK_MPI_PACKING=derived at 1-4; JAX and Paddle at 2 and 4, auto at 4;
-# simulated CUDA memory at 2), a rank killed mid-check at 2
-# and 4 ranks (scripts/kill-rank-test.sh: the job ends within 30 s, non-zero, naming the
-# rank), a two-host run over TCP between two network namespaces (scripts/netns-test.sh;
-# SKIP where namespaces cannot be made), a user's crate outside the package
-# (scripts/downstream-test.sh) and `cargo package`.
-# Installs what is missing first. Ends with "test.sh: N passed, N failed" (stages).
+# Every test, as stages declared once in the table below (`scripts/test.sh --list` prints
+# them: tier and name). Installs what is missing first (scripts/setup.sh). Ends with
+# "test.sh: N passed, N failed" (one count per stage).
 #
-# Usage: scripts/test.sh [--mpi openmpi|mpich]
+# Usage: scripts/test.sh [--mpi openmpi|mpich] [--list] [--only TIER|PATTERN[,...]]...
 #   --mpi openmpi (the default, what CI runs): Open MPI, built in target/.
 #   --mpi mpich: MPICH (installed if missing), built in target/mpich/, run with mpiexec.mpich;
 #     the mpi4py stages are skipped (setup.sh installs mpi4py for Open MPI only).
+#   --list: print the tier and name of every stage (of those --only selects), and exit: no
+#     setup, no build.
+#   --only WORD: run only the stages of tier WORD, or, when WORD is no tier, those whose
+#     name contains WORD (any case); several --only, or a comma list, select every stage one
+#     of them selects. Tiers: quick (setup-test, fmt, clippy, doc, cargo test), mpi (the
+#     multi-rank suites under mpirun, the examples), gpu-sim, python, matrix (the
+#     dlpack-mpi check runs), heavy. A stage that needs the release build of the CLI builds
+#     it when no stage before it has.
 # The launcher and compiler wrapper are named explicitly (scripts/mpi-env.sh), so Debian's
 # `mpirun`/`mpicc` alternatives do not matter.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+usage="usage: $0 [--mpi openmpi|mpich] [--list] [--only TIER|PATTERN]..."
+list=""
+only=()
 while (($#)); do
     case "$1" in
         --mpi)
-            [[ $# -ge 2 ]] || { echo "usage: $0 [--mpi openmpi|mpich]" >&2; exit 2; }
+            [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }
             DLPACK_MPI_IMPL=$2
             shift 2
             ;;
         --mpi=*) DLPACK_MPI_IMPL=${1#--mpi=}; shift ;;
-        *) echo "usage: $0 [--mpi openmpi|mpich]" >&2; exit 2 ;;
+        --list) list=1; shift ;;
+        --only)
+            [[ $# -ge 2 ]] || { echo "$usage" >&2; exit 2; }
+            IFS=, read -r -a words <<<"$2"
+            only+=("${words[@]}")
+            shift 2
+            ;;
+        --only=*) IFS=, read -r -a words <<<"${1#--only=}"; only+=("${words[@]}"); shift ;;
+        *) echo "$usage" >&2; exit 2 ;;
     esac
 done
 export DLPACK_MPI_IMPL=${DLPACK_MPI_IMPL:-openmpi}
+
+# The stages, in the order they run: tier | name | condition | command. The command is run
+# by `eval` (the functions below; no `|` in it). The condition is `-` (always run), or a
+# command (a function below) that prints why the stage is skipped, and nothing when it runs.
+STAGES=$(
+    cat <<'EOF'
+quick   | setup.sh detects libclang as bindgen does (libclang-cpp is not libclang) | - | scripts/setup-test.sh
+quick   | cargo fmt --check | - | cargo fmt --all -- --check
+quick   | cargo clippy -D warnings (the library alone, default features) | - | cargo clippy --all-targets -- -D warnings
+quick   | cargo clippy --features cli -D warnings | - | cargo clippy --all-targets --features cli -- -D warnings
+quick   | cargo clippy --features cli,python -D warnings | - | cargo clippy --all-targets --features cli,python -- -D warnings
+quick   | cargo doc --no-deps, warnings denied (features cli, cuda, python) | - | doc_stage
+quick   | cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank) | - | timeout 900 cargo test
+heavy   | a user's crate outside the package (tests/downstream): default-features = false, and python with the libpython check | - | scripts/downstream-test.sh
+heavy   | cargo package: the packaged crate (C shims included) builds | - | timeout 900 cargo package --allow-dirty --quiet
+mpi     | multi-rank cases at 2 ranks | - | suite_at mpi_cases 2
+mpi     | multi-rank cases at 3 ranks | - | suite_at mpi_cases 3
+mpi     | multi-rank cases at 4 ranks | - | suite_at mpi_cases 4
+mpi     | nonblocking tensor operations, windows, shared-root broadcast at 2 ranks (tests/mpi/immediate.rs) | - | suite_at immediate 2
+mpi     | agreement: every collective with one refusing rank at 2 ranks | - | suite_within 120 agreement 2
+mpi     | agreement: every collective with one refusing rank at 3 ranks | - | suite_within 120 agreement 3
+mpi     | agreement: every collective with one refusing rank at 4 ranks | - | suite_within 120 agreement 4
+mpi     | mismatched collective arguments at 2 ranks: each case its own job, every rank errs within 60 s (tests/mpi/mismatch.rs) | - | mismatch_at 2
+mpi     | mismatched collective arguments at 3 ranks: each case its own job, every rank errs within 60 s | - | mismatch_at 3
+mpi     | mismatched collective arguments at 4 ranks: each case its own job, every rank errs within 60 s | - | mismatch_at 4
+mpi     | checked protocol at 2 ranks | - | suite_at checked 2
+mpi     | held messages at MPI_Finalize and dropped on another thread at 2 ranks | - | binary_within 120 held_finalize 2
+mpi     | faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded | - | suite_at faults 2
+gpu-sim | GPU transport on a simulated device (C51, C53, C60-C65, staging) at 2 ranks | - | suite_at device_cases 2
+gpu-sim | GPU transport on a simulated device (C51, C53, C60-C65, staging) at 3 ranks | - | suite_at device_cases 3
+gpu-sim | cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time) | - | cargo clippy --all-targets --features cli,cuda,python -- -D warnings
+gpu-sim | cuda: GPU cases build, and skip without a GPU | - | suite_at gpu 1 --features cli,cuda
+gpu-sim | cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget) | - | timeout 300 scripts/gpu-check-test.sh
+python  | cli, python: unit tests, Python-producer cases at 1 rank, the DLPack C exchange API (hostile tables, Paddle), the CLI (tests/cli.rs) with NumPy | - | python_1_rank
+python  | python: doc tests of the python module | - | timeout 600 cargo test --features cli,python --doc python
+python  | python: Python-producer cases at 2 ranks | - | suite_at python_cases 2 --features cli,python
+python  | python: Python-producer cases at 3 ranks | - | suite_at python_cases 3 --features cli,python
+python  | mpi4py wire interop: mpi4py rank + 1 dlpack-mpi rank(s) | skip_unless_openmpi | mpi4py_interop_at 1
+python  | mpi4py wire interop: mpi4py rank + 2 dlpack-mpi rank(s) | skip_unless_openmpi | mpi4py_interop_at 2
+heavy   | transfers above 2^31 bytes (contiguous; strided packed and split) at 2 ranks | - | binary_at large_transfer 2
+mpi     | canaries (guard bytes, every operation x layout) at 2 ranks | - | suite_at canaries 2
+mpi     | canaries (guard bytes, every operation x layout) at 3 ranks | - | suite_at canaries 3
+mpi     | threads under MPI_THREAD_MULTIPLE at 2 ranks | - | binary_at threads 2
+heavy   | 100 000 acquire/send/release cycles, flat RSS, at 2 ranks | - | leaks_at 2
+heavy   | valgrind: no leak or memory error (cases, hostile, canaries) | - | scripts/leaks.sh
+heavy   | miri over the pure layers' unit tests, beside the fuzz run of import/layout/spec and the checked header (30 s each) | - | miri_and_fuzz
+mpi     | examples at 1-4 ranks | - | scripts/examples.sh
+matrix  | release build of the CLI (features cli, python), for the check matrix, kill-rank-test.sh and netns-test.sh | - | release_cli
+matrix  | dlpack-mpi check at 1 ranks (NumPy arrays) | - | check_at 1 --producer numpy
+matrix  | dlpack-mpi check at 2 ranks (NumPy arrays) | - | check_at 2 --producer numpy
+matrix  | dlpack-mpi check at 3 ranks (NumPy arrays) | - | check_at 3 --producer numpy
+matrix  | dlpack-mpi check at 4 ranks (NumPy arrays) | - | check_at 4 --producer numpy
+matrix  | dlpack-mpi check at 2 ranks (Rust-made tensors) | - | check_at 2 --producer rust
+matrix  | dlpack-mpi check at 3 ranks (Rust-made tensors) | - | check_at 3 --producer rust
+matrix  | dlpack-mpi check at 4 ranks (Rust-made tensors) | - | check_at 4 --producer rust
+matrix  | dlpack-mpi check at 1-4 ranks (Rust-made tensors), DLPACK_MPI_PACKING=derived | - | check_derived
+matrix  | dlpack-mpi check at 2 ranks (jax tensors) | skip_unless_python_package jax | check_at 2 --producer jax
+matrix  | dlpack-mpi check at 4 ranks (jax tensors) | skip_unless_python_package jax | check_at 4 --producer jax
+matrix  | dlpack-mpi check at 2 ranks (paddle tensors) | skip_unless_python_package paddle | check_at 2 --producer paddle
+matrix  | dlpack-mpi check at 4 ranks (paddle tensors) | skip_unless_python_package paddle | check_at 4 --producer paddle
+matrix  | dlpack-mpi check at 4 ranks (--producer auto: NumPy, JAX, Paddle, then Rust) | - | check_at 4 --producer auto
+matrix  | dlpack-mpi check at 2 ranks, simulated CUDA memory, staged | - | check_at 2 --device cuda --simulate-device --transport staged
+matrix  | dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed | - | check_direct_and_managed
+heavy   | a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, naming the rank | - | with_release_cli timeout 900 scripts/kill-rank-test.sh 2 4
+heavy   | two hosts (network namespaces, TCP): check matrix and multi-rank cases | - | with_release_cli netns_stage
+EOF
+)
+
+# The table as the arrays tiers, names, conditions and commands, and the tiers it names
+# (" quick heavy ... ").
+tiers=() names=() conditions=() commands=() all_tiers=" "
+while IFS='|' read -r tier name condition command; do
+    read -r tier <<<"$tier"
+    read -r condition <<<"$condition"
+    read -r command <<<"$command"
+    name=${name# } name=${name% }
+    tiers+=("$tier") names+=("$name") conditions+=("$condition") commands+=("$command")
+    [[ $all_tiers == *" $tier "* ]] || all_tiers+="$tier "
+done <<<"$STAGES"
+
+# Whether --only selects stage $1, an index of the table (every stage without --only).
+selected() {
+    local word
+    ((${#only[@]} == 0)) && return 0
+    for word in "${only[@]}"; do
+        [[ -n $word ]] || continue
+        if [[ $all_tiers == *" $word "* ]]; then
+            [[ ${tiers[$1]} == "$word" ]] && return 0
+        elif [[ ${names[$1],,} == *"${word,,}"* ]]; then
+            return 0
+        fi
+    done
+    return 1
+}
+chosen=()
+for i in "${!names[@]}"; do
+    if selected "$i"; then chosen+=("$i"); fi
+done
+if ((${#chosen[@]} == 0)); then
+    echo "test.sh: --only ${only[*]} selects no stage (tiers:${all_tiers% }; scripts/test.sh --list prints the stages)" >&2
+    exit 2
+fi
+if [[ -n $list ]]; then
+    for i in "${chosen[@]}"; do
+        when=""
+        [[ ${conditions[i]} == - ]] || when="  [${conditions[i]}]"
+        printf '%-8s %s%s\n' "${tiers[i]}" "${names[i]}" "$when"
+    done
+    exit 0
+fi
 
 scripts/setup.sh
 # shellcheck source=scripts/mpi-env.sh
@@ -49,32 +161,65 @@ source scripts/mpi-env.sh
 source scripts/python-env.sh
 echo "test.sh: MPI library $DLPACK_MPI_IMPL (launcher $MPIRUN, compiler wrapper $MPICC, target $TARGET_DIR)"
 
-passed=0
-failed=0
-summary=()
-stage() {
-    local name=$1 start=$SECONDS
-    shift
-    echo "== $name"
-    if "$@"; then
-        passed=$((passed + 1))
-        summary+=("PASS  $name ($((SECONDS - start)) s)")
-    else
-        echo "== FAILED: $name"
-        failed=$((failed + 1))
-        summary+=("FAIL  $name ($((SECONDS - start)) s)")
-    fi
-}
-
 # shellcheck source=scripts/test-binary.sh
 source scripts/test-binary.sh
 
-# Runs the harness=false test binary $1 under mpirun at $2 ranks (cargo flags after).
-test_binary_at() {
-    local bin name=$1 n=$2
-    shift 2
-    bin=$(test_binary "$name" "$@")
-    timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$bin"
+# binary_within LIMIT_S NAME N [cargo flags] [-- args]: the harness=false test binary NAME
+# (built first) under mpirun at N ranks with args, killed after LIMIT_S seconds.
+binary_within() {
+    local limit=$1 name=$2 n=$3 bin flags=()
+    shift 3
+    while (($#)) && [[ $1 != -- ]]; do
+        flags+=("$1")
+        shift
+    done
+    (($#)) && shift
+    bin=$(test_binary "$name" ${flags[@]+"${flags[@]}"})
+    timeout "$limit" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$bin" "$@"
+}
+binary_at() { binary_within 600 "$@"; }
+
+# suite_within LIMIT_S SUITE N [cargo flags]: the suite SUITE of the test binary `mpi`
+# (tests/mpi/main.rs). Agreement: broken agreement hangs, so a short limit (the run takes
+# seconds) fails the stage; held_finalize likewise (a held message left unreceived at
+# MPI_Finalize would block rank 0 forever; the run takes under a second).
+suite_within() {
+    local limit=$1 suite=$2 n=$3
+    shift 3
+    binary_within "$limit" mpi "$n" "$@" -- --suite "$suite"
+}
+suite_at() { suite_within 600 "$@"; }
+
+# mismatch_at N: every case of the `mismatch` suite in a job of its own at N ranks, each
+# under a 60 s limit (a case takes about a second; without the agreement's fingerprint it
+# hangs, aborts the job or returns wrong data).
+mismatch_at() {
+    local bin case rc=0
+    bin=$(test_binary mpi)
+    for case in $("$bin" --mismatch-cases); do
+        echo "-- $case"
+        timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$bin" --suite mismatch "$case" || rc=1
+    done
+    return "$rc"
+}
+
+# The library's unit tests and the CLI's with features cli, python; the Python suites of
+# tests/mpi at 1 rank.
+python_1_rank() {
+    timeout 600 cargo test --features cli,python --lib --test cli &&
+        timeout 600 cargo test --features cli,python --test mpi -- --suite python_cases,python_exchange
+}
+
+doc_stage() {
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features cli,cuda,python
+}
+
+# The conditions of the table: print why the stage is skipped (nothing when it runs).
+skip_unless_openmpi() {
+    [[ $DLPACK_MPI_IMPL == openmpi ]] || echo "setup.sh installs mpi4py for Open MPI only"
+}
+skip_unless_python_package() {
+    "$PYO3_PYTHON" -c "import $1" >/dev/null 2>&1 || echo "Python package $1 is not installed"
 }
 
 # One MPMD job: the mpi4py peer as rank 0, then $1 dlpack-mpi ranks.
@@ -109,110 +254,6 @@ fuzz_smoke() {
     return "$rc"
 }
 
-leaks_at() {
-    local DLPACK_MPI_LEAK_CYCLES=100000
-    export DLPACK_MPI_LEAK_CYCLES
-    test_binary_at leaks "$1"
-}
-
-# The check matrix at $1 ranks; further arguments go to `check`.
-check_at() {
-    local n=$1
-    shift
-    timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$TARGET_DIR"/release/dlpack-mpi check -q "$@"
-}
-
-# The Rust check matrix at 1-4 ranks under DLPACK_MPI_PACKING=derived.
-check_derived() {
-    local DLPACK_MPI_PACKING=derived n
-    export DLPACK_MPI_PACKING
-    for n in 1 2 3 4; do
-        check_at "$n" --producer rust || return 1
-    done
-}
-
-# The GPU routes on simulated CUDA memory: direct (MPI declared CUDA-aware; the "device"
-# memory is host memory, so MPI can read it) and managed.
-check_direct_and_managed() {
-    local DLPACK_MPI_CUDA_AWARE=1
-    export DLPACK_MPI_CUDA_AWARE
-    check_at 2 --device cuda --simulate-device --transport direct &&
-        check_at 2 --device cuda-managed --simulate-device
-}
-
-netns_stage() {
-    MPI_CASES_BIN=$(test_binary mpi_cases) CHECKED_BIN=$(test_binary checked) \
-        timeout 600 scripts/netns-test.sh
-}
-
-stage "setup.sh detects libclang as bindgen does (libclang-cpp is not libclang)" scripts/setup-test.sh
-stage "cargo fmt --check" cargo fmt --all -- --check
-stage "cargo clippy -D warnings (the library alone, default features)" cargo clippy --all-targets -- -D warnings
-stage "cargo clippy --features cli -D warnings" cargo clippy --all-targets --features cli -- -D warnings
-stage "cargo clippy --features cli,python -D warnings" cargo clippy --all-targets --features cli,python -- -D warnings
-doc_stage() {
-    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features cli,cuda,python
-}
-stage "cargo doc --no-deps, warnings denied (features cli, cuda, python)" doc_stage
-stage "cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank)" timeout 900 cargo test
-stage "a user's crate outside the package (tests/downstream): default-features = false, and python with the libpython check" \
-    scripts/downstream-test.sh
-stage "cargo package: the packaged crate (C shims included) builds" timeout 900 cargo package --allow-dirty --quiet
-for n in 2 3 4; do
-    stage "multi-rank cases at $n ranks" test_binary_at mpi_cases "$n"
-done
-stage "nonblocking tensor operations, windows, shared-root broadcast at 2 ranks (tests/immediate.rs)" \
-    test_binary_at immediate 2
-# Agreement before collectives (tests/agreement.rs): one refusing rank per case; broken
-# agreement hangs, so a short timeout (the run takes seconds) fails the stage.
-agreement_at() {
-    local bin
-    bin=$(test_binary agreement)
-    timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
-}
-for n in 2 3 4; do
-    stage "agreement: every collective with one refusing rank at $n ranks" agreement_at "$n"
-done
-stage "checked protocol at 2 ranks" test_binary_at checked 2
-# A held message left unreceived at MPI_Finalize would block rank 0 forever: a short
-# timeout (the run takes under a second) fails the stage.
-held_finalize_at() {
-    local bin
-    bin=$(test_binary held_finalize)
-    timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$bin"
-}
-stage "held messages at MPI_Finalize and dropped on another thread at 2 ranks" held_finalize_at 2
-stage "faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded" \
-    test_binary_at faults 2
-for n in 2 3; do
-    stage "GPU transport on a simulated device (C51, C53, C60-C65, staging) at $n ranks" \
-        test_binary_at device_cases "$n"
-done
-stage "cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time)" \
-    cargo clippy --all-targets --features cli,cuda,python -- -D warnings
-stage "cuda: GPU cases build, and skip without a GPU" test_binary_at gpu 1 --features cli,cuda
-stage "cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget)" \
-    timeout 300 scripts/gpu-check-test.sh
-stage "cli, python: unit tests, Python-producer cases at 1 rank, the DLPack C exchange API (hostile tables, Paddle), the CLI (tests/cli.rs) with NumPy" \
-    timeout 600 cargo test --features cli,python --lib --test python_cases --test python_exchange --test cli
-stage "python: doc tests of the python module" timeout 600 cargo test --features cli,python --doc python
-for n in 2 3; do
-    stage "python: Python-producer cases at $n ranks" test_binary_at python_cases "$n" --features cli,python
-done
-if [[ $DLPACK_MPI_IMPL == openmpi ]]; then
-    for n in 1 2; do
-        stage "mpi4py wire interop: mpi4py rank + $n dlpack-mpi rank(s)" mpi4py_interop_at "$n"
-    done
-else
-    echo "== SKIP: mpi4py wire interop (setup.sh installs mpi4py for Open MPI only)"
-fi
-stage "transfers above 2^31 bytes (contiguous; strided packed and split) at 2 ranks" test_binary_at large_transfer 2
-for n in 2 3; do
-    stage "canaries (guard bytes, every operation x layout) at $n ranks" test_binary_at canaries "$n"
-done
-stage "threads under MPI_THREAD_MULTIPLE at 2 ranks" test_binary_at threads 2
-stage "100 000 acquire/send/release cycles, flat RSS, at 2 ranks" leaks_at 2
-stage "valgrind: no leak or memory error (cases, hostile, canaries)" scripts/leaks.sh
 # Miri and the fuzz run are each one single-threaded process with its own target directory
 # (target/miri, fuzz/target): they run side by side on the two cores, which saves about a
 # minute (two minutes from a clean clone, where both build first). Miri's output follows.
@@ -233,42 +274,81 @@ miri_and_fuzz() {
     echo "miri: exit $rc_miri; fuzz: exit $rc_fuzz"
     ((rc_miri == 0 && rc_fuzz == 0))
 }
-stage "miri over the pure layers' unit tests, beside the fuzz run of import/layout/spec and the checked header (30 s each)" \
-    miri_and_fuzz
-stage "examples at 1-4 ranks" scripts/examples.sh
+
+leaks_at() {
+    local DLPACK_MPI_LEAK_CYCLES=100000
+    export DLPACK_MPI_LEAK_CYCLES
+    binary_at leaks "$1"
+}
+
 # The check matrix (about 13 000 cases per run) in release: minutes faster than debug. Built
 # with Python support, its default producer is NumPy; the Rust producer also covers the
-# dtypes NumPy has not.
-cargo build --release --features cli,python --bin dlpack-mpi
-for n in 1 2 3 4; do
-    stage "dlpack-mpi check at $n ranks (NumPy arrays)" check_at "$n" --producer numpy
-done
-for n in 2 3 4; do
-    stage "dlpack-mpi check at $n ranks (Rust-made tensors)" check_at "$n" --producer rust
-done
+# dtypes NumPy has not. Built once per run: by its stage, or by the first stage that needs
+# it (--only); a failed build is not retried.
+release_cli_built=""
+release_cli() {
+    if [[ -z $release_cli_built ]]; then
+        release_cli_built=failed
+        cargo build --release --features cli,python --bin dlpack-mpi && release_cli_built=ok
+    fi
+    [[ $release_cli_built == ok ]]
+}
+with_release_cli() { release_cli && "$@"; }
+
+# The check matrix at $1 ranks; further arguments go to `check`.
+check_at() {
+    local n=$1
+    shift
+    release_cli || return 1
+    timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$TARGET_DIR"/release/dlpack-mpi check -q "$@"
+}
+
 # The same Rust matrix with every strided tensor as a derived datatype (not the default
-# Packing::Auto), at 1-4 ranks: the counts equal those of the default stages above.
-stage "dlpack-mpi check at 1-4 ranks (Rust-made tensors), DLPACK_MPI_PACKING=derived" \
-    check_derived
-# The ML producers (setup.sh installs them; a package that did not install is a SKIP line):
-# each pinned at 2 and 4 ranks, and `auto` (each dtype from NumPy, JAX, Paddle, then Rust) at 4.
-for p in jax paddle; do
-    if "$PYO3_PYTHON" -c "import $p" >/dev/null 2>&1; then
-        for n in 2 4; do
-            stage "dlpack-mpi check at $n ranks ($p tensors)" check_at "$n" --producer "$p"
-        done
+# Packing::Auto), at 1-4 ranks: the counts equal those of the default stages.
+check_derived() {
+    local DLPACK_MPI_PACKING=derived n
+    export DLPACK_MPI_PACKING
+    for n in 1 2 3 4; do
+        check_at "$n" --producer rust || return 1
+    done
+}
+
+# The GPU routes on simulated CUDA memory: direct (MPI declared CUDA-aware; the "device"
+# memory is host memory, so MPI can read it) and managed.
+check_direct_and_managed() {
+    local DLPACK_MPI_CUDA_AWARE=1
+    export DLPACK_MPI_CUDA_AWARE
+    check_at 2 --device cuda --simulate-device --transport direct &&
+        check_at 2 --device cuda-managed --simulate-device
+}
+
+netns_stage() {
+    MPI_BIN=$(test_binary mpi) timeout 600 scripts/netns-test.sh
+}
+
+passed=0
+failed=0
+summary=()
+for i in "${chosen[@]}"; do
+    name=${names[i]}
+    if [[ ${conditions[i]} != - ]]; then
+        why=$(eval "${conditions[i]}")
+        if [[ -n $why ]]; then
+            echo "== SKIP: $name ($why)"
+            continue
+        fi
+    fi
+    start=$SECONDS
+    echo "== $name"
+    if eval "${commands[i]}"; then
+        passed=$((passed + 1))
+        summary+=("PASS  $name ($((SECONDS - start)) s)")
     else
-        echo "== SKIP: dlpack-mpi check --producer $p (Python package $p is not installed)"
+        echo "== FAILED: $name"
+        failed=$((failed + 1))
+        summary+=("FAIL  $name ($((SECONDS - start)) s)")
     fi
 done
-stage "dlpack-mpi check at 4 ranks (--producer auto: NumPy, JAX, Paddle, then Rust)" check_at 4 --producer auto
-stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, staged" \
-    check_at 2 --device cuda --simulate-device --transport staged
-stage "dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed" \
-    check_direct_and_managed
-stage "a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, naming the rank" \
-    timeout 900 scripts/kill-rank-test.sh 2 4
-stage "two hosts (network namespaces, TCP): check matrix and multi-rank cases" netns_stage
 
 echo
 echo "stages ($DLPACK_MPI_IMPL, $SECONDS s):"

@@ -1,6 +1,6 @@
 //! Behaviour cases of shared/design/CASES.md that need no MPI communication: import,
 //! ownership, layout, dtype and producer-protocol cases. Each test is named after its id.
-//! The cases that move data between ranks are in `tests/mpi_cases.rs`.
+//! The cases that move data between ranks are in `tests/mpi/mpi_cases.rs`.
 
 mod common;
 
@@ -198,7 +198,7 @@ fn send_error(raw: &RawTensor) -> Error {
 }
 
 /// Logical-order element offsets of a layout, as the derived datatype visits them. The
-/// delivered values (C21–C25 over MPI) are in tests/mpi_cases.rs; without MPI a strided spec
+/// delivered values (C21–C25 over MPI) are in tests/mpi/mpi_cases.rs; without MPI a strided spec
 /// cannot build its datatype and says so.
 fn logical_offsets(shape: &[i64], strides: &[i64]) -> Vec<i64> {
     layout::plan(shape, Some(strides))
@@ -359,7 +359,7 @@ fn c30_bool_is_logical_only() {
 #[test]
 fn c31_half_types_carry_bits_and_reduce_arithmetically() {
     // The bits travel as MPI_UINT16_T; sum/prod/min/max go through user-defined ops
-    // (delivered values in tests/mpi_cases.rs); logical and bitwise ops are refused.
+    // (delivered values in tests/mpi/mpi_cases.rs); logical and bitwise ops are refused.
     for d in [DType::new(2, 16), DType::new(4, 16)] {
         let e = dtype::lookup(d).unwrap();
         assert_eq!(e.size_bytes(), 2);
@@ -425,7 +425,7 @@ fn c34_opaque_and_unknown_codes_are_refused_by_name() {
 
 #[test]
 fn c35_table_sizes_match_elements() {
-    // The MPI-side half (MPI_Type_size) runs in tests/mpi_cases.rs.
+    // The MPI-side half (MPI_Type_size) runs in tests/mpi/mpi_cases.rs.
     for row in dtype::TABLE {
         let d = DType::new(row.code, row.bits);
         assert_eq!(d.size_bytes(), Some(row.unit.size_bytes()), "{d}");
@@ -687,7 +687,7 @@ fn empty_tensors_hand_mpi_a_null_pointer() {
 #[test]
 fn counts_beyond_mpi_int_are_never_truncated() {
     // 3e9 one-byte elements: a truncated int count would be negative. Such a message goes
-    // through a large-count derived datatype (tests/mpi_cases.rs checks its size), which
+    // through a large-count derived datatype (tests/mpi/mpi_cases.rs checks its size), which
     // needs MPI; the spec never hands MPI a wrapped count. Nothing reads the small storage.
     let raw = RawTensor::new(&[0u8; 8], (1, 8, 1)).shape(&[3_000_000_000], Some(&[1]));
     let (t, c) = raw.import_v1();

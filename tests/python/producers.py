@@ -1,4 +1,4 @@
-"""Small Python DLPack producers for tests/python_cases.rs, and the value formula the
+"""Small Python DLPack producers for tests/mpi/python_cases.rs, and the value formula the
 multi-rank cases (and the mpi4py peer) share.
 
 Every producer wraps a NumPy array, so the capsules and deleters are NumPy's own; only the

@@ -8,13 +8,12 @@
 //! Without the fingerprint these cases hang (a broadcast whose root differs, a broadcast
 //! against an all-reduce), abort the job (`MPI_ERR_TRUNCATE`: float64 against float32, 1001
 //! against 1000 elements) or return wrong data (`Sum` against `Max`, all-gatherv counts).
-//! scripts/test.sh runs each case in its own job (the case's name as the filter) at 2, 3 and
-//! 4 ranks under a short timeout, which fails a case that waits; `cargo test` runs them all
-//! at 1 rank (no peer can differ there: each checks that the call succeeds).
+//! scripts/test.sh runs each case in its own job (`--suite mismatch` and the case's name as
+//! the filter) at 2, 3 and 4 ranks under a short timeout, which fails a case that waits;
+//! `cargo test` runs them all at 1 rank (no peer can differ there: each checks that the
+//! call succeeds).
 
-#[macro_use]
-mod harness;
-
+use crate::harness;
 use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, acquire_with_runtime, AcquireOptions, Owned};
@@ -260,18 +259,16 @@ const CASES: &[(&str, Case)] = &[
     ("device_sum_against_max", device_sum_against_max),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    if std::env::args().any(|a| a == "--list") {
-        CASES.iter().for_each(|(name, _)| println!("{name}"));
-        return;
+/// The names of the cases, for scripts/test.sh's one job per case.
+pub fn names() -> impl Iterator<Item = &'static str> {
+    CASES.iter().map(|(name, _)| *name)
+}
+
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
+    if w.rank() == 0 {
+        println!("running mismatched-argument cases at {} rank(s)", w.size());
     }
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
-    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    let (passed, failed) = harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w));
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

@@ -6,18 +6,14 @@
 //! issue (f32 send, f64 receive) at 8 B and 4 MiB, and the opt-out `Agreement::Local` on a
 //! refusal every rank makes alike.
 //!
-//! A plain `main` (harness = false) like tests/mpi_cases.rs: `cargo test` runs it at 1 rank
+//! The suite `agreement` of tests/mpi (main.rs): `cargo test` runs it at 1 rank
 //! (only the root can refuse there), scripts/test.sh under `mpirun -n 2`, `-n 3` and `-n 4`
 //! within `timeout`. If agreement broke, the ranks that did not refuse would wait inside the
 //! data operation while the refusing rank went on to the harness's verdict all-reduce: the
 //! job hangs and the timeout fails the stage.
 
-mod common;
-
-#[macro_use]
-mod harness;
-
-use common::RawTensor;
+use crate::common::RawTensor;
+use crate::harness;
 use dlpack_mpi::comm::{set_agreement, Agreement, Blocks, TensorComm, AGREEMENT_REASON_BYTES};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
@@ -410,10 +406,8 @@ const COLLECTIVES: &[(&str, bool, Case)] = &[
     ("reduce_scatter_block", false, reduce_scatter_block),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `agreement` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     let p = w.size();
     if w.rank() == 0 {
         println!("running agreement cases at {p} rank(s)");
@@ -432,7 +426,6 @@ fn main() {
             refusers.push((0, first));
         }
         for (refuser, who) in refusers {
-            let w = &w;
             cases.push((
                 format!("{name}: only rank {refuser} ({who}) refuses"),
                 Box::new(move || case(w, root, refuser)),
@@ -440,7 +433,6 @@ fn main() {
         }
     }
     for bytes in [8usize, 4 << 20] {
-        let w = &w;
         cases.push((
             format!("reduce f32 send, f64 recv on every rank, {bytes} B: each rank's own error"),
             Box::new(move || every_rank_refuses(w, bytes)),
@@ -448,17 +440,14 @@ fn main() {
     }
     cases.push((
         format!("no root-only buffer at the root (rank {root}): MissingBuffer naming it"),
-        Box::new(|| missing_root_buffers(&w, root)),
+        Box::new(|| missing_root_buffers(w, root)),
     ));
     cases.push((
         "Agreement::Local: each rank's own error".into(),
-        Box::new(|| local_opt_out(&w)),
+        Box::new(|| local_opt_out(w)),
     ));
     let (passed, failed) =
-        harness::run_cases(&w, cases.iter().map(|(n, c)| (n, c)), &filter, |c| c());
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+        harness::run_cases(w, cases.iter().map(|(n, c)| (n, c)), filter, |c| c());
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

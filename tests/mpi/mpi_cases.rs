@@ -1,16 +1,12 @@
 //! Multi-rank behaviour cases (shared/design/CASES.md) and operation tests.
 //!
-//! A plain `main` (harness = false): MPI is initialized once, each test runs on every rank in
-//! the same order, and the verdicts are combined across ranks so that rank 0 prints one line
-//! per test. `cargo test` runs it at 1 rank; scripts/test.sh runs the same binary under
+//! The suite `mpi_cases` of tests/mpi (main.rs): MPI is initialized once, each test runs on
+//! every rank in the same order, and the verdicts are combined across ranks so that rank 0
+//! prints one line per test. `cargo test` runs it at 1 rank; scripts/test.sh runs the same suite under
 //! `mpirun -n 2`, `-n 3` and `-n 4`. Every test works at any number of ranks.
 
-mod common;
-
-#[macro_use]
-mod harness;
-
-use common::RawTensor;
+use crate::common::RawTensor;
+use crate::harness;
 use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::{self, AnyBits, DType, ReduceOp};
@@ -1441,17 +1437,12 @@ const CASES: &[Case] = &[
     ("local_mismatches_are_errors", local_mismatches_are_errors),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `mpi_cases` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.rank() == 0 {
         println!("running multi-rank cases at {} rank(s)", w.size());
     }
-    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    let (passed, failed) = harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w));
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

@@ -4,13 +4,11 @@
 //! stream) only when that stream is synchronized. The routing, staging, pipelining, stream
 //! and device-check code is the code a CUDA tensor runs through; only the runtime differs.
 //!
-//! A plain `main` (harness = false): `cargo test` runs it at 1 rank, scripts/test.sh under
-//! `mpirun -n 2` and `-n 3`. The same cases against the real CUDA runtime are in
-//! `tests/gpu.rs` (feature `cuda`, skipped without a GPU).
+//! The suite `device_cases` of tests/mpi (main.rs): `cargo test` runs it at 1 rank,
+//! scripts/test.sh under `mpirun -n 2` and `-n 3`. The same cases against the real CUDA
+//! runtime are the suite `gpu` (tests/mpi/gpu.rs, feature `cuda`, skipped without a GPU).
 
-#[macro_use]
-mod harness;
-
+use crate::harness;
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{
@@ -41,13 +39,10 @@ macro_rules! call {
     };
 }
 
-#[path = "device_cases/strided.rs"]
 mod strided;
 
-#[path = "device_cases/agreement.rs"]
 mod agreement;
 
-#[path = "device_cases/forms.rs"]
 mod forms;
 
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
@@ -876,27 +871,22 @@ const CASES: &[(&str, Case)] = &[
     ),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `device_cases` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.rank() == 0 {
         println!("running simulated-device cases at {} rank(s)", w.size());
     }
     let (passed, failed) = harness::run_cases(
-        &w,
+        w,
         CASES
             .iter()
             .chain(strided::CASES)
             .chain(agreement::CASES)
             .chain(forms::CASES)
             .copied(),
-        &filter,
-        |case| case(&w),
+        filter,
+        |case| case(w),
     );
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

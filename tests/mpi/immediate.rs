@@ -3,13 +3,11 @@
 //! at completion, pool memory flat), windowed transfers (`*_tensor_range`), the broadcast
 //! whose root passes a shared tensor (`broadcast_tensor_from`) and read-only `TensorView`s.
 //!
-//! A plain `main` (harness = false), like tests/mpi_cases.rs: `cargo test` runs it at 1
-//! rank; scripts/test.sh runs it under `mpirun -n 2`. Every test works at any number of
+//! The suite `immediate` of tests/mpi (main.rs): `cargo test` runs it at 1 rank;
+//! scripts/test.sh runs it under `mpirun -n 2`. Every test works at any number of
 //! ranks (a ring: send to `rank + 1`, receive from `rank - 1`).
 
-#[macro_use]
-mod harness;
-
+use crate::harness;
 use dlpack_mpi::comm::{set_packing, BroadcastBuffer, Packing, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor, TensorView};
 use dlpack_mpi::spec::scratch::pooled_bytes;
@@ -590,20 +588,15 @@ const CASES: &[(&str, Case)] = &[
     ),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `immediate` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.rank() == 0 {
         println!(
             "running nonblocking/window/broadcast cases at {} rank(s)",
             w.size()
         );
     }
-    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    let (passed, failed) = harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w));
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

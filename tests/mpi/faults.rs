@@ -10,20 +10,19 @@
 //!   messages (another count, another element size) drained, the sender completing;
 //! - the checked protocol ([`dlpack_mpi::checked`]) against truncated and lying headers: a
 //!   typed error, and no allocation beyond a small bound while receiving (a header claiming
-//!   2^60 elements allocates nothing for them). The bound is measured by this binary's
-//!   global allocator, which records the largest single allocation while armed.
+//!   2^60 elements allocates nothing for them). The bound is measured by the global
+//!   allocator defined here (the binary's), which records the largest single allocation
+//!   while armed.
 //!
-//! A plain `main` (harness = false): rank 0 sends, rank 1 receives. At 1 rank the cases are
-//! skipped (a blocking send to oneself may wait forever); scripts/test.sh runs them at 2
-//! ranks under a timeout that fails the stage if any case hangs.
-
-#[macro_use]
-mod harness;
+//! The suite `faults` of tests/mpi (main.rs): rank 0 sends, rank 1 receives. At 1 rank the
+//! cases are skipped (a blocking send to oneself may wait forever); scripts/test.sh runs
+//! them at 2 ranks under a timeout that fails the stage if any case hangs.
 
 use dlpack_mpi::comm::TensorComm;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::harness;
 use dlpack_mpi::checked::{self, MAGIC};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{
@@ -636,21 +635,16 @@ const CASES: &[Case] = &[
     ("lying_checked_headers", lying_checked_headers),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `faults` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.size() < 2 {
         println!("fault cases: skipped at 1 rank (scripts/test.sh runs them at 2 ranks)");
-        return;
+        return harness::End::Skipped { status: 0 };
     }
     if w.rank() == 0 {
         println!("running fault cases at {} rank(s)", w.size());
     }
-    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    let (passed, failed) = harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w));
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

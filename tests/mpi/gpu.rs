@@ -18,10 +18,7 @@
 //! than `DLPACK_MPI_CASE_TIMEOUT_S` seconds (default 60; the cases take seconds).
 //!
 //! C62 needs two GPUs and C63 managed memory through the exporter; both are covered on the
-//! simulated device (tests/device_cases.rs) and skipped here.
-
-#[macro_use]
-mod harness;
+//! simulated device (tests/mpi/device_cases.rs) and skipped here.
 
 use dlpack_mpi::comm::TensorComm;
 use std::ffi::c_void;
@@ -29,6 +26,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::harness;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, CudaExport, Owned, StreamPolicy};
@@ -81,7 +79,8 @@ fn check(cond: bool, message: impl FnOnce() -> String) -> Outcome {
 }
 
 /// Aborts the job when the armed stage outlives its limit: a peer that failed inside a
-/// transfer leaves this rank waiting in MPI, where no agreement reaches it.
+/// transfer leaves this rank waiting in MPI, where no agreement reaches it. Its thread ends
+/// within 250 ms of the `Watchdog`'s drop.
 struct Watchdog {
     stage: Arc<Mutex<(String, Instant)>>,
 }
@@ -98,6 +97,11 @@ impl Watchdog {
         let watched = Arc::clone(&stage);
         std::thread::spawn(move || loop {
             std::thread::sleep(Duration::from_millis(250));
+            // The suite has ended (its `Watchdog` dropped): the other suites of the binary
+            // are not watched.
+            if Arc::strong_count(&watched) == 1 {
+                return;
+            }
             let (name, since) = watched.lock().expect("watchdog lock").clone();
             if since.elapsed() > Duration::from_secs(limit_s) {
                 let line = format!(
@@ -539,13 +543,11 @@ fn gpu_on_every_rank(
     None
 }
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `gpu` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     let dog = Watchdog::start(w.rank());
     // The node-local split is collective: every rank makes it, whether its runtime loads or not.
-    let local = NodeLocal::of(&w);
+    let local = NodeLocal::of(w);
     let env = std::env::var_os(DEVICE_ENV).map(|v| v.to_string_lossy().into_owned());
     let mine = CudaRuntime::global()
         .map_err(|e| e.to_string())
@@ -558,17 +560,15 @@ fn main() {
                 .map(|g| (rt, g, sel))
                 .map_err(|e| format!("device {ordinal} ({}): {e}", rt.describe()))
         });
-    let Some((rt, gpu, sel)) = gpu_on_every_rank(&w, mine) else {
+    let Some((rt, gpu, sel)) = gpu_on_every_rank(w, mine) else {
         let required = std::env::var("DLPACK_MPI_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        let rank = w.rank();
-        drop(universe);
         if required {
-            if rank == 0 {
+            if w.rank() == 0 {
                 eprintln!("GPU cases: DLPACK_MPI_REQUIRE_GPU=1: a skip is a failure");
             }
-            std::process::exit(3);
+            return harness::End::Skipped { status: 3 };
         }
-        return;
+        return harness::End::Skipped { status: 0 };
     };
     let aware_here = dlpack_mpi::transport::cuda_awareness()
         .map(|a| a.aware)
@@ -593,7 +593,7 @@ fn main() {
     }
     let mut cases: Vec<(String, Box<dyn Fn() -> Outcome + '_>)> = Vec::new();
     for t in transports {
-        let (g, r, ww) = (&gpu, rt, &w);
+        let (g, r, ww) = (&gpu, rt, w);
         cases.push((
             format!("c61_real_kernel_{t}"),
             Box::new(move || c61_real_kernel(ww, g, r, t)),
@@ -609,10 +609,10 @@ fn main() {
     }
     cases.push((
         "host_pointer_labelled_cuda".into(),
-        Box::new(|| host_pointer_labelled_cuda(&w, rt, sel.ordinal)),
+        Box::new(|| host_pointer_labelled_cuda(w, rt, sel.ordinal)),
     ));
     let named = cases.into_iter().map(|(n, c)| (n.clone(), (n, c)));
-    let (passed, failed) = harness::run_cases(&w, named, &filter, |(name, case)| {
+    let (passed, failed) = harness::run_cases(w, named, filter, |(name, case)| {
         dog.arm(name);
         let outcome = case();
         dog.arm(&format!(
@@ -620,9 +620,6 @@ fn main() {
         ));
         outcome
     });
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

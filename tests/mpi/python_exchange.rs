@@ -5,18 +5,16 @@
 //! tensors whose producer stream is queried; then real PaddlePaddle tensors (every dtype it
 //! exports, views) through the table against the capsule path, when Paddle is installed.
 //!
-//! A plain `main` (harness = false) like `tests/python_cases.rs`; `cargo test --features
-//! python --test python_exchange` runs it at 1 rank (every case is local to a rank).
-
-#[macro_use]
-mod harness;
-mod common;
+//! The suite `python_exchange` of tests/mpi (main.rs, feature `python`); `cargo test
+//! --features python --test mpi -- --suite python_exchange` runs it at 1 rank (every case is
+//! local to a rank).
 
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use common::{Counter, RawTensor};
+use crate::common::{Counter, RawTensor};
+use crate::harness;
 use dlpack_mpi::dlpack::{
     AcquireOptions, DLManagedTensorVersioned, DLPackVersion, StreamPolicy, Tensor,
 };
@@ -632,10 +630,8 @@ const CASES: &[(&str, Case)] = &[
     ),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `python_exchange` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     pyo3::Python::initialize();
     let (passed, failed) = Python::attach(|py| {
         let g = PyDict::new(py);
@@ -644,11 +640,8 @@ fn main() {
             eprintln!("cannot set up the embedded interpreter: {e}");
             std::process::exit(2);
         }
-        harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w, &ctx))
+        harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w, &ctx))
     });
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

@@ -1,7 +1,7 @@
 //! Multi-rank tests of the checked protocol (`dlpack_mpi::checked`): self-describing
 //! messages, a header then the payload.
 //!
-//! A plain `main` (harness = false), like `tests/mpi_cases.rs`: every case runs on every rank,
+//! The suite `checked` of tests/mpi (main.rs), like `mpi_cases`: every case runs on every rank,
 //! rank 0 sends and rank 1 receives (further ranks only agree on the verdicts), and the
 //! verdicts are combined across ranks. The cases need 2 ranks: at 1 rank the sender would
 //! be its own receiver, and a blocking standard-mode send to oneself may wait for the
@@ -9,9 +9,7 @@
 //! unsafe). So `cargo test` (1 rank) prints that they are skipped; scripts/test.sh runs them
 //! at 2 ranks, on one host and across two.
 
-#[macro_use]
-mod harness;
-
+use crate::harness;
 use dlpack_mpi::checked::{self, Header, MAGIC};
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
@@ -500,24 +498,19 @@ const CASES: &[Case] = &[
     ),
 ];
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `checked` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.size() < 2 {
         println!(
             "checked-protocol cases: skipped at 1 rank (they need a sender and a receiver; \
              scripts/test.sh runs them at 2 ranks)"
         );
-        return;
+        return harness::End::Skipped { status: 0 };
     }
     if w.rank() == 0 {
         println!("running checked-protocol cases at {} rank(s)", w.size());
     }
-    let (passed, failed) = harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w));
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    let (passed, failed) = harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w));
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

@@ -1,6 +1,6 @@
-//! The harness of the multi-rank test binaries (`harness = false`: a plain `main` that
-//! initializes MPI once): every case runs on every rank, a case fails when it failed on any
-//! rank, and rank 0 prints libtest-style lines (`test NAME ... ok`, `test result: …`).
+//! The harness of the multi-rank test binary `tests/mpi` (`harness = false`: a plain `main`
+//! that initializes MPI once): every case runs on every rank, a case fails when it failed on
+//! any rank, and rank 0 prints libtest-style lines (`test NAME ... ok`, `test result: …`).
 
 /// `return Err(format!(…))` unless `cond` holds.
 #[allow(unused_macros)]
@@ -34,13 +34,48 @@ use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
-/// Name filters from the command line: its arguments that are not flags. A case runs when
-/// its name contains one of them (every case when there are none).
-pub fn filters() -> Vec<String> {
-    std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect()
+/// What the command line selects (the binary's doc comment shows it in use).
+#[derive(Default)]
+pub struct Selection {
+    /// `--suite NAME` (repeated, or `--suite A,B`): the suites to run; empty: every suite.
+    pub suites: Vec<String>,
+    /// Name filters: the arguments that are not flags. A case runs when its name contains
+    /// one of them (every case when there are none).
+    pub filters: Vec<String>,
+    /// `--list`: print the names of the selected suites, run nothing.
+    pub list: bool,
+}
+
+/// Reads the command line; other flags (`-…`) are ignored, as before `--suite` existed.
+pub fn selection() -> Result<Selection, String> {
+    let mut sel = Selection::default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let names = if arg == "--suite" {
+            args.next().ok_or("--suite needs a suite name")?
+        } else if let Some(names) = arg.strip_prefix("--suite=") {
+            names.to_string()
+        } else {
+            if arg == "--list" {
+                sel.list = true;
+            } else if !arg.starts_with('-') {
+                sel.filters.push(arg);
+            }
+            continue;
+        };
+        sel.suites
+            .extend(names.split(',').filter(|n| !n.is_empty()).map(String::from));
+    }
+    Ok(sel)
+}
+
+/// How a suite ended.
+pub enum End {
+    /// Its cases ran (those the filters selected): how many passed and failed.
+    Ran { passed: usize, failed: usize },
+    /// It ran no case and said why; `status` is the binary's exit status for that skip (0,
+    /// or non-zero where a skip is a failure).
+    Skipped { status: i32 },
 }
 
 /// Runs the `cases` that pass `filter` through `run`, agreeing on each verdict across the

@@ -4,17 +4,16 @@
 //! every dtype NumPy exports and its layouts (0-d, zero-size, offset views, Fortran order,
 //! step and negative slices, read-only).
 //!
-//! A plain `main` (harness = false) like `tests/mpi_cases.rs`: MPI is initialized once, the
-//! interpreter is embedded once, every case runs on every rank and the verdicts are combined.
-//! `cargo test --features python` runs it at 1 rank; scripts/test.sh under `mpirun` at 2
-//! and 3 ranks.
+//! The suite `python_cases` of tests/mpi (main.rs, feature `python`): MPI is initialized
+//! once, the interpreter is embedded once, every case runs on every rank and the verdicts
+//! are combined. `cargo test --features python` runs it at 1 rank; scripts/test.sh under
+//! `mpirun` at 2 and 3 ranks.
 
-#[macro_use]
-mod harness;
 mod python_ml;
 
 use std::ffi::CString;
 
+use crate::harness;
 use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{AcquireOptions, DeviceQuery, ManagedTensor, StreamPolicy, Tensor};
 use dlpack_mpi::dtype::{DType, ReduceOp};
@@ -1149,7 +1148,7 @@ const CASES: &[(&str, Case)] = &[
 
 fn setup<'py>(py: Python<'py>, w: &SimpleCommunicator) -> Result<Ctx<'py>, String> {
     let np = python::numpy(py).map_err(s)?;
-    let code = CString::new(include_str!("python/producers.py")).map_err(|e| e.to_string())?;
+    let code = CString::new(include_str!("../python/producers.py")).map_err(|e| e.to_string())?;
     let producers =
         PyModule::from_code(py, &code, c"producers.py", c"producers").map_err(|e| e.to_string())?;
     let g = PyDict::new(py);
@@ -1170,13 +1169,11 @@ fn setup<'py>(py: Python<'py>, w: &SimpleCommunicator) -> Result<Ctx<'py>, Strin
     })
 }
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `python_cases` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     pyo3::Python::initialize();
     let (passed, failed) = Python::attach(|py| {
-        let ctx = match setup(py, &w) {
+        let ctx = match setup(py, w) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!(
@@ -1197,11 +1194,8 @@ fn main() {
             );
         }
         let _ = ctx.rank;
-        harness::run_cases(&w, CASES.iter().copied(), &filter, |case| case(&w, &ctx))
+        harness::run_cases(w, CASES.iter().copied(), filter, |case| case(w, &ctx))
     });
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }

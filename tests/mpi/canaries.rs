@@ -14,16 +14,14 @@
 //! library's). CASES entries that involve a receive buffer run again at the end, under the
 //! same guards.
 //!
-//! A plain `main` (harness = false) like `mpi_cases`: `cargo test` runs it at 1 rank,
+//! The suite `canaries` of tests/mpi (main.rs): `cargo test` runs it at 1 rank,
 //! scripts/test.sh under `mpirun -n 2` and `-n 3`.
-
-#[macro_use]
-mod harness;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::harness;
 use dlpack_mpi::comm::{Blocks, BroadcastBuffer, Packing, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
@@ -1346,10 +1344,8 @@ fn guards_catch_stray_writes(_w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
-fn main() {
-    let filter = harness::filters();
-    let universe = mpi::initialize().expect("MPI initializes once");
-    let w = universe.world();
+/// The suite `canaries` (see the binary's `main`).
+pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.rank() == 0 {
         println!("running canary cases at {} rank(s)", w.size());
     }
@@ -1366,12 +1362,9 @@ fn main() {
         if w.rank() == 0 {
             println!("packing policy {policy:?}");
         }
-        let (p, f) = harness::run_cases(&w, cases(), &filter, |case| case(&w));
+        let (p, f) = harness::run_cases(w, cases(), filter, |case| case(w));
         (passed, failed) = (passed + p, failed + f);
     }
-    harness::report(&w, passed, failed);
-    drop(universe);
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::report(w, passed, failed);
+    harness::End::Ran { passed, failed }
 }
