@@ -219,7 +219,7 @@ fn main() -> Res<()> {
     if w.rank() == 0 {
         println!(
             "agreement_bench: {} ranks, {rounds} rounds per row, median round; per-rank block \
-             of float32; bare MPI_Allreduce(1 int, MIN) = {:.2} µs",
+             of float32; bare MPI_Allreduce(3 int64_t, MIN) = {:.2} µs",
             w.size(),
             median(bare) * 1e6
         );

@@ -59,6 +59,7 @@ impl Encoding {
     /// operand is [`Reach::MpiOnly`] and the encoding would read or write its bytes on the
     /// host or describe device memory by a derived datatype (a strided device tensor goes
     /// through the transport's device-side packing, never here).
+    #[inline]
     pub(crate) fn choose(
         facts: &Facts,
         need: Need,

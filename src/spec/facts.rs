@@ -17,21 +17,28 @@ use crate::error::{Error, Result};
 use crate::layout::{self, Plan};
 
 /// What a tensor's elements are and where they lie, in elements and bytes.
+// repr(C), word-sized fields first (as `spec::Described` and `ElementType`): facts are
+// moved out of a `Result` on every message, and small fields at odd offsets made those
+// moves hit store-forwarding stalls.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub(crate) struct Facts {
     /// The first element (`data + byte_offset`); the tensor's pointer even when it is empty.
     pub(crate) first: *mut c_void,
     /// Number of DLPack elements.
     pub(crate) len_elems: i64,
-    /// The DLPack dtype and its MPI unit.
-    pub(crate) element: ElementType,
     /// Lowest byte address an element touches.
     pub(crate) start: usize,
     /// One past the highest byte address an element touches.
     pub(crate) end: usize,
     /// The merged-axes plan when the elements are not one run in logical order; `None`
-    /// for a C-contiguous tensor (`layout`'s rule: extent-1 axes ignored).
-    pub(crate) plan: Option<Plan>,
+    /// for a C-contiguous tensor (`layout`'s rule: extent-1 axes ignored). Boxed: the
+    /// contiguous hot path moves small facts and allocates nothing.
+    pub(crate) plan: Option<Box<Plan>>,
+    /// MPI units (elements × lanes) of the elements; `None` when that overflows `usize`.
+    units: Option<usize>,
+    /// The DLPack dtype and its MPI unit.
+    pub(crate) element: ElementType,
     /// How the memory reaches MPI: [`Reach::Host`] unless a stager said otherwise.
     pub(crate) reach: Reach,
     /// The device the tensor's label names.
@@ -60,17 +67,15 @@ impl Facts {
         if access.writes() {
             access_checks(t)?;
         }
+        let device = t.device();
         let reach = match reach {
             Some(r) => r,
             None => {
-                t.device().check_host_accessible()?;
+                device.check_host_accessible()?;
                 Reach::Host
             }
         };
-        let mut facts = Self::measure(t)?;
-        facts.reach = reach;
-        facts.device = t.device();
-        Ok(facts)
+        Self::measure_as(t, reach, device)
     }
 
     /// The facts of `t` alone, without access or device checks (the transport makes its
@@ -83,11 +88,22 @@ impl Facts {
     /// space.
     #[inline]
     pub(crate) fn measure<T: Tensor + ?Sized>(t: &T) -> Result<Self> {
+        Self::measure_as(t, Reach::Host, Device::CPU)
+    }
+
+    /// [`Facts::measure`], with the reach and device recorded (built in place: one move
+    /// out of the `Result` per operand).
+    #[inline]
+    fn measure_as<T: Tensor + ?Sized>(t: &T, reach: Reach, device: Device) -> Result<Self> {
         let element = dtype::lookup(t.dtype())?;
         let first = t.first_element_ptr();
         match layout::check_c_contiguous(t.shape(), t.strides_elems()) {
-            Ok(()) => Self::run(first, t.num_elements(), element),
-            Err(Error::NonContiguous { .. }) => Self::strided(t, first, element),
+            Ok(()) => Self::run_as(first, t.num_elements(), element, (reach, device)),
+            Err(Error::NonContiguous { .. }) => {
+                let mut f = Self::strided(t, first, element)?;
+                (f.reach, f.device) = (reach, device);
+                Ok(f)
+            }
             Err(e) => Err(e),
         }
     }
@@ -95,6 +111,16 @@ impl Facts {
     /// `len_elems` consecutive elements from `first`.
     #[inline]
     pub(crate) fn run(first: *mut c_void, len_elems: i64, element: ElementType) -> Result<Self> {
+        Self::run_as(first, len_elems, element, (Reach::Host, Device::CPU))
+    }
+
+    #[inline]
+    fn run_as(
+        first: *mut c_void,
+        len_elems: i64,
+        element: ElementType,
+        (reach, device): (Reach, Device),
+    ) -> Result<Self> {
         let span = layout::byte_span(len_elems, element.size_bytes())?;
         let start = first as usize;
         let end = start.checked_add(span).ok_or(Error::Overflow {
@@ -110,8 +136,9 @@ impl Facts {
             start,
             end,
             plan: None,
-            reach: Reach::Host,
-            device: Device::CPU,
+            units: units_of(len_elems, &element),
+            reach,
+            device,
         })
     }
 
@@ -140,7 +167,8 @@ impl Facts {
             element,
             start: start_u,
             end: end_u,
-            plan: Some(plan),
+            units: units_of(plan.len_elems, &element),
+            plan: Some(Box::new(plan)),
             reach: Reach::Host,
             device: Device::CPU,
         })
@@ -200,16 +228,14 @@ impl Facts {
     /// # Errors
     /// [`Error::Overflow`] when that does not fit `usize` (a stride-0 view may describe
     /// more elements than its address range holds).
+    #[inline]
     pub(crate) fn units(&self) -> Result<usize> {
-        usize::try_from(self.len_elems)
-            .ok()
-            .and_then(|n| n.checked_mul(self.element.units_per_element()))
-            .ok_or(Error::Overflow {
-                quantity: "MPI units of a flat buffer (elements × lanes)",
-                lhs: i128::from(self.len_elems),
-                operator: "*",
-                rhs: i128::from(self.element.dtype.lanes),
-            })
+        self.units.ok_or(Error::Overflow {
+            quantity: "MPI units of a flat buffer (elements × lanes)",
+            lhs: i128::from(self.len_elems),
+            operator: "*",
+            rhs: i128::from(self.element.dtype.lanes),
+        })
     }
 
     /// The contiguous inner block in elements: the innermost merged axis's extent when its
@@ -223,6 +249,14 @@ impl Facts {
             },
         }
     }
+}
+
+/// `len_elems` elements of `element` as MPI units (elements × lanes); `None` on overflow.
+#[inline]
+fn units_of(len_elems: i64, element: &ElementType) -> Option<usize> {
+    usize::try_from(len_elems)
+        .ok()
+        .and_then(|n| n.checked_mul(element.units_per_element()))
 }
 
 /// The checks of a tensor MPI writes: not `READ_ONLY`, not `IS_COPIED`, elements disjoint.

@@ -70,7 +70,7 @@ pub(crate) struct Side<'t, D: Direction> {
     /// The packed copy (strided operands packed or chunked).
     scratch: Option<Scratch>,
     /// The layout plan, kept for the unpack of an `Out` side's copy.
-    plan: Option<Plan>,
+    plan: Option<Box<Plan>>,
 }
 
 impl<D: Direction> std::fmt::Debug for Side<'_, D> {
@@ -95,6 +95,7 @@ struct Parts {
 impl Parts {
     /// Builds what `encoding` names for `facts`; `fill`: a packed copy starts as the
     /// tensor's values (`true`) or as scratch MPI overwrites (`false`).
+    #[inline]
     fn build(facts: &Facts, encoding: Encoding, fill: bool) -> Result<Parts> {
         let units = facts.units()?;
         let unit = facts.element.row.unit;
@@ -185,6 +186,7 @@ impl<'t> Side<'t, In> {
     /// counts in `int`; the errors of the derived and large-count datatypes
     /// ([`crate::derived`]); [`Error::Allocation`] and [`Error::InvalidSetting`] of the
     /// scratch pool; [`Error::Overflow`] for a layout the pack kernels refuse.
+    #[inline]
     pub(crate) fn new(tensor: &'t dyn Tensor, facts: Facts, encoding: Encoding) -> Result<Self> {
         let parts = Parts::build(&facts, encoding, true)?;
         Ok(Side::assemble(tensor, facts, encoding, parts))
@@ -198,6 +200,7 @@ impl<'t> Side<'t, Out> {
     ///
     /// # Errors
     /// As [`Side::<In>::new`].
+    #[inline]
     pub(crate) fn new(
         tensor: &'t mut dyn Tensor,
         facts: Facts,
@@ -230,6 +233,7 @@ impl<'t> Side<'t, Out> {
 }
 
 impl<'t, D: Direction> Side<'t, D> {
+    #[inline]
     fn assemble(tensor: D::Ref<'t>, facts: Facts, encoding: Encoding, parts: Parts) -> Self {
         Side {
             tensor,
