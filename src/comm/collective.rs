@@ -23,7 +23,7 @@ use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
 use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
-use super::signature::{Collective, Signature};
+use super::signature::Signature;
 use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind};
 use super::{takes_unused, TensorComm};
 use crate::dlpack::Tensor;
@@ -40,7 +40,7 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Broadcast)
+    let sig = Signature::of("broadcast")
         .root(root)
         .dtype(buffer.sent().dtype())
         .count(buffer.sent().num_elements());
@@ -85,7 +85,7 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Gather)
+    let sig = Signature::of("gather")
         .root(root)
         .dtype(send.dtype())
         .count(send.num_elements());
@@ -173,9 +173,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Gatherv)
-        .root(root)
-        .dtype(send.dtype());
+    let sig = Signature::of("gatherv").root(root).dtype(send.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let (recv, lists) = match recv.filter(|_| is_root || takes_unused(tc)) {
@@ -240,7 +238,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Scatter)
+    let sig = Signature::of("scatter")
         .root(root)
         .dtype(recv.dtype())
         .count(recv.num_elements());
@@ -301,9 +299,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Scatterv)
-        .root(root)
-        .dtype(recv.dtype());
+    let sig = Signature::of("scatterv").root(root).dtype(recv.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let (send, lists) = match send.filter(|_| is_root || takes_unused(tc)) {
@@ -369,7 +365,7 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
     recv: &mut dyn Tensor,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllGather)
+    let sig = Signature::of("all_gather")
         .dtype(send.dtype())
         .count(send.num_elements());
     check_intra(comm)?;
@@ -409,7 +405,7 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
     displacements: &[i64],
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllGatherv)
+    let sig = Signature::of("all_gatherv")
         .dtype(send.dtype())
         .counts(counts);
     check_intra(comm)?;
@@ -450,7 +446,7 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
     recv: &mut dyn Tensor,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllToAll)
+    let sig = Signature::of("all_to_all")
         .dtype(send.dtype())
         .count(send.num_elements());
     check_intra(comm)?;
@@ -490,7 +486,7 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
     (recv, recv_counts, recv_displacements): (&mut dyn Tensor, &[i64], &[i64]),
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllToAllv).dtype(send.dtype());
+    let sig = Signature::of("all_to_allv").dtype(send.dtype());
     check_intra(comm)?;
     let operands = (send, (recv, Access::Update));
     with_pair(

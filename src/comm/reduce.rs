@@ -22,7 +22,7 @@ use mpi::traits::*;
 use super::agree::{agree, prepare};
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use super::operands::{read_facts, side_in, side_out, write_facts};
-use super::signature::{Collective, Signature};
+use super::signature::Signature;
 use super::stager::{with_pair, with_stand_ins, with_write, Kind, ReadIn, WriteIn};
 use super::TensorComm;
 use crate::dlpack::Tensor;
@@ -138,7 +138,7 @@ pub(super) fn reduce<T: TensorComm + ?Sized>(
     root: Rank,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::Reduce)
+    let sig = Signature::of("reduce")
         .root(root)
         .dtype(send.dtype())
         .count(send.num_elements())
@@ -263,7 +263,7 @@ pub(super) fn all_reduce<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllReduce)
+    let sig = Signature::of("all_reduce")
         .dtype(send.dtype())
         .count(send.num_elements())
         .reduce(op);
@@ -320,7 +320,7 @@ pub(super) fn all_reduce_in_place<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::AllReduceInPlace)
+    let sig = Signature::of("all_reduce_in_place")
         .dtype(tensor.dtype())
         .count(tensor.num_elements())
         .reduce(op);
@@ -368,7 +368,7 @@ pub(super) fn reduce_scatter_block<T: TensorComm + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let comm = tc.communicator();
-    let sig = Signature::of(Collective::ReduceScatterBlock)
+    let sig = Signature::of("reduce_scatter_block")
         .dtype(send.dtype())
         .count(recv.num_elements())
         .reduce(op);

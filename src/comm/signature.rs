@@ -24,50 +24,14 @@ use mpi::topology::Rank;
 
 use crate::dtype::{DType, ReduceOp};
 
-/// The collectives of [`super::TensorComm`], as a signature names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Collective {
-    Broadcast,
-    Reduce,
-    AllReduce,
-    AllReduceInPlace,
-    ReduceScatterBlock,
-    Gather,
-    Gatherv,
-    Scatter,
-    Scatterv,
-    AllGather,
-    AllGatherv,
-    AllToAll,
-    AllToAllv,
-}
-
-impl Collective {
-    /// The name in the words of [`super::TensorComm`]'s methods.
-    fn name(self) -> &'static str {
-        match self {
-            Collective::Broadcast => "broadcast",
-            Collective::Reduce => "reduce",
-            Collective::AllReduce => "all_reduce",
-            Collective::AllReduceInPlace => "all_reduce_in_place",
-            Collective::ReduceScatterBlock => "reduce_scatter_block",
-            Collective::Gather => "gather",
-            Collective::Gatherv => "gatherv",
-            Collective::Scatter => "scatter",
-            Collective::Scatterv => "scatterv",
-            Collective::AllGather => "all_gather",
-            Collective::AllGatherv => "all_gatherv",
-            Collective::AllToAll => "all_to_all",
-            Collective::AllToAllv => "all_to_allv",
-        }
-    }
-}
-
 /// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
 /// elements.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Signature<'a> {
-    op: Collective,
+    /// The collective, named as [`super::TensorComm`]'s method without `_tensor`
+    /// (`all_reduce`, `broadcast`, …): declared by the operation's body, so that a new
+    /// collective needs no entry anywhere else.
+    op: &'static str,
     root: Option<Rank>,
     dtype: Option<DType>,
     count: Option<i64>,
@@ -76,8 +40,8 @@ pub(crate) struct Signature<'a> {
 }
 
 impl<'a> Signature<'a> {
-    /// The signature of `op` with nothing declared yet.
-    pub(crate) fn of(op: Collective) -> Self {
+    /// The signature of the collective `op` (its name) with nothing declared yet.
+    pub(crate) fn of(op: &'static str) -> Self {
         Signature {
             op,
             root: None,
@@ -121,7 +85,7 @@ impl<'a> Signature<'a> {
     /// The 64-bit FNV-1a hash of the signature, as the `i64` the agreement reduces.
     pub(crate) fn fingerprint(&self) -> i64 {
         let mut h = Fnv::new();
-        h.word(self.op as u64);
+        self.op.bytes().for_each(|b| h.word(u64::from(b)));
         h.opt(self.root.map(|r| bits(i64::from(r))));
         h.opt(
             self.dtype
@@ -142,7 +106,7 @@ impl<'a> Signature<'a> {
     /// The signature in words: `all_reduce float32 × 1000 sum`, `broadcast float32 × 1000
     /// root 0`, `all_gatherv float32 counts [2, 1, 3]`.
     pub(crate) fn describe(&self) -> String {
-        let mut s = self.op.name().to_string();
+        let mut s = self.op.to_string();
         if let Some(d) = self.dtype {
             let _ = write!(s, " {d}");
         }
@@ -205,7 +169,7 @@ mod tests {
     #[test]
     fn every_declared_field_changes_the_fingerprint() {
         let f32 = DType::new(2, 32);
-        let base = Signature::of(Collective::AllReduce)
+        let base = Signature::of("all_reduce")
             .dtype(f32)
             .count(1000)
             .reduce(ReduceOp::Sum);
@@ -216,44 +180,39 @@ mod tests {
             base.dtype(DType::new(2, 64)),
             base.reduce(ReduceOp::Max),
             base.root(0),
-            Signature::of(Collective::Broadcast)
+            Signature::of("broadcast")
                 .dtype(f32)
                 .count(1000)
                 .reduce(ReduceOp::Sum),
-            Signature::of(Collective::AllReduce).dtype(f32).count(1000),
+            Signature::of("all_reduce").dtype(f32).count(1000),
         ];
         for o in others {
             assert_ne!(o.fingerprint(), fp, "{}", o.describe());
         }
         let c1 = [2i64, 1, 3];
         let c2 = [1i64, 2, 3];
-        let v = Signature::of(Collective::AllGatherv).dtype(f32);
+        let v = Signature::of("all_gatherv").dtype(f32);
         assert_ne!(v.counts(&c1).fingerprint(), v.counts(&c2).fingerprint());
         assert_eq!(
             v.counts(&c1).fingerprint(),
             v.counts(&[2, 1, 3]).fingerprint()
         );
         // a root of 0 is not an absent root
-        let b = Signature::of(Collective::Broadcast);
+        let b = Signature::of("broadcast");
         assert_ne!(b.root(0).fingerprint(), b.fingerprint());
     }
 
     #[test]
     fn descriptions_name_what_differs() {
         let f32 = DType::new(2, 32);
-        let s = Signature::of(Collective::AllReduce)
+        let s = Signature::of("all_reduce")
             .dtype(f32)
             .count(1000)
             .reduce(ReduceOp::Sum);
         assert_eq!(s.describe(), "all_reduce float32 × 1000 sum");
-        let b = Signature::of(Collective::Broadcast)
-            .dtype(f32)
-            .count(1000)
-            .root(0);
+        let b = Signature::of("broadcast").dtype(f32).count(1000).root(0);
         assert_eq!(b.describe(), "broadcast float32 × 1000 root 0");
-        let v = Signature::of(Collective::AllGatherv)
-            .dtype(f32)
-            .counts(&[2, 1, 3]);
+        let v = Signature::of("all_gatherv").dtype(f32).counts(&[2, 1, 3]);
         assert_eq!(v.describe(), "all_gatherv float32 counts [2, 1, 3]");
     }
 }
