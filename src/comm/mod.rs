@@ -17,8 +17,9 @@
 //! that refused its own diagnosis, the others [`Error::PeerRefused`] naming the lowest
 //! refusing rank and its error text; every rank [`Error::CollectiveMismatch`] when each
 //! rank's arguments are valid but they do not match across ranks (a different root, dtype,
-//! count, reduction operator or collective; MPI-4.1 §6.1). Root-only
-//! arguments a non-root rank passes anyway are checked there as at the root.
+//! count, reduction operator, all-gatherv's counts or collective; MPI-4.1 §6.1). Root-only
+//! arguments a non-root rank passes anyway are checked there as at the root (on an rsmpi
+//! communicator; `transport::DeviceComm` ignores them there, as it says).
 //! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
 //! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
 //! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
@@ -42,13 +43,16 @@
 //!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
 //! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
-//! ([`BroadcastBuffer`]), `collective` (broadcast, gathers, scatters, all-to-alls) and
-//! `reduce` (reductions, with the half-precision operations of `halfops`, [`halfops`]); `checks` holds the argument checks, `agree` the agreement
-//! ([`Agreement`]), `packing` the packing policy ([`Packing`]; both settings are in
+//! ([`BroadcastBuffer`]), `blocks` ([`Blocks`], the per-rank blocks of the v-collectives),
+//! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
+//! the half-precision operations of [`halfops`]); `checks` holds the argument checks,
+//! `agree` the agreement ([`Agreement`], [`Error::PeerRefused`],
+//! [`Error::CollectiveMismatch`]) and `signature` what it compares (each collective's
+//! fingerprint); `packing` the packing policy ([`Packing`]; both settings are in
 //! [`crate::settings`]), `held` the matched-probe handle and the messages held by
 //! [`Error::Unfit`] ([`crate::error::Unreceived`]), `operands` the way from a tensor to its
-//! side, and `stager` the staging seam. Raw MPI calls go through the crate's
-//! private `raw` module.
+//! side, and `stager` the staging seam. Raw MPI calls go through the crate's private `raw`
+//! module.
 
 mod agree;
 mod bcast;
@@ -97,12 +101,14 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::spec::{RecvSpec, SendSpec};
 
-/// Checked tensor operations, for every rsmpi [`Communicator`].
+/// Checked tensor operations, for every rsmpi [`Communicator`] and for
+/// `transport::DeviceComm` (the same list, written once).
 ///
 /// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
 /// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
 /// required at the root ([`Error::MissingBuffer`] without them); at another rank they may be
-/// `None`, and when given they are checked as at the root (and not used).
+/// `None`, and when given they are checked as at the root (and not used; `DeviceComm`
+/// ignores them there).
 ///
 /// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
 /// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,

@@ -14,7 +14,7 @@
 //!
 //! What a fingerprint cannot see: arguments MPI relates across ranks in other ways (the
 //! send counts of an all-to-allv against the peers' receive counts, a gatherv's send count
-//! against the root's array, displacements, which are local), two ranks that call the same
+//! or a scatterv's receive count against the root's array, displacements, which are local), two ranks that call the same
 //! collective with identical arguments from different places in the program, and a
 //! collective shared with ranks that do not use dlpack-mpi (they do not join the agreement).
 

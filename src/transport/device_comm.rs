@@ -152,7 +152,8 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         self.chunk_bytes
     }
 
-    /// Whether contiguous CUDA tensors go to MPI as device pointers.
+    /// Whether CUDA tensors take the direct route (strided ones through a device scratch
+    /// buffer).
     pub fn is_direct(&self) -> bool {
         self.direct
     }

@@ -5,7 +5,7 @@
 //! memory, with a GPU runtime of [`crate::runtime`] ([`crate::runtime::DeviceRuntime`];
 //! [`crate::runtime::SimulatedRuntime`] on machines without a GPU).
 //!
-//! The answer comes from, in this order (docs/ARCHITECTURE.md, "Routing"):
+//! The answer comes from, in this order (docs/ARCHITECTURE.md, "Policies", Routing):
 //!
 //! 1. the override `DLPACK_MPI_CUDA_AWARE=0|1` (also `false|true`, `no|yes`, `off|on`; read at
 //!    each call, see [`crate::settings`]);
