@@ -68,6 +68,9 @@ mpi     | agreement: every collective with one refusing rank at 4 ranks | - | su
 mpi     | mismatched collective arguments at 2 ranks: each case its own job, every rank errs within 60 s (tests/mpi/mismatch.rs) | - | mismatch_at 2
 mpi     | mismatched collective arguments at 3 ranks: each case its own job, every rank errs within 60 s | - | mismatch_at 3
 mpi     | mismatched collective arguments at 4 ranks: each case its own job, every rank errs within 60 s | - | mismatch_at 4
+mpi     | adversarial agreement and operand cases at 2 ranks (tests/mpi/adversarial.rs) | - | suite_within 120 adversarial 2
+mpi     | adversarial agreement and operand cases at 3 ranks (tests/mpi/adversarial.rs) | - | suite_within 120 adversarial 3
+mpi     | adversarial agreement and operand cases at 4 ranks (tests/mpi/adversarial.rs) | - | suite_within 120 adversarial 4
 mpi     | checked protocol at 2 ranks | - | suite_at checked 2
 mpi     | held messages at MPI_Finalize and dropped on another thread at 2 ranks | - | binary_within 120 held_finalize 2
 mpi     | faults at 2 ranks: aborted, forged and mismatched pipelined messages; lying checked headers, allocation bounded | - | suite_at faults 2

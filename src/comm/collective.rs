@@ -290,8 +290,11 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
 }
 
 /// [`super::TensorComm::scatterv_tensor`]. A `send` given at a non-root rank is checked as
-/// at the root (its `counts[rank]` against this rank's receive; not used). The receive
-/// tensor is written whole (its count is this rank's block).
+/// at the root (its `counts[rank]` against this rank's receive; not used). The receive is
+/// an update: its count is this rank's block at the root, but the root's array is not
+/// fingerprinted, so a root that sends fewer elements (an erroneous program, MPI-4.1 §6.6)
+/// leaves the rest of the tensor as it was, never a previous message's bytes from a
+/// pooled copy.
 pub(super) fn scatterv<T: TensorComm + ?Sized>(
     tc: &T,
     send: Option<(&dyn Tensor, &[i64], &[i64])>,
@@ -306,7 +309,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
         Some((s, c, d)) => (Some(s), Some((c, d))),
         None => (None, None),
     };
-    let recv = Some((recv, Access::Write));
+    let recv = Some((recv, Access::Update));
     with_stand_ins(
         tc.stager(),
         comm,
@@ -318,7 +321,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
             let prepared = prepare(move || {
                 check_rank(root, comm.size())?;
                 let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
-                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                let rf = write_facts(&*r, Access::Update, r_reach)?;
                 let at_root = match s.zip(lists) {
                     Some(((s, s_reach), (counts, displs))) => {
                         let sf = read_facts(s, s_reach)?;
@@ -342,7 +345,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
                     None if is_root => return Err(missing("scatterv send buffer")),
                     None => None,
                 };
-                Ok((at_root, side_out(r, rf, Need::Counted, Access::Write)?))
+                Ok((at_root, side_out(r, rf, Need::Counted, Access::Update)?))
             });
             let (at_root, mut side) = agree(comm, &sig, prepared)?;
             let process = comm.process_at_rank(root);

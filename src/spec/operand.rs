@@ -10,9 +10,9 @@ pub enum Access {
     /// MPI writes every element (a receive buffer of the tensor's exact size).
     Write,
     /// MPI reads and writes it, or writes only some of its elements, so its current values
-    /// must survive into what MPI works on: in-place reductions, the receive tensors of
-    /// gatherv, all-gatherv and all-to-allv (blocks may leave gaps), windows of a strided
-    /// tensor.
+    /// must survive into what MPI works on: in-place reductions, the receive tensors of the
+    /// v-collectives (blocks may leave gaps, and a scatterv's root may send less), windows of
+    /// a strided tensor.
     Update,
 }
 

@@ -21,8 +21,8 @@
 //! - `--list`: prints the names of the selected suites, one a line, and exits 0 without
 //!   initializing MPI.
 //!
-//! Suites: `mpi_cases`, `immediate`, `agreement`, `mismatch`, `checked`, `faults`, `device_cases`,
-//! `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
+//! Suites: `mpi_cases`, `immediate`, `agreement`, `mismatch`, `adversarial`, `checked`,
+//! `faults`, `device_cases`, `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
 //! `python_exchange` (last: the ML producers they import may start threads). Each prints
 //! what its own binary printed before (rank 0: `running … at N rank(s)`, `test NAME ... ok`
 //! per case, `test result: …`; `checked` and `faults` say at 1 rank that they are skipped).
@@ -47,6 +47,7 @@ mod harness;
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adversarial;
 mod agreement;
 mod canaries;
 mod checked;
@@ -77,6 +78,7 @@ const SUITES: &[(&str, Suite)] = &[
     ("immediate", immediate::run),
     ("agreement", agreement::run),
     ("mismatch", mismatch::run),
+    ("adversarial", adversarial::run),
     ("checked", checked::run),
     ("faults", faults::run),
     ("device_cases", device_cases::run),
