@@ -24,8 +24,8 @@ use super::checks::{
 };
 use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
 use super::signature::Signature;
-use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind};
-use super::{takes_unused, TensorComm};
+use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind, Unused};
+use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
 use crate::error::Result;
@@ -91,16 +91,22 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
         .count(send.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let recv = recv
-        .filter(|_| is_root || takes_unused(tc))
-        .map(|r| (r, Access::Write));
+    let recv = recv.map(|r| (r, Access::Write));
+    let unused = (
+        None,
+        if is_root {
+            Unused::Neither
+        } else {
+            Unused::Recv
+        },
+    );
     with_stand_ins(
         tc.stager(),
         comm,
         Kind::Collective(sig),
         Some(send),
         recv,
-        None,
+        unused,
         |s, r| {
             let prepared = prepare(move || {
                 check_rank(root, size)?;
@@ -176,7 +182,15 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
     let sig = Signature::of("gatherv").root(root).dtype(send.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let (recv, lists) = match recv.filter(|_| is_root || takes_unused(tc)) {
+    let unused = (
+        None,
+        if is_root {
+            Unused::Neither
+        } else {
+            Unused::Recv
+        },
+    );
+    let (recv, lists) = match recv {
         Some((r, c, d)) => (Some((r, Access::Update)), Some((c, d))),
         None => (None, None),
     };
@@ -186,7 +200,7 @@ pub(super) fn gatherv<T: TensorComm + ?Sized>(
         Kind::Collective(sig),
         Some(send),
         recv,
-        None,
+        unused,
         |s, r| {
             let prepared = prepare(move || {
                 check_rank(root, comm.size())?;
@@ -244,7 +258,14 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
         .count(recv.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let send = send.filter(|_| is_root || takes_unused(tc));
+    let unused = (
+        None,
+        if is_root {
+            Unused::Neither
+        } else {
+            Unused::Send
+        },
+    );
     let recv = Some((recv, Access::Write));
     with_stand_ins(
         tc.stager(),
@@ -252,7 +273,7 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
         Kind::Collective(sig),
         send,
         recv,
-        None,
+        unused,
         |s, r| {
             let prepared = prepare(move || {
                 check_rank(root, size)?;
@@ -305,7 +326,15 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
     let sig = Signature::of("scatterv").root(root).dtype(recv.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let (send, lists) = match send.filter(|_| is_root || takes_unused(tc)) {
+    let unused = (
+        None,
+        if is_root {
+            Unused::Neither
+        } else {
+            Unused::Send
+        },
+    );
+    let (send, lists) = match send {
         Some((s, c, d)) => (Some(s), Some((c, d))),
         None => (None, None),
     };
@@ -316,7 +345,7 @@ pub(super) fn scatterv<T: TensorComm + ?Sized>(
         Kind::Collective(sig),
         send,
         recv,
-        None,
+        unused,
         |s, r| {
             let prepared = prepare(move || {
                 check_rank(root, comm.size())?;

@@ -18,8 +18,8 @@
 //! refusing rank and its error text; every rank [`Error::CollectiveMismatch`] when each
 //! rank's arguments are valid but they do not match across ranks (a different root, dtype,
 //! count, reduction operator, all-gatherv's counts or collective; MPI-4.1 §6.1). Root-only
-//! arguments a non-root rank passes anyway are checked there as at the root (on an rsmpi
-//! communicator; `transport::DeviceComm` ignores them there, as it says).
+//! arguments a non-root rank passes anyway are checked there as at the root (through
+//! `transport::DeviceComm` too, which neither stages nor copies them there).
 //! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
 //! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
 //! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
@@ -108,7 +108,7 @@ use crate::spec::{RecvSpec, SendSpec};
 /// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
 /// required at the root ([`Error::MissingBuffer`] without them); at another rank they may be
 /// `None`, and when given they are checked as at the root (and not used; `DeviceComm`
-/// ignores them there).
+/// neither stages nor copies them there).
 ///
 /// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
 /// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,
@@ -556,10 +556,4 @@ impl<C: Communicator + ?Sized> TensorComm for C {
     fn communicator(&self) -> &C {
         self
     }
-}
-
-/// Whether `tc`'s operations take an operand only the root uses at the other ranks too
-/// (checked there, not used): yes without a stager, as its stager says otherwise.
-pub(crate) fn takes_unused<T: TensorComm + ?Sized>(tc: &T) -> bool {
-    tc.stager().map_or(true, Stager::takes_unused_root_operands)
 }

@@ -23,7 +23,7 @@ use super::agree::{agree, prepare};
 use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use super::operands::{read_facts, side_in, side_out, write_facts};
 use super::signature::Signature;
-use super::stager::{with_pair, with_stand_ins, with_write, Kind, ReadIn, WriteIn};
+use super::stager::{with_pair, with_stand_ins, with_write, Kind, ReadIn, Unused, WriteIn};
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
@@ -145,18 +145,30 @@ pub(super) fn reduce<T: TensorComm + ?Sized>(
         .reduce(op);
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let recv = recv.filter(|_| is_root || super::takes_unused(tc));
-    let dt = Some(send.dtype());
+    let unused = if is_root {
+        Unused::Neither
+    } else {
+        Unused::Recv
+    };
+    let declared = (Some(send.dtype()), unused);
     let recv = recv.map(|r| (r, Access::Write));
     let kind = Kind::Collective(sig);
-    with_stand_ins(tc.stager(), comm, kind, Some(send), recv, dt, |s, r| {
-        let s = s.ok_or_else(|| missing("reduce send buffer"))?;
-        match r {
-            Some(r) if is_root => reduce_at_root(comm, &sig, s, r, op),
-            None if is_root => agree(comm, &sig, Err(missing("reduce receive buffer"))),
-            r => reduce_at_leaf(comm, &sig, s, r, op, root),
-        }
-    })
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        kind,
+        Some(send),
+        recv,
+        declared,
+        |s, r| {
+            let s = s.ok_or_else(|| missing("reduce send buffer"))?;
+            match r {
+                Some(r) if is_root => reduce_at_root(comm, &sig, s, r, op),
+                None if is_root => agree(comm, &sig, Err(missing("reduce receive buffer"))),
+                r => reduce_at_leaf(comm, &sig, s, r, op, root),
+            }
+        },
+    )
 }
 
 /// A non-root rank's side of [`reduce`] (also a rank whose `root` is out of range).

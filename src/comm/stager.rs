@@ -66,13 +66,6 @@ pub trait Stager {
     /// The stager's refusals (devices, aliasing, allocation, copies).
     fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>>;
 
-    /// Whether an operand only the root uses is declared at the other ranks too (where it
-    /// is checked and not used). A device stager ignores them there: they are neither
-    /// staged, copied back nor refused.
-    fn takes_unused_root_operands(&self) -> bool {
-        false
-    }
-
     /// How a nonblocking operation's operand reaches MPI without a stand-in (the request
     /// borrows the caller's tensor, so a stand-in cannot outlive the call yet): `None` for
     /// host memory the stager leaves alone, else its [`Reach`].
@@ -97,9 +90,24 @@ pub(super) type ReadIn<'a> = (&'a dyn Tensor, Option<Reach>);
 /// A written operand's stand-in.
 pub(super) type WriteIn<'a> = (&'a mut dyn Tensor, Option<Reach>);
 
+/// Which operand only the root uses, at a rank that is not the root: checked as at the root
+/// (its facts against the other operand's), never staged, copied or handed to MPI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unused {
+    /// Both operands are used here.
+    Neither,
+    /// The send operand is the root's (a scatter's), unused here.
+    Send,
+    /// The receive operand is the root's (a gather's or a reduce's), unused here.
+    Recv,
+}
+
 /// Runs `body` on the stand-ins of `send` (read) and `recv` (written with `recv_access`)
 /// that `stager` makes, then finishes the receive's staging. Without a stager `body` gets
-/// the caller's tensors. `reduce`: the dtype of a reduction both take part in.
+/// the caller's tensors. `reduce`: the dtype of a reduction both take part in. An `unused`
+/// operand is not declared to the stager: `body` gets the caller's tensor as
+/// [`Reach::MpiOnly`] (its facts and checks, no host access: memory only a stager knows
+/// how to reach is never read for an operand MPI does not take).
 ///
 /// # Errors
 /// The stager's (for a [`Kind::Collective`], agreed with the peers first) and `body`'s.
@@ -111,7 +119,7 @@ pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
     kind: Kind<'_>,
     send: Option<&dyn Tensor>,
     recv: Option<(&mut dyn Tensor, Access)>,
-    reduce: Option<DType>,
+    (reduce, unused): (Option<DType>, Unused),
     body: impl FnOnce(Option<ReadIn<'_>>, Option<WriteIn<'_>>) -> Result<R>,
 ) -> Result<R> {
     let Some(stager) = stager else {
@@ -122,15 +130,25 @@ pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
         access,
         reduce,
     };
-    let s_op = send.map(|t| declared(t, Access::Read));
-    let r_op = recv.as_ref().map(|(t, a)| declared(&**t, *a));
+    let s_op = send
+        .filter(|_| unused != Unused::Send)
+        .map(|t| declared(t, Access::Read));
+    let r_op = recv
+        .as_ref()
+        .filter(|_| unused != Unused::Recv)
+        .map(|(t, a)| declared(&**t, *a));
     let staging = match stager.stage(s_op, r_op) {
         Ok(s) => s,
         Err(e) => return agreed(comm, kind, e),
     };
     let out = {
-        let (sv, s_reach) = stand_in(staging.send.as_deref(), kind, comm)?;
-        let (mut rv, r_reach) = stand_in(staging.recv.as_deref(), kind, comm)?;
+        let (sv, mut s_reach) = stand_in(staging.send.as_deref(), kind, comm)?;
+        let (mut rv, mut r_reach) = stand_in(staging.recv.as_deref(), kind, comm)?;
+        match unused {
+            Unused::Send => s_reach = Some(Reach::MpiOnly),
+            Unused::Recv => r_reach = Some(Reach::MpiOnly),
+            Unused::Neither => {}
+        }
         let s = send.map(|t| (sv.as_ref().map_or(t, |v| v as &dyn Tensor), s_reach));
         let r = match recv {
             Some((t, _)) => Some((
@@ -193,7 +211,7 @@ pub(super) fn with_pair<T: TensorComm + ?Sized, R>(
         kind,
         Some(send),
         Some(recv),
-        reduce,
+        (reduce, Unused::Neither),
         |s, r| {
             let (s, r) = s.zip(r).ok_or_else(|| not_declared("send and receive"))?;
             body(s, r)
@@ -213,9 +231,16 @@ pub(super) fn with_read<T: TensorComm + ?Sized, R>(
     body: impl FnOnce(ReadIn<'_>) -> Result<R>,
 ) -> Result<R> {
     let comm = tc.communicator();
-    with_stand_ins(tc.stager(), comm, kind, Some(send), None, None, |s, _| {
-        body(s.ok_or_else(|| not_declared("send"))?)
-    })
+    let declared = (None, Unused::Neither);
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        kind,
+        Some(send),
+        None,
+        declared,
+        |s, _| body(s.ok_or_else(|| not_declared("send"))?),
+    )
 }
 
 /// [`with_stand_ins`] for an operation with one written (or updated) operand.
@@ -231,9 +256,16 @@ pub(super) fn with_write<T: TensorComm + ?Sized, R>(
     body: impl FnOnce(WriteIn<'_>) -> Result<R>,
 ) -> Result<R> {
     let comm = tc.communicator();
-    with_stand_ins(tc.stager(), comm, kind, None, Some(recv), reduce, |_, r| {
-        body(r.ok_or_else(|| not_declared("receive"))?)
-    })
+    let declared = (reduce, Unused::Neither);
+    with_stand_ins(
+        tc.stager(),
+        comm,
+        kind,
+        None,
+        Some(recv),
+        declared,
+        |_, r| body(r.ok_or_else(|| not_declared("receive"))?),
+    )
 }
 
 /// A declared operand that came back without a stand-in: not reached (each declared operand

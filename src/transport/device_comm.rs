@@ -44,8 +44,8 @@ use crate::spec::Access;
 /// two, at least 64 KiB) come from a pool owned by the `DeviceComm` and are reused; the pool
 /// keeps at most [`MAX_POOLED_BYTES`](super::MAX_POOLED_BYTES) and frees the rest. A send
 /// and a receive tensor whose device spans overlap are [`Error::BuffersAlias`], as on host
-/// memory. Collectives are staged whole; operands only the root uses are ignored at other
-/// ranks. On the direct route MPI gets the device pointer itself (or the device scratch
+/// memory. Collectives are staged whole; an operand only the root uses is checked at the
+/// other ranks as at the root (its facts; no runtime call, no copy) and never staged there. On the direct route MPI gets the device pointer itself (or the device scratch
 /// buffer), never relabelled as host memory: the operations hand it to MPI as one
 /// contiguous run and refuse any host-side pack of it.
 ///

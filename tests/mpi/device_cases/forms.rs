@@ -140,6 +140,52 @@ fn immediate_direct_posts_the_device_pointer(w: &SimpleCommunicator) -> Outcome 
     Ok(())
 }
 
+/// A root-only operand given at another rank is checked there as at the root, without
+/// staging: the last rank passes a `READ_ONLY` CUDA receive tensor to a gather rooted at
+/// rank 0. It returns `ReadOnly`, every other rank `PeerRefused` naming it, and the last
+/// rank copied its send to the host (staged before the preparation found the refusal) and
+/// nothing else: the receive operand was never staged. Then the same gather with a
+/// writable tensor (still unused there) delivers every rank's block at the root.
+fn root_only_operands_are_checked_elsewhere(w: &SimpleCommunicator) -> Outcome {
+    let (rank, size) = (w.rank(), w.size());
+    if size < 2 {
+        return Ok(());
+    }
+    let last = size - 1;
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    let mine = on(CUDA0, vec![rank as f32; 2]);
+    let all = 2 * size as usize;
+    for refuse in [true, false] {
+        let recv = on(CUDA0, vec![-1.0; all]);
+        let mut recv = if refuse && rank == last {
+            recv.read_only()
+        } else {
+            recv
+        };
+        {
+            let s = take(&mine, &rt)?;
+            let mut r = take(&recv, &rt)?;
+            rt.clear_calls();
+            let got = dc.gather_tensor(&s, Some(&mut r), 0);
+            match (refuse, rank == last, got) {
+                (true, true, Err(Error::ReadOnly)) => ensure_eq!(copies(&rt), (1, 0)),
+                (true, false, Err(Error::PeerRefused { rank: who, .. })) => ensure_eq!(who, last),
+                (false, _, Ok(())) if rank != 0 => ensure_eq!(copies(&rt), (1, 0)),
+                (false, _, Ok(())) => {}
+                (refuse, _, other) => {
+                    return Err(format!("refusing {refuse} at rank {rank}: got {other:?}"))
+                }
+            }
+        }
+        if !refuse && rank == 0 {
+            let want: Vec<f32> = (0..size).flat_map(|r| [r as f32; 2]).collect();
+            ensure_eq!(recv.as_slice(), &want[..]);
+        }
+    }
+    Ok(())
+}
+
 pub(super) const CASES: &[(&str, Case)] = &[
     ("staged_windows_keep_the_rest", staged_windows_keep_the_rest),
     (
@@ -153,5 +199,9 @@ pub(super) const CASES: &[(&str, Case)] = &[
     (
         "immediate_direct_posts_the_device_pointer",
         immediate_direct_posts_the_device_pointer,
+    ),
+    (
+        "root_only_operands_are_checked_elsewhere",
+        root_only_operands_are_checked_elsewhere,
     ),
 ];
