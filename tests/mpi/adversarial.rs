@@ -12,6 +12,7 @@
 //! lone rank must return (its own error, or success where no peer can differ).
 
 use crate::harness;
+use crate::mismatch::then_all_reduce_works;
 use dlpack_mpi::comm::{packing, set_packing, Blocks, Packing, TensorComm, AGREEMENT_REASON_BYTES};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, acquire_with_runtime, AcquireOptions, Owned};
@@ -34,27 +35,6 @@ fn s<E: std::fmt::Display>(e: E) -> String {
 
 fn last(w: &SimpleCommunicator) -> i32 {
     w.size() - 1
-}
-
-/// An all-reduce with matching arguments: every element is the sum of ranks + 1.
-fn then_all_reduce_works(w: &SimpleCommunicator) -> Outcome {
-    let n = 1000;
-    let send = Owned::new(vec![w.rank() as f32 + 1.0; n]);
-    let mut recv = Owned::new(vec![0.0f32; n]);
-    {
-        let st = acquire(&send, &opts()).map_err(s)?;
-        let mut rt = acquire(&recv, &opts()).map_err(s)?;
-        w.all_reduce_tensor(&st, &mut rt, ReduceOp::Sum)
-            .map_err(|e| format!("the matching all-reduce after it: {e}"))?;
-    }
-    let p = w.size() as f32;
-    let want = p * (p + 1.0) / 2.0;
-    ensure!(
-        recv.as_slice().iter().all(|&v| v == want),
-        "after: {:?}",
-        &recv.as_slice()[..4]
-    );
-    Ok(())
 }
 
 /// `got` must be the mismatch every rank returns: rank 0's arguments exactly `ours`,

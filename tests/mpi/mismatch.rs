@@ -69,8 +69,8 @@ fn expect_mismatch(
 }
 
 /// An all-reduce with matching arguments after a mismatch: every element is the sum of
-/// the ranks + 1.
-fn then_all_reduce_works(w: &SimpleCommunicator) -> Outcome {
+/// the ranks + 1 (also the adversarial suite's check that nothing was left behind).
+pub(crate) fn then_all_reduce_works(w: &SimpleCommunicator) -> Outcome {
     let n = 1000;
     let send = Owned::new(vec![w.rank() as f32 + 1.0; n]);
     let mut recv = Owned::new(vec![0.0f32; n]);
