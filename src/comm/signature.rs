@@ -12,6 +12,12 @@
 //! fingerprint, so a signature that differs on any rank is an error on every rank
 //! ([`crate::Error::CollectiveMismatch`]) before any rank enters the data operation.
 //!
+//! A collective added later declares its signature the same way in its body (the name,
+//! then what must match): a nonblocking form the same signature as its blocking one, a
+//! fused form over a list of tensors also the list (member count, each member's dtype and
+//! element count, in order), so that lists that differ in length or in one member's shape
+//! are a mismatch too.
+//!
 //! What a fingerprint cannot see: arguments MPI relates across ranks in other ways (the
 //! send counts of an all-to-allv against the peers' receive counts, a gatherv's send count
 //! or a scatterv's receive count against the root's array, displacements, which are local), two ranks that call the same
