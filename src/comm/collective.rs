@@ -22,7 +22,9 @@ use super::bcast::BroadcastBuffer;
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
+use super::operands::{
+    pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
+};
 use super::signature::Signature;
 use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind, Unused};
 use super::TensorComm;
@@ -409,9 +411,11 @@ pub(super) fn all_gather<T: TensorComm + ?Sized>(
         None,
         |(s, s_reach), (r, r_reach)| {
             let prepared = prepare(move || {
-                let sf = read_facts(s, s_reach)?;
-                let rf = write_facts(&*r, Access::Write, r_reach)?;
-                check_pair("all-gather send vs receive", &sf, &rf)?;
+                let (sf, rf) = pair_facts(
+                    "all-gather send vs receive",
+                    (s, s_reach),
+                    (&*r, Access::Write, r_reach),
+                )?;
                 let size = comm.size();
                 check_count(
                     || format!("all-gather receive (= send count × {size} ranks)"),
@@ -449,9 +453,11 @@ pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
         None,
         |(s, s_reach), (r, r_reach)| {
             let prepared = prepare(move || {
-                let sf = read_facts(s, s_reach)?;
-                let rf = write_facts(&*r, Access::Update, r_reach)?;
-                check_pair("all-gatherv send vs receive", &sf, &rf)?;
+                let (sf, rf) = pair_facts(
+                    "all-gatherv send vs receive",
+                    (s, s_reach),
+                    (&*r, Access::Update, r_reach),
+                )?;
                 let (shape, own) = ((rf.len_elems, &rf.element), sf.len_elems);
                 let blocks =
                     own_blocks(comm, "all-gatherv", shape, counts, displacements, true, own)?;
@@ -490,9 +496,11 @@ pub(super) fn all_to_all<T: TensorComm + ?Sized>(
         None,
         |(s, s_reach), (r, r_reach)| {
             let prepared = prepare(move || {
-                let sf = read_facts(s, s_reach)?;
-                let rf = write_facts(&*r, Access::Write, r_reach)?;
-                check_pair("all-to-all send vs receive", &sf, &rf)?;
+                let (sf, rf) = pair_facts(
+                    "all-to-all send vs receive",
+                    (s, s_reach),
+                    (&*r, Access::Write, r_reach),
+                )?;
                 let n = sf.len_elems;
                 check_count(|| "all-to-all receive".into(), n, rf.len_elems)?;
                 let size = i64::from(comm.size());
@@ -528,9 +536,11 @@ pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
         None,
         |(s, s_reach), (r, r_reach)| {
             let prepared = prepare(move || {
-                let sf = read_facts(s, s_reach)?;
-                let rf = write_facts(&*r, Access::Update, r_reach)?;
-                check_pair("all-to-allv send vs receive", &sf, &rf)?;
+                let (sf, rf) = pair_facts(
+                    "all-to-allv send vs receive",
+                    (s, s_reach),
+                    (&*r, Access::Update, r_reach),
+                )?;
                 let (se, re) = (sf.element, rf.element);
                 let sends = rank_blocks(
                     comm,

@@ -3,6 +3,7 @@
 //! under the packing policy and the [`Side`] that encoding names. Operations check the
 //! facts of their operands against each other in between (dtypes, counts, aliasing).
 
+use super::checks::check_pair;
 use super::packing::packs_block;
 use crate::dlpack::Tensor;
 use crate::error::Result;
@@ -81,4 +82,22 @@ pub(super) fn write_side<'t>(
 ) -> Result<Side<'t, Out>> {
     let facts = write_facts(&*t, access, reach)?;
     side_out(t, facts, need, access)
+}
+
+/// The facts of a collective's send (`s`) and receive (`r`, written with `access`)
+/// operands, checked as a pair ([`check_pair`]: one dtype, disjoint memory; `what` names
+/// them in its errors).
+///
+/// # Errors
+/// As [`read_facts`], [`write_facts`] and [`check_pair`], in that order.
+#[inline]
+pub(super) fn pair_facts(
+    what: &'static str,
+    (s, s_reach): (&dyn Tensor, Option<Reach>),
+    (r, access, r_reach): (&dyn Tensor, Access, Option<Reach>),
+) -> Result<(Facts, Facts)> {
+    let sf = read_facts(s, s_reach)?;
+    let rf = write_facts(r, access, r_reach)?;
+    check_pair(what, &sf, &rf)?;
+    Ok((sf, rf))
 }
