@@ -1262,3 +1262,44 @@ fn check_and_bench_gpu_selection() {
         assert!(text(&out.stdout).trim().is_empty(), "{args:?}");
     }
 }
+
+/// `--producer auto` in a build with Python support whose interpreter imports no Python
+/// producer (here NumPy, JAX and Paddle hidden behind packages that raise ImportError, as a
+/// virtual environment without them would) says so on every output level: one line on
+/// standard error, under `-q` too, naming NumPy's import error; the run goes on with
+/// Rust-made tensors and passes.
+#[test]
+fn auto_producer_fallback_is_said_under_quiet() {
+    let dir = scratch("no-python-producers");
+    for m in ["numpy", "jax", "paddle"] {
+        std::fs::create_dir_all(dir.join(m)).expect("package dir");
+        std::fs::write(
+            dir.join(m).join("__init__.py"),
+            format!("raise ImportError('{m} hidden by tests/cli.rs')\n"),
+        )
+        .expect("package file");
+    }
+    let path = dir.to_string_lossy().into_owned();
+    let args = [
+        "check", "-q", "--op", "bcast", "--dtype", "float32", "--len", "7",
+    ];
+    let out = mpirun(2, &args, &[("PYTHONPATH", &path)]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.lines().last(),
+        Some("6 passed, 0 failed, 0 skipped, 0 not applicable"),
+        "{stdout}"
+    );
+    let notice: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("--producer auto: no Python producer"))
+        .collect();
+    assert_eq!(notice.len(), 1, "{stderr}");
+    assert!(
+        notice[0].contains("so every tensor is Rust-made")
+            && notice[0].contains("numpy hidden by tests/cli.rs"),
+        "{}",
+        notice[0]
+    );
+}

@@ -281,11 +281,33 @@ pub(super) fn resolve_producer(requested: Producer) -> Result<(Producer, i32), S
         Producer::Rust => Ok((Producer::Rust, 0)),
         Producer::Numpy => numpy_version().map(|_| (Producer::Numpy, 0)),
         Producer::Auto => match super::producers::probe(requested) {
-            Ok(0) | Err(_) => Ok((Producer::Rust, 0)),
+            Ok(0) | Err(_) => {
+                // Said on every output level (standard error, also under -q): a run of a
+                // build with Python support that got no Python producer must not look like
+                // one that had them (a virtual environment first on PATH without NumPy, say).
+                #[cfg(feature = "python")]
+                no_python_producer(numpy_version().err().unwrap_or_default());
+                Ok((Producer::Rust, 0))
+            }
             Ok(mask) => Ok((Producer::Auto, mask)),
         },
         pinned => super::producers::probe(pinned).map(|mask| (pinned, mask)),
     }
+}
+
+/// The notice of `--producer auto` falling back to Rust-made tensors (rank 0, standard
+/// error), with NumPy's import error.
+#[cfg(feature = "python")]
+fn no_python_producer(why: String) {
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({why})")
+    };
+    eprintln!(
+        "dlpack-mpi check: --producer auto: no Python producer (NumPy, JAX, Paddle) imports \
+         in this interpreter, so every tensor is Rust-made{why}"
+    );
 }
 
 /// NumPy's version in the embedded interpreter (started here if needed).
