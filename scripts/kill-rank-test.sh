@@ -7,9 +7,12 @@
 #     (DLPACK_MPI_KILL_BOUND_S, default 30; Open MPI takes under a second here),
 #   - with a non-zero status,
 #   - and its output names the lost rank: "rank N" (case-insensitive), as Open MPI's mpirun
-#     prints it ("process rank 1 with PID ... exited on signal 9"); MPICH's hydra (4.0) names
-#     only the PID ("BAD TERMINATION ... PID 1234 RUNNING AT host"), so under MPICH the
-#     message must name the PID of the lost rank, which this script maps to the rank.
+#     prints it ("process rank 1 with PID ... exited on signal 9"), and when that line also
+#     gives a PID, the PID of the process killed (a launcher naming another process fails;
+#     PID 0, which Open MPI 4.1.4 prints here, means it did not know it);
+#     MPICH's hydra (4.0) names only the PID ("BAD TERMINATION ... PID 1234 RUNNING AT
+#     host"), so under MPICH the message must name the PID of the lost rank, which this
+#     script maps to the rank (a message naming another PID fails, and says which).
 # A job still running after the bound is killed (the launcher, then each rank by PID) and the
 # case fails. Uses the launcher of scripts/mpi-env.sh: Open MPI, or MPICH with
 # DLPACK_MPI_IMPL=mpich (then the binary of target/mpich). Prints one line per rank count.
@@ -112,8 +115,20 @@ kill_one() {
         [[ -z $named ]] || named="$named (PID $pid is rank $victim)"
     fi
     if [[ -z $named ]]; then
-        echo "kill-rank-test: $n ranks: no message names rank $victim; the output ends:" >&2
+        # Say which process the launcher did name, if any (hydra's PID is not always the
+        # killed one).
+        local other
+        other=$(grep -oE "PID [0-9]+" "$log" | head -n 1 || true)
+        echo "kill-rank-test: $n ranks: no message names rank $victim (PID $pid)${other:+; the launcher names $other}; the output ends:" >&2
         tail -n 20 "$log" >&2
+        rc=1
+    elif [[ $named =~ PID[[:space:]]+([0-9]+) && ${BASH_REMATCH[1]} != "$pid" &&
+        ${BASH_REMATCH[1]} != 0 ]]; then
+        # A launcher that names the rank must name its process too (Open MPI: "process
+        # rank N with PID P"): a message naming the right rank with another PID is wrong.
+        # PID 0 is a launcher that does not report it (Open MPI 4.1.4 prints "with PID 0"
+        # here for every killed rank), not a wrong one.
+        echo "kill-rank-test: $n ranks: the launcher names rank $victim as PID ${BASH_REMATCH[1]}, but the killed process was PID $pid: $named" >&2
         rc=1
     fi
     if ((rc == 0)); then
