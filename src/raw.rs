@@ -3,7 +3,9 @@
 //! operation, `MPI_IN_PLACE`, a chunk of a larger buffer).
 //!
 //! This module is the one place where the crate calls MPI's C API directly, apart from
-//! `spec/datatype.rs` (the `MPI_Type_*` calls that build and free derived datatypes),
+//! `comm/call.rs` (the collectives' data operations, blocking and nonblocking, on prepared
+//! sides), `comm/pending.rs` (a nonblocking collective's agreement votes and the shadow
+//! communicator it posts on), `spec/datatype.rs` (the `MPI_Type_*` calls that build and free derived datatypes),
 //! `comm/reduce/halfops.rs` (`MPI_Op_create` for the half-precision operations) and
 //! `comm/held.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
 //! parted point-to-point messages of `transport::pipeline` post their parts here
@@ -17,9 +19,7 @@
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 
-use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, MPI_Status};
-use mpi::topology::Rank;
-use mpi::Count;
+use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status};
 
 use crate::error::{Error, Result};
 
@@ -32,77 +32,6 @@ extern "C" {
 pub(crate) fn in_place() -> *mut c_void {
     // SAFETY: a constant the C shim initialises at load time and never writes again.
     unsafe { dlpack_mpi_in_place }
-}
-
-/// `MPI_Bcast` (MPI-4.1 §6.4).
-///
-/// # Safety
-/// `buffer` holds `count` units of `datatype`, readable at the root and writable elsewhere,
-/// and stays valid until the call returns; every rank of `comm` makes the matching call.
-pub(crate) unsafe fn bcast(
-    buffer: *mut c_void,
-    count: Count,
-    datatype: MPI_Datatype,
-    root: Rank,
-    comm: MPI_Comm,
-) {
-    // SAFETY: the caller's contract above is MPI_Bcast's.
-    unsafe { mpi::ffi::MPI_Bcast(buffer, count, datatype, root, comm) };
-}
-
-/// `MPI_Reduce` (MPI-4.1 §6.9.1).
-///
-/// # Safety
-/// `send` holds `count` readable units of `datatype`; at the root `recv` holds `count`
-/// writable units, disjoint from `send` (elsewhere it is not significant and may be NULL);
-/// `op` is defined on `datatype`; every rank of `comm` makes the matching call.
-pub(crate) unsafe fn reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: Count,
-    datatype: MPI_Datatype,
-    op: MPI_Op,
-    root: Rank,
-    comm: MPI_Comm,
-) {
-    // SAFETY: the caller's contract above is MPI_Reduce's.
-    unsafe { mpi::ffi::MPI_Reduce(send, recv, count, datatype, op, root, comm) };
-}
-
-/// `MPI_Allreduce` (MPI-4.1 §6.9.6); `send` may be [`in_place`].
-///
-/// # Safety
-/// `recv` holds `count` writable units of `datatype`; `send` holds `count` readable units
-/// disjoint from `recv`, or is `MPI_IN_PLACE` (then `recv` is read too); `op` is defined on
-/// `datatype`; every rank of `comm` makes the matching call.
-pub(crate) unsafe fn all_reduce(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: Count,
-    datatype: MPI_Datatype,
-    op: MPI_Op,
-    comm: MPI_Comm,
-) {
-    // SAFETY: the caller's contract above is MPI_Allreduce's.
-    unsafe { mpi::ffi::MPI_Allreduce(send, recv, count, datatype, op, comm) };
-}
-
-/// `MPI_Reduce_scatter_block` (MPI-4.1 §6.10.1).
-///
-/// # Safety
-/// `recv` holds `count` writable units of `datatype`; `send` holds `size × count` readable
-/// units, disjoint from `recv`; `op` is defined on `datatype`; every rank of `comm` (of
-/// `size` ranks) makes the matching call.
-pub(crate) unsafe fn reduce_scatter_block(
-    send: *const c_void,
-    recv: *mut c_void,
-    count: Count,
-    datatype: MPI_Datatype,
-    op: MPI_Op,
-    comm: MPI_Comm,
-) {
-    // SAFETY: the caller's contract above is MPI_Reduce_scatter_block's.
-    unsafe { mpi::ffi::MPI_Reduce_scatter_block(send, recv, count, datatype, op, comm) };
 }
 
 // Point-to-point on raw buffers: the parted messages of `transport::pipeline`, whose

@@ -52,14 +52,6 @@ use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
 pub use crate::settings::{agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV};
 
-/// Runs an operation's preparation (every fallible step before the agreement) as one
-/// `Result`, so that its `?` errors reach [`agree`] instead of returning before the ranks
-/// have agreed.
-#[inline]
-pub(super) fn prepare<P>(steps: impl FnOnce() -> Result<P>) -> Result<P> {
-    steps()
-}
-
 /// The most bytes of a refusing rank's error text that reach the other ranks in
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
 pub const AGREEMENT_REASON_BYTES: usize = 512;
@@ -92,10 +84,29 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
         return local;
     }
     let fp = signature.fingerprint();
-    let status = i64::from(if local.is_err() { comm.rank() } else { size });
-    let mine = [status, fp, !fp];
+    let mine = votes(local.is_err(), comm.rank(), size, fp);
     let mut min = [0i64; 3];
     comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+    decide(comm, min, signature, local)
+}
+
+/// This rank's three votes of an agreement: `[status, fp, !fp]`, `status` this rank when
+/// its local checks `failed`, else the communicator `size`.
+pub(super) fn votes(failed: bool, rank: Rank, size: Rank, fp: i64) -> [i64; 3] {
+    let status = i64::from(if failed { rank } else { size });
+    [status, fp, !fp]
+}
+
+/// The outcome of an agreement whose all-reduce gave `min` (the element-wise minimum of
+/// every rank's [`votes`]): `local` when every rank succeeded with the same signature; else
+/// the error path's messages on `comm` (every rank takes the same path) and its error.
+pub(super) fn decide<C: Communicator + ?Sized, T>(
+    comm: &C,
+    min: [i64; 3],
+    signature: &Signature<'_>,
+    local: Result<T>,
+) -> Result<T> {
+    let size = comm.size();
     if min[0] < i64::from(size) {
         // A rank number: below `size`, so it fits a Rank.
         let lowest = Rank::try_from(min[0]).unwrap_or(0);
@@ -104,7 +115,7 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
     if min[1] == !min[2] {
         return local;
     }
-    Err(mismatch(comm, signature, fp))
+    Err(mismatch(comm, signature, signature.fingerprint()))
 }
 
 /// The refusal path: the lowest refusing rank broadcasts its error text.

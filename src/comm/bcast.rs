@@ -51,6 +51,25 @@ impl<'b> BroadcastBuffer<'b> {
         }
     }
 
+    /// The same buffer, borrowed for a shorter `'x`.
+    pub(super) fn reborrow<'x>(self) -> BroadcastBuffer<'x>
+    where
+        'b: 'x,
+    {
+        match self {
+            BroadcastBuffer::Send(t) => BroadcastBuffer::Send(t),
+            BroadcastBuffer::Recv(t) => BroadcastBuffer::Recv(t),
+        }
+    }
+
+    /// The tensor the root sends, for the whole borrow (either form).
+    pub(super) fn into_sent(self) -> &'b dyn Tensor {
+        match self {
+            BroadcastBuffer::Send(t) => t,
+            BroadcastBuffer::Recv(t) => t,
+        }
+    }
+
     /// The tensor a non-root rank `rank` receives into.
     ///
     /// # Errors

@@ -10,37 +10,35 @@
 //! side travels as a packed copy); a broadcast's buffers and a gather's send follow the
 //! packing policy ([`Need::Counted`]).
 
-use mpi::datatype::{AsDatatype, Collection, Partition, PartitionMut, Pointer};
-use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
-use mpi::traits::*;
-
 use mpi::Count;
 
-use super::agree::{agree, prepare};
 use super::bcast::BroadcastBuffer;
+use super::call::{Buf, Call, Operation, Varying};
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
 use super::operands::{
     pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
+use super::mode::{Declared, Mode};
 use super::signature::Signature;
-use super::stager::{with_pair, with_read, with_stand_ins, with_write, Kind, Unused};
+use super::stager::Unused;
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
 use crate::error::Result;
-use crate::raw;
 use crate::spec::encoding::Need;
 use crate::spec::Access;
 
-/// [`super::TensorComm::broadcast_tensor_from`] and [`super::TensorComm::broadcast_tensor`].
-pub(super) fn broadcast<T: TensorComm + ?Sized>(
-    tc: &T,
-    buffer: BroadcastBuffer<'_>,
+/// [`super::TensorComm::broadcast_tensor_from`], [`super::TensorComm::broadcast_tensor`]
+/// and their nonblocking forms.
+pub(super) fn broadcast<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    buffer: BroadcastBuffer<'a>,
     root: Rank,
-) -> Result<()> {
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("broadcast")
         .root(root)
@@ -49,43 +47,56 @@ pub(super) fn broadcast<T: TensorComm + ?Sized>(
     check_intra(comm)?;
     let root_ok = check_rank(root, comm.size());
     if comm.rank() == root {
-        return with_read(tc, Kind::Collective(sig), buffer.sent(), |(t, reach)| {
-            let prepared = root_ok.and_then(|()| read_side(t, reach, Need::Counted));
-            let side = agree(comm, &sig, prepared)?;
-            let (ptr, count, datatype) = (
-                side.pointer().cast_mut(),
-                side.count(),
-                side.as_datatype().as_raw(),
-            );
-            // SAFETY: MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4); it holds
-            // `count` readable units of `datatype` (the tensor, or its packed copy).
-            unsafe { raw::bcast(ptr, count, datatype, root, comm.as_raw()) };
-            Ok(())
+        let declared = Declared::read(buffer.into_sent());
+        return mode.collective(tc, sig, declared, move |s, _| {
+            root_ok?;
+            let (t, reach) = s.ok_or_else(|| missing("broadcast buffer"))?;
+            // MPI_Bcast only reads the buffer at the root (MPI-4.1 §6.4).
+            let side = read_side(t, reach, Need::Counted)?;
+            let call = Call::Bcast {
+                buf: Buf::of(&side),
+                root,
+            };
+            Ok(Operation {
+                send: Some(side),
+                recv: None,
+                call,
+            })
         });
     }
     // A non-root that passed the root's form (`BroadcastBuffer::Send`) refuses like any
     // other local check: through the agreement, so that no rank is left in MPI_Bcast.
     let tensor = match buffer.received(comm.rank(), root) {
         Ok(tensor) => tensor,
-        Err(e) => return agree(comm, &sig, Err(e)),
+        Err(e) => return mode.refuse(tc, sig, e),
     };
-    let recv = (tensor, Access::Write);
-    with_write(tc, Kind::Collective(sig), recv, None, |(t, reach)| {
-        let prepared = root_ok.and_then(|()| write_side(t, Access::Write, reach, Need::Counted));
-        let mut side = agree(comm, &sig, prepared)?;
-        comm.process_at_rank(root).broadcast_into(&mut side);
-        side.finish()
+    let declared = Declared::write((tensor, Access::Write), None);
+    mode.collective(tc, sig, declared, move |_, r| {
+        root_ok?;
+        let (t, reach) = r.ok_or_else(|| missing("broadcast buffer"))?;
+        let side = write_side(t, Access::Write, reach, Need::Counted)?;
+        let call = Call::Bcast {
+            buf: Buf::of(&side),
+            root,
+        };
+        Ok(Operation {
+            send: None,
+            recv: Some(side),
+            call,
+        })
     })
 }
 
-/// [`super::TensorComm::gather_tensor`]. A `recv` given at a non-root rank is checked as at
-/// the root (and not used); a device stager does not take it there.
-pub(super) fn gather<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: &dyn Tensor,
-    recv: Option<&mut dyn Tensor>,
+/// [`super::TensorComm::gather_tensor`] and its nonblocking form. A `recv` given at a
+/// non-root rank is checked as at the root (and not used); a device stager does not take it
+/// there.
+pub(super) fn gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a dyn Tensor,
+    recv: Option<&'a mut dyn Tensor>,
     root: Rank,
-) -> Result<()> {
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("gather")
         .root(root)
@@ -93,61 +104,56 @@ pub(super) fn gather<T: TensorComm + ?Sized>(
         .count(send.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let recv = recv.map(|r| (r, Access::Write));
-    let unused = (
-        None,
-        if is_root {
-            Unused::Neither
-        } else {
-            Unused::Recv
-        },
-    );
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        Kind::Collective(sig),
-        Some(send),
-        recv,
-        unused,
-        |s, r| {
-            let prepared = prepare(move || {
-                check_rank(root, size)?;
-                let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
-                let sf = read_facts(s, s_reach)?;
-                let rf = match r {
-                    Some((r, r_reach)) => {
-                        let rf = write_facts(&*r, Access::Write, r_reach)?;
-                        check_pair("gather send vs receive", &sf, &rf)?;
-                        check_count(
-                            || format!("gather receive (= send count × {size} ranks)"),
-                            sf.len_elems.saturating_mul(i64::from(size)),
-                            rf.len_elems,
-                        )?;
-                        if is_root {
-                            Some(side_out(r, rf, Need::Units, Access::Write)?)
-                        } else {
-                            None
-                        }
-                    }
-                    None if is_root => return Err(missing("gather receive buffer")),
-                    None => None,
-                };
-                Ok((side_in(s, sf, Need::Counted)?, rf))
-            });
-            let (side, rf) = agree(comm, &sig, prepared)?;
-            let process = comm.process_at_rank(root);
-            match rf {
-                Some(mut rf) => {
-                    process.gather_into_root(&side, &mut rf);
-                    rf.finish()
-                }
-                None => {
-                    process.gather_into(&side);
-                    Ok(())
+    let declared = Declared {
+        send: Some(send),
+        recv: recv.map(|r| (r, Access::Write)),
+        reduce: None,
+        unused: root_only(is_root, Unused::Recv),
+    };
+    mode.collective(tc, sig, declared, move |s, r| {
+        check_rank(root, size)?;
+        let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
+        let sf = read_facts(s, s_reach)?;
+        let rf = match r {
+            Some((r, r_reach)) => {
+                let rf = write_facts(&*r, Access::Write, r_reach)?;
+                check_pair("gather send vs receive", &sf, &rf)?;
+                check_count(
+                    || format!("gather receive (= send count × {size} ranks)"),
+                    sf.len_elems.saturating_mul(i64::from(size)),
+                    rf.len_elems,
+                )?;
+                if is_root {
+                    Some(side_out(r, rf, Need::Units, Access::Write)?)
+                } else {
+                    None
                 }
             }
-        },
-    )
+            None if is_root => return Err(missing("gather receive buffer")),
+            None => None,
+        };
+        let side = side_in(s, sf, Need::Counted)?;
+        let call = Call::Gather {
+            send: Buf::of(&side),
+            recv: rf.as_ref().map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
+            root,
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv: rf,
+            call,
+        })
+    })
+}
+
+/// Which operand a root-only collective leaves unused at this rank: `operand` unless this
+/// rank is the root.
+fn root_only(is_root: bool, operand: Unused) -> Unused {
+    if is_root {
+        Unused::Neither
+    } else {
+        operand
+    }
 }
 
 /// The checks of a v-collective's per-rank side at `rank` (`(tensor elements, element
@@ -172,87 +178,77 @@ fn own_blocks<C: Communicator + ?Sized>(
     Ok(blocks)
 }
 
-/// [`super::TensorComm::gatherv_tensor`]. A `recv` given at a non-root rank is checked as
-/// at the root (its `counts[rank]` against this rank's send; not used).
-pub(super) fn gatherv<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: &dyn Tensor,
-    recv: Option<(&mut dyn Tensor, &[i64], &[i64])>,
+/// [`super::TensorComm::gatherv_tensor`] and its nonblocking form. A `recv` given at a
+/// non-root rank is checked as at the root (its `counts[rank]` against this rank's send;
+/// not used).
+pub(super) fn gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a dyn Tensor,
+    recv: Option<(&'a mut dyn Tensor, &'a [i64], &'a [i64])>,
     root: Rank,
-) -> Result<()> {
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("gatherv").root(root).dtype(send.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let unused = (
-        None,
-        if is_root {
-            Unused::Neither
-        } else {
-            Unused::Recv
-        },
-    );
     let (recv, lists) = match recv {
         Some((r, c, d)) => (Some((r, Access::Update)), Some((c, d))),
         None => (None, None),
     };
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        Kind::Collective(sig),
-        Some(send),
+    let declared = Declared {
+        send: Some(send),
         recv,
-        unused,
-        |s, r| {
-            let prepared = prepare(move || {
-                check_rank(root, comm.size())?;
-                let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
-                let sf = read_facts(s, s_reach)?;
-                let at_root = match r.zip(lists) {
-                    Some(((r, r_reach), (counts, displs))) => {
-                        let rf = write_facts(&*r, Access::Update, r_reach)?;
-                        check_pair("gatherv send vs receive", &sf, &rf)?;
-                        let shape = (rf.len_elems, &rf.element);
-                        let blocks =
-                            own_blocks(comm, "gatherv", shape, counts, displs, true, sf.len_elems)?;
-                        if is_root {
-                            Some((side_out(r, rf, Need::Units, Access::Update)?, blocks))
-                        } else {
-                            None
-                        }
-                    }
-                    None if is_root => return Err(missing("gatherv receive buffer")),
-                    None => None,
-                };
-                Ok((side_in(s, sf, Need::Counted)?, at_root))
-            });
-            let (sent, at_root) = agree(comm, &sig, prepared)?;
-            let process = comm.process_at_rank(root);
-            match at_root {
-                Some((mut rf, (cu, du))) => {
-                    {
-                        let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
-                        process.gather_varcount_into_root(&sent, &mut part);
-                    }
-                    rf.finish()
-                }
-                None => {
-                    process.gather_varcount_into(&sent);
-                    Ok(())
+        reduce: None,
+        unused: root_only(is_root, Unused::Recv),
+    };
+    mode.collective(tc, sig, declared, move |s, r| {
+        check_rank(root, comm.size())?;
+        let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
+        let sf = read_facts(s, s_reach)?;
+        let at_root = match r.zip(lists) {
+            Some(((r, r_reach), (counts, displs))) => {
+                let rf = write_facts(&*r, Access::Update, r_reach)?;
+                check_pair("gatherv send vs receive", &sf, &rf)?;
+                let shape = (rf.len_elems, &rf.element);
+                let blocks =
+                    own_blocks(comm, "gatherv", shape, counts, displs, true, sf.len_elems)?;
+                if is_root {
+                    Some((side_out(r, rf, Need::Units, Access::Update)?, blocks))
+                } else {
+                    None
                 }
             }
-        },
-    )
+            None if is_root => return Err(missing("gatherv receive buffer")),
+            None => None,
+        };
+        let side = side_in(s, sf, Need::Counted)?;
+        let send = Buf::of(&side);
+        let (recv, call) = match at_root {
+            Some((rf, blocks)) => {
+                let recv = Some(Varying::of(&rf, blocks));
+                (Some(rf), Call::Gatherv { send, recv, root })
+            }
+            None => (None, Call::Gatherv { send, recv: None, root }),
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv,
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::scatter_tensor`]. A `send` given at a non-root rank is checked as
-/// at the root (and not used); a device stager does not take it there.
-pub(super) fn scatter<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: Option<&dyn Tensor>,
-    recv: &mut dyn Tensor,
+/// [`super::TensorComm::scatter_tensor`] and its nonblocking form. A `send` given at a
+/// non-root rank is checked as at the root (and not used); a device stager does not take it
+/// there.
+pub(super) fn scatter<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: Option<&'a dyn Tensor>,
+    recv: &'a mut dyn Tensor,
     root: Rank,
-) -> Result<()> {
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("scatter")
         .root(root)
@@ -260,324 +256,281 @@ pub(super) fn scatter<T: TensorComm + ?Sized>(
         .count(recv.num_elements());
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
-    let unused = (
-        None,
-        if is_root {
-            Unused::Neither
-        } else {
-            Unused::Send
-        },
-    );
-    let recv = Some((recv, Access::Write));
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        Kind::Collective(sig),
+    let declared = Declared {
         send,
-        recv,
-        unused,
-        |s, r| {
-            let prepared = prepare(move || {
-                check_rank(root, size)?;
-                let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
-                let rf = write_facts(&*r, Access::Write, r_reach)?;
-                let sf = match s {
-                    Some((s, s_reach)) => {
-                        let sf = read_facts(s, s_reach)?;
-                        check_pair("scatter send vs receive", &sf, &rf)?;
-                        check_count(
-                            || format!("scatter send (= receive count × {size} ranks)"),
-                            rf.len_elems.saturating_mul(i64::from(size)),
-                            sf.len_elems,
-                        )?;
-                        if is_root {
-                            Some(side_in(s, sf, Need::Units)?)
-                        } else {
-                            None
-                        }
-                    }
-                    None if is_root => return Err(missing("scatter send buffer")),
-                    None => None,
-                };
-                Ok((sf, side_out(r, rf, Need::Counted, Access::Write)?))
-            });
-            let (sf, mut side) = agree(comm, &sig, prepared)?;
-            let process = comm.process_at_rank(root);
-            match &sf {
-                Some(sf) => process.scatter_into_root(sf, &mut side),
-                None => process.scatter_into(&mut side),
+        recv: Some((recv, Access::Write)),
+        reduce: None,
+        unused: root_only(is_root, Unused::Send),
+    };
+    mode.collective(tc, sig, declared, move |s, r| {
+        check_rank(root, size)?;
+        let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
+        let rf = write_facts(&*r, Access::Write, r_reach)?;
+        let sf = match s {
+            Some((s, s_reach)) => {
+                let sf = read_facts(s, s_reach)?;
+                check_pair("scatter send vs receive", &sf, &rf)?;
+                check_count(
+                    || format!("scatter send (= receive count × {size} ranks)"),
+                    rf.len_elems.saturating_mul(i64::from(size)),
+                    sf.len_elems,
+                )?;
+                if is_root {
+                    Some(side_in(s, sf, Need::Units)?)
+                } else {
+                    None
+                }
             }
-            side.finish()
-        },
-    )
+            None if is_root => return Err(missing("scatter send buffer")),
+            None => None,
+        };
+        let side = side_out(r, rf, Need::Counted, Access::Write)?;
+        let call = Call::Scatter {
+            send: sf.as_ref().map_or(Buf::none(), |s| Buf::of(s).per_rank(size)),
+            recv: Buf::of(&side),
+            root,
+        };
+        Ok(Operation {
+            send: sf,
+            recv: Some(side),
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::scatterv_tensor`]. A `send` given at a non-root rank is checked as
-/// at the root (its `counts[rank]` against this rank's receive; not used). The receive is
-/// an update: its count is this rank's block at the root, but the root's array is not
-/// fingerprinted, so a root that sends fewer elements (an erroneous program, MPI-4.1 §6.6)
-/// leaves the rest of the tensor as it was, never a previous message's bytes from a
-/// pooled copy.
-pub(super) fn scatterv<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: Option<(&dyn Tensor, &[i64], &[i64])>,
-    recv: &mut dyn Tensor,
+/// [`super::TensorComm::scatterv_tensor`] and its nonblocking form. A `send` given at a
+/// non-root rank is checked as at the root (its `counts[rank]` against this rank's receive;
+/// not used). The receive is an update: its count is this rank's block at the root, but the
+/// root's array is not fingerprinted, so a root that sends fewer elements (an erroneous
+/// program, MPI-4.1 §6.6) leaves the rest of the tensor as it was, never a previous
+/// message's bytes from a pooled copy.
+pub(super) fn scatterv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: Option<(&'a dyn Tensor, &'a [i64], &'a [i64])>,
+    recv: &'a mut dyn Tensor,
     root: Rank,
-) -> Result<()> {
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("scatterv").root(root).dtype(recv.dtype());
     check_intra(comm)?;
     let is_root = comm.rank() == root;
-    let unused = (
-        None,
-        if is_root {
-            Unused::Neither
-        } else {
-            Unused::Send
-        },
-    );
     let (send, lists) = match send {
         Some((s, c, d)) => (Some(s), Some((c, d))),
         None => (None, None),
     };
-    let recv = Some((recv, Access::Update));
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        Kind::Collective(sig),
+    let declared = Declared {
         send,
-        recv,
-        unused,
-        |s, r| {
-            let prepared = prepare(move || {
-                check_rank(root, comm.size())?;
-                let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
-                let rf = write_facts(&*r, Access::Update, r_reach)?;
-                let at_root = match s.zip(lists) {
-                    Some(((s, s_reach), (counts, displs))) => {
-                        let sf = read_facts(s, s_reach)?;
-                        check_pair("scatterv send vs receive", &sf, &rf)?;
-                        let shape = (sf.len_elems, &sf.element);
-                        let blocks = own_blocks(
-                            comm,
-                            "scatterv",
-                            shape,
-                            counts,
-                            displs,
-                            false,
-                            rf.len_elems,
-                        )?;
-                        if is_root {
-                            Some((side_in(s, sf, Need::Units)?, blocks))
-                        } else {
-                            None
-                        }
-                    }
-                    None if is_root => return Err(missing("scatterv send buffer")),
-                    None => None,
-                };
-                Ok((at_root, side_out(r, rf, Need::Counted, Access::Update)?))
-            });
-            let (at_root, mut side) = agree(comm, &sig, prepared)?;
-            let process = comm.process_at_rank(root);
-            match &at_root {
-                Some((sf, (cu, du))) => {
-                    let part = Partition::new(sf, &cu[..], &du[..]);
-                    process.scatter_varcount_into_root(&part, &mut side);
+        recv: Some((recv, Access::Update)),
+        reduce: None,
+        unused: root_only(is_root, Unused::Send),
+    };
+    mode.collective(tc, sig, declared, move |s, r| {
+        check_rank(root, comm.size())?;
+        let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
+        let rf = write_facts(&*r, Access::Update, r_reach)?;
+        let at_root = match s.zip(lists) {
+            Some(((s, s_reach), (counts, displs))) => {
+                let sf = read_facts(s, s_reach)?;
+                check_pair("scatterv send vs receive", &sf, &rf)?;
+                let shape = (sf.len_elems, &sf.element);
+                let blocks =
+                    own_blocks(comm, "scatterv", shape, counts, displs, false, rf.len_elems)?;
+                if is_root {
+                    Some((side_in(s, sf, Need::Units)?, blocks))
+                } else {
+                    None
                 }
-                None => process.scatter_varcount_into(&mut side),
             }
-            side.finish()
-        },
-    )
+            None if is_root => return Err(missing("scatterv send buffer")),
+            None => None,
+        };
+        let side = side_out(r, rf, Need::Counted, Access::Update)?;
+        let recv = Buf::of(&side);
+        let (send, call) = match at_root {
+            Some((sf, blocks)) => {
+                let send = Some(Varying::of(&sf, blocks));
+                (Some(sf), Call::Scatterv { send, recv, root })
+            }
+            None => (None, Call::Scatterv { send: None, recv, root }),
+        };
+        Ok(Operation {
+            send,
+            recv: Some(side),
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::all_gather_tensor`].
-pub(super) fn all_gather<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: &dyn Tensor,
-    recv: &mut dyn Tensor,
-) -> Result<()> {
+/// [`super::TensorComm::all_gather_tensor`] and its nonblocking form.
+pub(super) fn all_gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a dyn Tensor,
+    recv: &'a mut dyn Tensor,
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("all_gather")
         .dtype(send.dtype())
         .count(send.num_elements());
     check_intra(comm)?;
-    let operands = (send, (recv, Access::Write));
-    with_pair(
-        tc,
-        Kind::Collective(sig),
-        operands,
-        None,
-        |(s, s_reach), (r, r_reach)| {
-            let prepared = prepare(move || {
-                let (sf, rf) = pair_facts(
-                    "all-gather send vs receive",
-                    (s, s_reach),
-                    (&*r, Access::Write, r_reach),
-                )?;
-                let size = comm.size();
-                check_count(
-                    || format!("all-gather receive (= send count × {size} ranks)"),
-                    sf.len_elems.saturating_mul(i64::from(size)),
-                    rf.len_elems,
-                )?;
-                let rf = side_out(r, rf, Need::Units, Access::Write)?;
-                Ok((side_in(s, sf, Need::Counted)?, rf))
-            });
-            let (side, mut rf) = agree(comm, &sig, prepared)?;
-            comm.all_gather_into(&side, &mut rf);
-            rf.finish()
-        },
-    )
+    let declared = Declared::pair(send, (recv, Access::Write), None);
+    let size = comm.size();
+    mode.collective(tc, sig, declared, move |s, r| {
+        let ((s, s_reach), (r, r_reach)) = s
+            .zip(r)
+            .ok_or_else(|| missing("all-gather send and receive"))?;
+        let (sf, rf) = pair_facts(
+            "all-gather send vs receive",
+            (s, s_reach),
+            (&*r, Access::Write, r_reach),
+        )?;
+        check_count(
+            || format!("all-gather receive (= send count × {size} ranks)"),
+            sf.len_elems.saturating_mul(i64::from(size)),
+            rf.len_elems,
+        )?;
+        let rf = side_out(r, rf, Need::Units, Access::Write)?;
+        let side = side_in(s, sf, Need::Counted)?;
+        let call = Call::AllGather {
+            send: Buf::of(&side),
+            recv: Buf::of(&rf).per_rank(size),
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv: Some(rf),
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::all_gatherv_tensor`].
-pub(super) fn all_gatherv<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: &dyn Tensor,
-    recv: &mut dyn Tensor,
-    counts: &[i64],
-    displacements: &[i64],
-) -> Result<()> {
+/// [`super::TensorComm::all_gatherv_tensor`] and its nonblocking form.
+pub(super) fn all_gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a dyn Tensor,
+    recv: &'a mut dyn Tensor,
+    counts: &'a [i64],
+    displacements: &'a [i64],
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("all_gatherv")
         .dtype(send.dtype())
         .counts(counts);
     check_intra(comm)?;
-    let operands = (send, (recv, Access::Update));
-    with_pair(
-        tc,
-        Kind::Collective(sig),
-        operands,
-        None,
-        |(s, s_reach), (r, r_reach)| {
-            let prepared = prepare(move || {
-                let (sf, rf) = pair_facts(
-                    "all-gatherv send vs receive",
-                    (s, s_reach),
-                    (&*r, Access::Update, r_reach),
-                )?;
-                let (shape, own) = ((rf.len_elems, &rf.element), sf.len_elems);
-                let blocks =
-                    own_blocks(comm, "all-gatherv", shape, counts, displacements, true, own)?;
-                let rf = side_out(r, rf, Need::Units, Access::Update)?;
-                // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks
-                // when one rank sends a derived datatype of 64 Ki elements (found by
-                // `dlpack-mpi check --layout step`).
-                Ok((side_in(s, sf, Need::Units)?, rf, blocks))
-            });
-            let (sf, mut rf, (cu, du)) = agree(comm, &sig, prepared)?;
-            {
-                let mut part = PartitionMut::new(&mut rf, &cu[..], &du[..]);
-                comm.all_gather_varcount_into(&sf, &mut part);
-            }
-            rf.finish()
-        },
-    )
+    let declared = Declared::pair(send, (recv, Access::Update), None);
+    mode.collective(tc, sig, declared, move |s, r| {
+        let ((s, s_reach), (r, r_reach)) = s
+            .zip(r)
+            .ok_or_else(|| missing("all-gatherv send and receive"))?;
+        let (sf, rf) = pair_facts(
+            "all-gatherv send vs receive",
+            (s, s_reach),
+            (&*r, Access::Update, r_reach),
+        )?;
+        let (shape, own) = ((rf.len_elems, &rf.element), sf.len_elems);
+        let blocks = own_blocks(comm, "all-gatherv", shape, counts, displacements, true, own)?;
+        let rf = side_out(r, rf, Need::Units, Access::Update)?;
+        // The send side is flattened too: Open MPI 4.1's all-gatherv hangs at 3 ranks when
+        // one rank sends a derived datatype of 64 Ki elements (found by `dlpack-mpi check
+        // --layout step`).
+        let side = side_in(s, sf, Need::Units)?;
+        let call = Call::AllGatherv {
+            send: Buf::of(&side),
+            recv: Varying::of(&rf, blocks),
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv: Some(rf),
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::all_to_all_tensor`].
-pub(super) fn all_to_all<T: TensorComm + ?Sized>(
-    tc: &T,
-    send: &dyn Tensor,
-    recv: &mut dyn Tensor,
-) -> Result<()> {
+/// [`super::TensorComm::all_to_all_tensor`] and its nonblocking form.
+pub(super) fn all_to_all<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a dyn Tensor,
+    recv: &'a mut dyn Tensor,
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("all_to_all")
         .dtype(send.dtype())
         .count(send.num_elements());
     check_intra(comm)?;
-    let operands = (send, (recv, Access::Write));
-    with_pair(
-        tc,
-        Kind::Collective(sig),
-        operands,
-        None,
-        |(s, s_reach), (r, r_reach)| {
-            let prepared = prepare(move || {
-                let (sf, rf) = pair_facts(
-                    "all-to-all send vs receive",
-                    (s, s_reach),
-                    (&*r, Access::Write, r_reach),
-                )?;
-                let n = sf.len_elems;
-                check_count(|| "all-to-all receive".into(), n, rf.len_elems)?;
-                let size = i64::from(comm.size());
-                check_count(
-                    || format!("all-to-all send (a multiple of {size} ranks)"),
-                    n - n % size,
-                    n,
-                )?;
-                let rf = side_out(r, rf, Need::Units, Access::Write)?;
-                Ok((side_in(s, sf, Need::Units)?, rf))
-            });
-            let (sf, mut rf) = agree(comm, &sig, prepared)?;
-            comm.all_to_all_into(&sf, &mut rf);
-            rf.finish()
-        },
-    )
+    let declared = Declared::pair(send, (recv, Access::Write), None);
+    let size = comm.size();
+    mode.collective(tc, sig, declared, move |s, r| {
+        let ((s, s_reach), (r, r_reach)) = s
+            .zip(r)
+            .ok_or_else(|| missing("all-to-all send and receive"))?;
+        let (sf, rf) = pair_facts(
+            "all-to-all send vs receive",
+            (s, s_reach),
+            (&*r, Access::Write, r_reach),
+        )?;
+        let n = sf.len_elems;
+        check_count(|| "all-to-all receive".into(), n, rf.len_elems)?;
+        let ranks = i64::from(size);
+        check_count(
+            || format!("all-to-all send (a multiple of {ranks} ranks)"),
+            n - n % ranks,
+            n,
+        )?;
+        let rf = side_out(r, rf, Need::Units, Access::Write)?;
+        let side = side_in(s, sf, Need::Units)?;
+        let call = Call::AllToAll {
+            send: Buf::of(&side).per_rank(size),
+            recv: Buf::of(&rf).per_rank(size),
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv: Some(rf),
+            call,
+        })
+    })
 }
 
-/// [`super::TensorComm::all_to_allv_tensor`].
-pub(super) fn all_to_allv<T: TensorComm + ?Sized>(
-    tc: &T,
-    (send, send_counts, send_displacements): (&dyn Tensor, &[i64], &[i64]),
-    (recv, recv_counts, recv_displacements): (&mut dyn Tensor, &[i64], &[i64]),
-) -> Result<()> {
+/// [`super::TensorComm::all_to_allv_tensor`] and its nonblocking form.
+pub(super) fn all_to_allv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    (send, send_counts, send_displacements): (&'a dyn Tensor, &'a [i64], &'a [i64]),
+    (recv, recv_counts, recv_displacements): (&'a mut dyn Tensor, &'a [i64], &'a [i64]),
+) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("all_to_allv").dtype(send.dtype());
     check_intra(comm)?;
-    let operands = (send, (recv, Access::Update));
-    with_pair(
-        tc,
-        Kind::Collective(sig),
-        operands,
-        None,
-        |(s, s_reach), (r, r_reach)| {
-            let prepared = prepare(move || {
-                let (sf, rf) = pair_facts(
-                    "all-to-allv send vs receive",
-                    (s, s_reach),
-                    (&*r, Access::Update, r_reach),
-                )?;
-                let (se, re) = (sf.element, rf.element);
-                let sends = rank_blocks(
-                    comm,
-                    sf.len_elems,
-                    &se,
-                    send_counts,
-                    send_displacements,
-                    false,
-                )?;
-                let recvs = rank_blocks(
-                    comm,
-                    rf.len_elems,
-                    &re,
-                    recv_counts,
-                    recv_displacements,
-                    true,
-                )?;
-                let rank = rank_index(comm.rank());
-                check_count(
-                    || {
-                        format!(
-                            "all-to-allv recv_counts[{rank}] (the block this rank sends itself)"
-                        )
-                    },
-                    send_counts[rank],
-                    recv_counts[rank],
-                )?;
-                let rf = side_out(r, rf, Need::Units, Access::Update)?;
-                Ok((side_in(s, sf, Need::Units)?, rf, sends, recvs))
-            });
-            let (sf, mut rf, (scu, sdu), (rcu, rdu)) = agree(comm, &sig, prepared)?;
-            {
-                let sp = Partition::new(&sf, &scu[..], &sdu[..]);
-                let mut rp = PartitionMut::new(&mut rf, &rcu[..], &rdu[..]);
-                comm.all_to_all_varcount_into(&sp, &mut rp);
-            }
-            rf.finish()
-        },
-    )
+    let declared = Declared::pair(send, (recv, Access::Update), None);
+    mode.collective(tc, sig, declared, move |s, r| {
+        let ((s, s_reach), (r, r_reach)) = s
+            .zip(r)
+            .ok_or_else(|| missing("all-to-allv send and receive"))?;
+        let (sf, rf) = pair_facts(
+            "all-to-allv send vs receive",
+            (s, s_reach),
+            (&*r, Access::Update, r_reach),
+        )?;
+        let (se, re) = (sf.element, rf.element);
+        let sends = rank_blocks(comm, sf.len_elems, &se, send_counts, send_displacements, false)?;
+        let recvs = rank_blocks(comm, rf.len_elems, &re, recv_counts, recv_displacements, true)?;
+        let rank = rank_index(comm.rank());
+        check_count(
+            || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),
+            send_counts[rank],
+            recv_counts[rank],
+        )?;
+        let rf = side_out(r, rf, Need::Units, Access::Update)?;
+        let side = side_in(s, sf, Need::Units)?;
+        let call = Call::AllToAllv {
+            send: Varying::of(&side, sends),
+            recv: Varying::of(&rf, recvs),
+        };
+        Ok(Operation {
+            send: Some(side),
+            recv: Some(rf),
+            call,
+        })
+    })
 }

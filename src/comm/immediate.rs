@@ -22,7 +22,9 @@
 //! the scope aborts the process at its end (rsmpi's rule for uncompleted requests), before
 //! the tensors' borrows end.
 
+use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
 
 use mpi::datatype::{AsDatatype, Collection, DatatypeRef, Pointer};
 use mpi::point_to_point::Status;
@@ -33,16 +35,18 @@ use mpi::traits::Equivalence;
 use mpi::{Count, Tag};
 
 use super::checks::{check_rank, check_tag};
+use super::checks::missing;
+use super::mode::Declared;
+use super::pending::{stand_ins, Collective, Held};
+use super::stager::{ReadIn, WriteIn};
 use super::operands::{read_side, write_side};
-use super::stager::Operand;
 use super::TensorComm;
 use crate::dlpack::Tensor;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::raw;
 use crate::spec::encoding::Need;
 use crate::spec::side::{In, Out, Side};
-use crate::spec::{Access, Reach};
+use crate::spec::Access;
 
 /// A posted nonblocking send or receive of a tensor, registered with an rsmpi scope `Sc`;
 /// made by [`super::TensorComm::immediate_send_tensor`],
@@ -98,10 +102,22 @@ use crate::spec::{Access, Reach};
 /// ```
 #[must_use = "a request is completed by wait() or test(); dropping it blocks until it completes"]
 pub struct TensorRequest<'a, Sc: Scope<'a>> {
-    /// The MPI request; `None` once completed.
-    request: Option<Request<'a, (), Sc>>,
-    /// What completion does; `None` once completed.
-    side: Option<Posted<'a>>,
+    inner: Inner<'a, Sc>,
+}
+
+/// What a request completes.
+enum Inner<'a, Sc: Scope<'a>> {
+    /// A send or receive.
+    PointToPoint {
+        /// The MPI request; `None` once completed.
+        request: Option<Request<'a, (), Sc>>,
+        /// What completion does; `None` once completed.
+        side: Option<Posted<'a>>,
+        /// A device stager's stand-ins the side borrows (dropped after it).
+        held: Option<Held<'a>>,
+    },
+    /// A collective: its agreement, then its data operation ([`super::pending`]).
+    Collective(Rc<RefCell<Collective<'a, Sc>>>),
 }
 
 /// The side of a posted request and what its completion does with it.
@@ -130,101 +146,232 @@ struct Expected {
     elem_bytes: i64,
 }
 
+/// The error of a request completed twice (not reached: completion consumes the request).
+fn completed_twice() -> Error {
+    Error::CountMismatch {
+        what: "completions of one nonblocking request".to_string(),
+        expected: 1,
+        actual: 2,
+    }
+}
+
 impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
-    /// Waits for the operation (`MPI_Wait`, MPI-4.1 §3.7.3); for a packed receive, unpacks
-    /// the arrived elements into the tensor; hands the pack buffer back to the pool.
+    /// A posted collective's request.
+    pub(super) fn collective(state: Rc<RefCell<Collective<'a, Sc>>>) -> Self {
+        TensorRequest {
+            inner: Inner::Collective(state),
+        }
+    }
+
+    /// A posted point-to-point request, owning the stand-ins `held` its side borrows.
+    fn point_to_point(request: Request<'a, (), Sc>, side: Posted<'a>, held: Option<Held<'a>>) -> Self {
+        TensorRequest {
+            inner: Inner::PointToPoint {
+                request: Some(request),
+                side: Some(side),
+                held,
+            },
+        }
+    }
+
+    /// This request with the device stand-ins its side borrows.
+    pub(super) fn holding(mut self, stand_ins: Option<Held<'a>>) -> Self {
+        if let Inner::PointToPoint { held, .. } = &mut self.inner {
+            *held = stand_ins;
+        }
+        self
+    }
+
+    /// Whether this collective's rank refused its own arguments (resolved at posting).
+    pub(super) fn refused_here(&self) -> bool {
+        match &self.inner {
+            Inner::Collective(c) => c.borrow().refused_here(),
+            Inner::PointToPoint { .. } => false,
+        }
+    }
+
+    /// Waits for the operation (`MPI_Wait`, MPI-4.1 §3.7.3) and finishes it: a packed
+    /// receive is unpacked into its tensor, a staged one copied back to the device, and the
+    /// buffers go back to their pools. For a collective, first the agreement (and, in
+    /// posting order, every earlier collective's on the same communicator, see
+    /// [`super::TensorComm::immediate_all_reduce_tensor`]), then the data operation; the
+    /// status is MPI's empty status of a collective.
     ///
     /// # Errors
     /// For a receive: [`Error::CountMismatch`] when the message was shorter than the
     /// receive buffer (elements; a longer one is MPI's truncation error, fatal under the
     /// default error handler). The elements are then unspecified where nothing arrived
     /// (a contiguous or derived receive holds the arrived prefix; a packed one is left
-    /// unchanged).
+    /// unchanged). For a collective: [`Error::PeerRefused`] when another rank refused its
+    /// arguments, [`Error::CollectiveMismatch`] when the ranks' signatures differ (the
+    /// data operation was then posted nowhere), and the device copy-back errors.
     pub fn wait(mut self) -> Result<Status> {
-        match self.request.take() {
-            Some(r) => {
-                let status = r.wait();
-                self.complete(&status).map(|()| status)
-            }
-            // Not reached: only completion empties `request`, and completion consumes `self`
-            // (`test` puts a pending request back).
-            None => Err(Error::CountMismatch {
-                what: "completions of one nonblocking request".to_string(),
-                expected: 1,
-                actual: 2,
-            }),
-        }
+        self.poll(true).unwrap_or_else(|| Err(completed_twice()))
     }
 
     /// Tests for completion (`MPI_Test`, MPI-4.1 §3.7.3) without blocking: `Ok` with what
-    /// [`TensorRequest::wait`] returns when the operation has completed (unpacked and
-    /// checked as there), `Err(self)` with the request still pending otherwise.
+    /// [`TensorRequest::wait`] returns when the operation has completed (finished as
+    /// there), `Err(self)` with the request still pending otherwise. For a collective, a
+    /// test also posts the data operation once the agreement has completed (only on the
+    /// error path does it wait: for the refusing rank's text, which every rank reads at
+    /// the same point).
     #[allow(clippy::result_large_err)]
     pub fn test(mut self) -> std::result::Result<Result<Status>, Self> {
-        let Some(r) = self.request.take() else {
-            return Ok(self.wait());
-        };
-        match r.test() {
-            Ok(status) => Ok(self.complete(&status).map(|()| status)),
-            Err(pending) => {
-                self.request = Some(pending);
-                Err(self)
-            }
+        match self.poll(false) {
+            Some(done) => Ok(done),
+            None => Err(self),
         }
     }
 
     /// Whether this request packed its tensor (the policy chose a packed copy).
     pub fn is_packed(&self) -> bool {
-        match &self.side {
-            Some(Posted::Send(side)) => side.is_packed(),
-            Some(Posted::Recv { side, .. }) => side.is_packed(),
-            None => false,
+        match &self.inner {
+            Inner::PointToPoint {
+                side: Some(Posted::Send(side)),
+                ..
+            } => side.is_packed(),
+            Inner::PointToPoint {
+                side: Some(Posted::Recv { side, .. }),
+                ..
+            } => side.is_packed(),
+            Inner::PointToPoint { side: None, .. } => false,
+            Inner::Collective(c) => c.borrow().is_packed(),
         }
     }
 
-    /// After MPI completed the request: check a receive's size and unpack it.
-    fn complete(&mut self, status: &Status) -> Result<()> {
-        let Some(Posted::Recv { side, expected }) = self.side.take() else {
-            return Ok(());
-        };
-        let e = expected;
-        if status.count(e.datatype) != e.count {
-            side.discard(); // back to the pool; the tensor keeps its values
-            let bytes = i64::from(status.count(u8::equivalent_datatype()));
-            return Err(Error::CountMismatch {
-                what: format!(
-                    "message from rank {} tag {} completing a nonblocking receive ({} bytes of \
-                     {}-byte elements)",
-                    status.source_rank(),
-                    status.tag(),
-                    bytes,
-                    e.elem_bytes
-                ),
-                expected: e.len_elems,
-                actual: if bytes >= 0 { bytes / e.elem_bytes } else { -1 },
-            });
+    /// Whether the request has completed and been finished.
+    fn is_done(&self) -> bool {
+        match &self.inner {
+            Inner::PointToPoint { request, .. } => request.is_none(),
+            Inner::Collective(c) => c.borrow().is_finished(),
         }
-        side.finish()
     }
+
+    /// Completes the request (waiting when `block`): `None` while it is pending.
+    fn poll(&mut self, block: bool) -> Option<Result<Status>> {
+        super::pending::progress_all();
+        match &mut self.inner {
+            Inner::Collective(c) => super::pending::complete(c, block)
+                .map(|r| r.and_then(|s| s.ok_or_else(completed_twice))),
+            Inner::PointToPoint {
+                request,
+                side,
+                held,
+            } => {
+                let r = request.take()?;
+                let status = if block {
+                    r.wait()
+                } else {
+                    match r.test() {
+                        Ok(status) => status,
+                        Err(pending) => {
+                            *request = Some(pending);
+                            return None;
+                        }
+                    }
+                };
+                let done = complete(side.take(), &status);
+                let copied = match held.take() {
+                    Some(h) if done.is_ok() => h.finish(),
+                    _ => Ok(()),
+                };
+                Some(done.and(copied).map(|()| status))
+            }
+        }
+    }
+}
+
+/// After MPI completed a point-to-point request: check a receive's size and unpack it.
+fn complete(side: Option<Posted<'_>>, status: &Status) -> Result<()> {
+    let Some(Posted::Recv { side, expected }) = side else {
+        return Ok(());
+    };
+    let e = expected;
+    if status.count(e.datatype) != e.count {
+        side.discard(); // back to the pool; the tensor keeps its values
+        let bytes = i64::from(status.count(u8::equivalent_datatype()));
+        return Err(Error::CountMismatch {
+            what: format!(
+                "message from rank {} tag {} completing a nonblocking receive ({} bytes of \
+                 {}-byte elements)",
+                status.source_rank(),
+                status.tag(),
+                bytes,
+                e.elem_bytes
+            ),
+            expected: e.len_elems,
+            actual: if bytes >= 0 { bytes / e.elem_bytes } else { -1 },
+        });
+    }
+    side.finish()
 }
 
 impl<'a, Sc: Scope<'a>> Drop for TensorRequest<'a, Sc> {
     fn drop(&mut self) {
-        if let Some(r) = self.request.take() {
-            let status = r.wait();
+        if !self.is_done() {
             // Errors cannot be returned from Drop; `wait` reports them.
-            let _ = self.complete(&status);
+            let _ = self.poll(true);
         }
     }
 }
 
 impl<'a, Sc: Scope<'a>> fmt::Debug for TensorRequest<'a, Sc> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.inner {
+            Inner::PointToPoint {
+                side: Some(Posted::Send(_)),
+                ..
+            } => "send",
+            Inner::PointToPoint { .. } => "receive",
+            Inner::Collective(_) => "collective",
+        };
         f.debug_struct("TensorRequest")
-            .field("pending", &self.request.is_some())
-            .field("send", &matches!(self.side, Some(Posted::Send(_))))
+            .field("pending", &!self.is_done())
+            .field("kind", &kind)
             .field("packed", &self.is_packed())
             .finish()
+    }
+}
+
+/// Waits for every request of `requests` (`MPI_Waitall`, MPI-4.1 §3.7.5: completing them in
+/// the order given is equivalent, as MPI progresses all of them while it waits) and
+/// returns each outcome, in the order given. Host and device requests, point-to-point and
+/// collectives may be mixed.
+pub fn wait_all<'a, Sc: Scope<'a>>(
+    requests: impl IntoIterator<Item = TensorRequest<'a, Sc>>,
+) -> Vec<Result<Status>> {
+    requests.into_iter().map(TensorRequest::wait).collect()
+}
+
+/// Tests the requests of `requests` in order (`MPI_Testany`, MPI-4.1 §3.7.5) and removes
+/// the first one that has completed: `Some((index, outcome))`, its index in `requests`
+/// before the removal; `None` when none has completed (or the list is empty).
+pub fn test_any<'a, Sc: Scope<'a>>(
+    requests: &mut Vec<TensorRequest<'a, Sc>>,
+) -> Option<(usize, Result<Status>)> {
+    for i in 0..requests.len() {
+        if let Some(done) = requests[i].poll(false) {
+            drop(requests.remove(i));
+            return Some((i, done));
+        }
+    }
+    None
+}
+
+/// Waits until one of `requests` has completed (`MPI_Waitany`, MPI-4.1 §3.7.5), removes it
+/// and returns `(index, outcome)` as [`test_any`] does; `None` for an empty list. It tests
+/// the requests in turn until one completes.
+pub fn wait_any<'a, Sc: Scope<'a>>(
+    requests: &mut Vec<TensorRequest<'a, Sc>>,
+) -> Option<(usize, Result<Status>)> {
+    if requests.is_empty() {
+        return None;
+    }
+    loop {
+        if let Some(done) = test_any(requests) {
+            return Some(done);
+        }
+        std::thread::yield_now();
     }
 }
 
@@ -236,26 +383,33 @@ fn units(count: Count) -> usize {
 /// `(first byte, count, datatype)` of a posted buffer.
 pub(super) type Posting<P> = (P, Count, DatatypeRef<'static>);
 
-/// How a nonblocking operation's operand reaches MPI: `None` when no stager sees it (its
-/// device label is checked as host memory), else the stager's word (a staged copy cannot
-/// outlive the call yet: the stager refuses it).
+/// The stand-in of a nonblocking operation's one read operand: the caller's tensor, or
+/// the copy a device stager made (the request owns it, [`Held`]).
 ///
 /// # Errors
-/// The stager's refusal.
-pub(super) fn immediate_reach<T: TensorComm + ?Sized>(
-    tc: &T,
-    tensor: &dyn Tensor,
+/// The stager's refusals and copy errors.
+pub(super) fn read_stand_in<'a, T: TensorComm + ?Sized>(
+    tc: &'a T,
+    tensor: &'a dyn Tensor,
+) -> Result<(Option<Held<'a>>, ReadIn<'a>)> {
+    let (held, ins) = stand_ins(tc.stager(), Declared::read(tensor));
+    let (s, _) = ins?;
+    Ok((held, s.ok_or_else(|| missing("send buffer"))?))
+}
+
+/// The stand-in of a nonblocking operation's one written operand (`access`
+/// [`Access::Write`] or [`Access::Update`]), as [`read_stand_in`].
+///
+/// # Errors
+/// As [`read_stand_in`].
+pub(super) fn write_stand_in<'a, T: TensorComm + ?Sized>(
+    tc: &'a T,
+    tensor: &'a mut dyn Tensor,
     access: Access,
-    reduce: Option<DType>,
-) -> Result<Option<Reach>> {
-    match tc.stager() {
-        None => Ok(None),
-        Some(stager) => stager.reach_immediate(Operand {
-            tensor,
-            access,
-            reduce,
-        }),
-    }
+) -> Result<(Option<Held<'a>>, WriteIn<'a>)> {
+    let (held, ins) = stand_ins(tc.stager(), Declared::write((tensor, access), None));
+    let (_, r) = ins?;
+    Ok((held, r.ok_or_else(|| missing("receive buffer"))?))
 }
 
 /// Posts `side` to `dest` (the whole of it, or the part `window` of its packed copy) and
@@ -288,10 +442,11 @@ pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     // SAFETY: a live, nonpersistent request just posted and used only through this value;
     // its buffers outlive 'a or are owned by the request (see above).
     let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
-    Ok(TensorRequest {
-        request: Some(request),
-        side: Some(Posted::Send(side)),
-    })
+    Ok(TensorRequest::point_to_point(
+        request,
+        Posted::Send(side),
+        None,
+    ))
 }
 
 /// Posts a receive into `posting` (the side's whole buffer, or a window of its packed
@@ -323,23 +478,22 @@ pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     }?;
     // SAFETY: as in `post_send`.
     let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
-    Ok(TensorRequest {
-        request: Some(request),
-        side: Some(Posted::Recv {
-            side,
-            expected: Expected {
-                count,
-                datatype,
-                len_elems: expected_elems.0,
-                elem_bytes: expected_elems.1,
-            },
-        }),
-    })
+    let expected = Expected {
+        count,
+        datatype,
+        len_elems: expected_elems.0,
+        elem_bytes: expected_elems.1,
+    };
+    Ok(TensorRequest::point_to_point(
+        request,
+        Posted::Recv { side, expected },
+        None,
+    ))
 }
 
 /// [`super::TensorComm::immediate_send_tensor`].
 pub(super) fn send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &T,
+    tc: &'a T,
     scope: Sc,
     tensor: &'a dyn Tensor,
     dest: Rank,
@@ -348,14 +502,14 @@ pub(super) fn send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     let comm = tc.communicator();
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
-    let reach = immediate_reach(tc, tensor, Access::Read, None)?;
+    let (held, (tensor, reach)) = read_stand_in(tc, tensor)?;
     let side = read_side(tensor, reach, Need::Counted)?;
-    post_send(comm, scope, side, None, dest, tag)
+    Ok(post_send(comm, scope, side, None, dest, tag)?.holding(held))
 }
 
 /// [`super::TensorComm::immediate_recv_tensor`].
 pub(super) fn recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &T,
+    tc: &'a T,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
     source: Rank,
@@ -364,9 +518,9 @@ pub(super) fn recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     let comm = tc.communicator();
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
-    let reach = immediate_reach(tc, &*tensor, Access::Write, None)?;
+    let (held, (tensor, reach)) = write_stand_in(tc, tensor, Access::Write)?;
     let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
     let expected = (side.len_elems(), side.element().size_bytes_i64());
     let posting = (side.ptr().cast::<u8>(), side.count(), side.as_datatype());
-    post_recv(comm, scope, side, posting, expected, (source, tag))
+    Ok(post_recv(comm, scope, side, posting, expected, (source, tag))?.holding(held))
 }

@@ -57,13 +57,16 @@
 mod agree;
 mod bcast;
 mod blocks;
+mod call;
 mod checks;
 mod collective;
 mod held;
 mod immediate;
+mod mode;
 mod operands;
 pub(crate) mod p2p;
 mod packing;
+mod pending;
 pub(crate) mod reduce;
 mod signature;
 mod stager;
@@ -83,7 +86,7 @@ pub use agree::{
 pub use bcast::BroadcastBuffer;
 pub use blocks::Blocks;
 pub(crate) use checks::{check_rank, check_tag};
-pub use immediate::TensorRequest;
+pub use immediate::{test_any, wait_all, wait_any, TensorRequest};
 pub(crate) use p2p::{recv_matched, unfit};
 pub use packing::{
     default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
@@ -93,6 +96,8 @@ pub use packing::{
 pub use reduce::halfops;
 #[doc(hidden)]
 pub use stager::{Operand, StagedTensor, Stager, Staging};
+
+use mode::{Blocking, Immediate};
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;
@@ -197,7 +202,7 @@ pub trait TensorComm {
     /// and of packing ([`Error::InvalidSetting`], [`Error::Allocation`],
     /// [`Error::CountTooLarge`]), all before anything is posted.
     fn immediate_send_tensor<'a, Sc: Scope<'a>>(
-        &self,
+        &'a self,
         scope: Sc,
         tensor: &'a dyn Tensor,
         dest: Rank,
@@ -222,7 +227,7 @@ pub trait TensorComm {
     /// (e.g. [`Error::ReadOnly`], [`Error::Immutable`]) and of packing, before anything is
     /// posted.
     fn immediate_recv_tensor<'a, Sc: Scope<'a>>(
-        &self,
+        &'a self,
         scope: Sc,
         tensor: &'a mut dyn Tensor,
         source: Rank,
@@ -326,7 +331,7 @@ pub trait TensorComm {
     /// # Errors
     /// As [`TensorComm::send_tensor_range`], before anything is posted.
     fn immediate_send_tensor_range<'a, Sc: Scope<'a>>(
-        &self,
+        &'a self,
         scope: Sc,
         tensor: &'a dyn Tensor,
         elems: Range<i64>,
@@ -344,7 +349,7 @@ pub trait TensorComm {
     /// # Errors
     /// As [`TensorComm::recv_tensor_range`] without the probe, before anything is posted.
     fn immediate_recv_tensor_range<'a, Sc: Scope<'a>>(
-        &self,
+        &'a self,
         scope: Sc,
         tensor: &'a mut dyn Tensor,
         elems: Range<i64>,
@@ -367,7 +372,7 @@ pub trait TensorComm {
     /// every local error of a collective, it is returned before the data operation, and the
     /// other ranks return [`Error::PeerRefused`] (under [`Agreement::Local`] they wait).
     fn broadcast_tensor_from(&self, buffer: BroadcastBuffer<'_>, root: Rank) -> Result<()> {
-        collective::broadcast(self, buffer, root)
+        collective::broadcast(self, Blocking, buffer.reborrow(), root)
     }
 
     /// Broadcast `tensor` from `root` (`MPI_Bcast`, §6.4). At the root the tensor is only
@@ -378,7 +383,7 @@ pub trait TensorComm {
     /// [`Error::InvalidRank`]; the errors of [`SendSpec::new`] at the root and of
     /// [`RecvSpec::new`] elsewhere.
     fn broadcast_tensor(&self, tensor: &mut dyn Tensor, root: Rank) -> Result<()> {
-        collective::broadcast(self, BroadcastBuffer::Recv(tensor), root)
+        collective::broadcast(self, Blocking, BroadcastBuffer::Recv(tensor), root)
     }
 
     /// Reduce `send` from every rank into `recv` at `root` (`MPI_Reduce`, §6.9.1).
@@ -393,7 +398,8 @@ pub trait TensorComm {
         op: ReduceOp,
         root: Rank,
     ) -> Result<()> {
-        reduce::reduce(self, send, recv, op, root)
+        let recv = recv.map(|r| r as &mut dyn Tensor);
+        reduce::reduce(self, Blocking, send, recv, op, root)
     }
 
     /// Element-wise reduction of `send` over all ranks into every rank's `recv`
@@ -408,7 +414,7 @@ pub trait TensorComm {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
-        reduce::all_reduce(self, send, recv, op)
+        reduce::all_reduce(self, Blocking, send, recv, op)
     }
 
     /// In-place all-reduce: `tensor` is both input and output (`MPI_IN_PLACE`, §6.9.6).
@@ -416,7 +422,7 @@ pub trait TensorComm {
     /// # Errors
     /// [`Error::UnsupportedReduction`], the errors of [`RecvSpec::new`].
     fn all_reduce_tensor_in_place(&self, tensor: &mut dyn Tensor, op: ReduceOp) -> Result<()> {
-        reduce::all_reduce_in_place(self, tensor, op)
+        reduce::all_reduce_in_place(self, Blocking, tensor, op)
     }
 
     /// Gather every rank's `send` into `recv` at `root`, rank order (`MPI_Gather`, §6.5).
@@ -431,7 +437,8 @@ pub trait TensorComm {
         recv: Option<&mut dyn Tensor>,
         root: Rank,
     ) -> Result<()> {
-        collective::gather(self, send, recv, root)
+        let recv = recv.map(|r| r as &mut dyn Tensor);
+        collective::gather(self, Blocking, send, recv, root)
     }
 
     /// Gather blocks of varying size (`MPI_Gatherv`, §6.5). At the root, `recv` is the
@@ -448,8 +455,8 @@ pub trait TensorComm {
         recv: Option<(&mut dyn Tensor, Blocks<'_>)>,
         root: Rank,
     ) -> Result<()> {
-        let recv = recv.map(|(t, b)| (t, b.counts, b.displacements));
-        collective::gatherv(self, send, recv, root)
+        let recv = recv.map(|(t, b)| (t as &mut dyn Tensor, b.counts, b.displacements));
+        collective::gatherv(self, Blocking, send, recv, root)
     }
 
     /// Scatter consecutive blocks of the root's `send` to every rank's `recv`
@@ -463,7 +470,7 @@ pub trait TensorComm {
         recv: &mut dyn Tensor,
         root: Rank,
     ) -> Result<()> {
-        collective::scatter(self, send, recv, root)
+        collective::scatter(self, Blocking, send, recv, root)
     }
 
     /// Scatter blocks of varying size (`MPI_Scatterv`, §6.6).
@@ -477,7 +484,7 @@ pub trait TensorComm {
         root: Rank,
     ) -> Result<()> {
         let send = send.map(|(t, b)| (t, b.counts, b.displacements));
-        collective::scatterv(self, send, recv, root)
+        collective::scatterv(self, Blocking, send, recv, root)
     }
 
     /// Every rank gathers every rank's `send` into `recv` (`MPI_Allgather`, §6.7).
@@ -485,7 +492,7 @@ pub trait TensorComm {
     /// # Errors
     /// [`Error::CountMismatch`], [`Error::DtypeMismatch`], spec errors.
     fn all_gather_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        collective::all_gather(self, send, recv)
+        collective::all_gather(self, Blocking, send, recv)
     }
 
     /// All-gather with blocks of varying size (`MPI_Allgatherv`, §6.7): `blocks` (counts
@@ -501,7 +508,7 @@ pub trait TensorComm {
         recv: &mut dyn Tensor,
         blocks: Blocks<'_>,
     ) -> Result<()> {
-        collective::all_gatherv(self, send, recv, blocks.counts, blocks.displacements)
+        collective::all_gatherv(self, Blocking, send, recv, blocks.counts, blocks.displacements)
     }
 
     /// Personalized exchange: block `i` of `send` goes to rank `i`, block `j` of `recv`
@@ -511,7 +518,7 @@ pub trait TensorComm {
     /// [`Error::CountMismatch`] (counts differ or are not a multiple of the size),
     /// [`Error::DtypeMismatch`], spec errors.
     fn all_to_all_tensor(&self, send: &dyn Tensor, recv: &mut dyn Tensor) -> Result<()> {
-        collective::all_to_all(self, send, recv)
+        collective::all_to_all(self, Blocking, send, recv)
     }
 
     /// All-to-all with blocks of varying size (`MPI_Alltoallv`, §6.8): block `i` of
@@ -528,6 +535,7 @@ pub trait TensorComm {
     ) -> Result<()> {
         collective::all_to_allv(
             self,
+            Blocking,
             (send, send_blocks.counts, send_blocks.displacements),
             (recv, recv_blocks.counts, recv_blocks.displacements),
         )
@@ -545,7 +553,230 @@ pub trait TensorComm {
         recv: &mut dyn Tensor,
         op: ReduceOp,
     ) -> Result<()> {
-        reduce::reduce_scatter_block(self, send, recv, op)
+        reduce::reduce_scatter_block(self, Blocking, send, recv, op)
+    }
+
+    // Nonblocking collectives (MPI-4.1 §6.12). Each is the blocking method's body run in
+    // the nonblocking mode: the same arguments, checks, errors, wire format and agreement,
+    // inside an rsmpi scope, returning a [`TensorRequest`] that owns the packed copies,
+    // the staged copies of a `DeviceComm` and the operation's per-rank arrays until it
+    // completes. Posting never waits for the peers (only a rank that refuses its own
+    // arguments returns its error once they have posted the same collective); the data
+    // operation is posted when the agreement completes, in `test`/`wait` (see
+    // [`TensorComm::immediate_all_reduce_tensor`]).
+
+    /// Nonblocking [`TensorComm::all_reduce_tensor`] (`MPI_Iallreduce`, MPI-4.1 §6.12.8).
+    ///
+    /// **What progresses when.** The post checks and prepares both sides (packing a strided
+    /// `send`), and posts the agreement (`MPI_Iallreduce` of three `int64_t` on this
+    /// communicator). [`TensorRequest::test`] and [`TensorRequest::wait`] (and the test
+    /// or wait of any later request) complete the agreement and then post the data
+    /// operation, on a duplicate of this communicator made at the first nonblocking
+    /// collective, in posting order; `wait` then completes it and unpacks `recv`. MPI
+    /// matches nonblocking collectives in the order each rank posts them (MPI-4.1 §6.12):
+    /// post them in the same order on every rank, as blocking ones; they may be completed
+    /// in any order. Under [`Agreement::Local`] the data operation is posted at once.
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensor`]: this rank's own refusal from the post; from
+    /// [`TensorRequest::wait`], [`Error::PeerRefused`] and [`Error::CollectiveMismatch`].
+    fn immediate_all_reduce_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: &'a mut dyn Tensor,
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        reduce::all_reduce(self, Immediate(scope), send, recv, op)
+    }
+
+    /// Nonblocking [`TensorComm::all_reduce_tensor_in_place`] (`MPI_Iallreduce` with
+    /// `MPI_IN_PLACE`); progress and errors as [`TensorComm::immediate_all_reduce_tensor`].
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensor_in_place`].
+    fn immediate_all_reduce_tensor_in_place<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        tensor: &'a mut dyn Tensor,
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        reduce::all_reduce_in_place(self, Immediate(scope), tensor, op)
+    }
+
+    /// Nonblocking [`TensorComm::reduce_tensor`] (`MPI_Ireduce`, §6.12.7).
+    ///
+    /// # Errors
+    /// As [`TensorComm::reduce_tensor`] and [`TensorComm::immediate_all_reduce_tensor`].
+    fn immediate_reduce_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: Option<&'a mut dyn Tensor>,
+        op: ReduceOp,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        reduce::reduce(self, Immediate(scope), send, recv, op, root)
+    }
+
+    /// Nonblocking [`TensorComm::reduce_scatter_block_tensor`]
+    /// (`MPI_Ireduce_scatter_block`, §6.12.9).
+    ///
+    /// # Errors
+    /// As [`TensorComm::reduce_scatter_block_tensor`].
+    fn immediate_reduce_scatter_block_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: &'a mut dyn Tensor,
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        reduce::reduce_scatter_block(self, Immediate(scope), send, recv, op)
+    }
+
+    /// Nonblocking [`TensorComm::broadcast_tensor`] (`MPI_Ibcast`, §6.12.2).
+    ///
+    /// # Errors
+    /// As [`TensorComm::broadcast_tensor`].
+    fn immediate_broadcast_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        tensor: &'a mut dyn Tensor,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let buffer = BroadcastBuffer::Recv(tensor);
+        collective::broadcast(self, Immediate(scope), buffer, root)
+    }
+
+    /// Nonblocking [`TensorComm::broadcast_tensor_from`] (`MPI_Ibcast`, §6.12.2).
+    ///
+    /// # Errors
+    /// As [`TensorComm::broadcast_tensor_from`].
+    fn immediate_broadcast_tensor_from<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        buffer: BroadcastBuffer<'a>,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::broadcast(self, Immediate(scope), buffer, root)
+    }
+
+    /// Nonblocking [`TensorComm::gather_tensor`] (`MPI_Igather`, §6.12.3).
+    ///
+    /// # Errors
+    /// As [`TensorComm::gather_tensor`].
+    fn immediate_gather_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: Option<&'a mut dyn Tensor>,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::gather(self, Immediate(scope), send, recv, root)
+    }
+
+    /// Nonblocking [`TensorComm::gatherv_tensor`] (`MPI_Igatherv`, §6.12.3); the request
+    /// owns the blocks in MPI units.
+    ///
+    /// # Errors
+    /// As [`TensorComm::gatherv_tensor`].
+    fn immediate_gatherv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: Option<(&'a mut dyn Tensor, Blocks<'a>)>,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let recv = recv.map(|(t, b)| (t, b.counts, b.displacements));
+        collective::gatherv(self, Immediate(scope), send, recv, root)
+    }
+
+    /// Nonblocking [`TensorComm::scatter_tensor`] (`MPI_Iscatter`, §6.12.4).
+    ///
+    /// # Errors
+    /// As [`TensorComm::scatter_tensor`].
+    fn immediate_scatter_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: Option<&'a dyn Tensor>,
+        recv: &'a mut dyn Tensor,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::scatter(self, Immediate(scope), send, recv, root)
+    }
+
+    /// Nonblocking [`TensorComm::scatterv_tensor`] (`MPI_Iscatterv`, §6.12.4).
+    ///
+    /// # Errors
+    /// As [`TensorComm::scatterv_tensor`].
+    fn immediate_scatterv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: Option<(&'a dyn Tensor, Blocks<'a>)>,
+        recv: &'a mut dyn Tensor,
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let send = send.map(|(t, b)| (t, b.counts, b.displacements));
+        collective::scatterv(self, Immediate(scope), send, recv, root)
+    }
+
+    /// Nonblocking [`TensorComm::all_gather_tensor`] (`MPI_Iallgather`, §6.12.5).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_gather_tensor`].
+    fn immediate_all_gather_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: &'a mut dyn Tensor,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::all_gather(self, Immediate(scope), send, recv)
+    }
+
+    /// Nonblocking [`TensorComm::all_gatherv_tensor`] (`MPI_Iallgatherv`, §6.12.5).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_gatherv_tensor`].
+    fn immediate_all_gatherv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: &'a mut dyn Tensor,
+        blocks: Blocks<'a>,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let (counts, displacements) = (blocks.counts, blocks.displacements);
+        collective::all_gatherv(self, Immediate(scope), send, recv, counts, displacements)
+    }
+
+    /// Nonblocking [`TensorComm::all_to_all_tensor`] (`MPI_Ialltoall`, §6.12.6).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_to_all_tensor`].
+    fn immediate_all_to_all_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: &'a dyn Tensor,
+        recv: &'a mut dyn Tensor,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::all_to_all(self, Immediate(scope), send, recv)
+    }
+
+    /// Nonblocking [`TensorComm::all_to_allv_tensor`] (`MPI_Ialltoallv`, §6.12.6).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_to_allv_tensor`].
+    fn immediate_all_to_allv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+        &'a self,
+        scope: Sc,
+        send: (&'a dyn Tensor, Blocks<'a>),
+        recv: (&'a mut dyn Tensor, Blocks<'a>),
+    ) -> Result<TensorRequest<'a, Sc>> {
+        collective::all_to_allv(
+            self,
+            Immediate(scope),
+            (send.0, send.1.counts, send.1.displacements),
+            (recv.0, recv.1.counts, recv.1.displacements),
+        )
     }
 }
 

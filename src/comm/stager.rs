@@ -66,13 +66,6 @@ pub trait Stager {
     /// The stager's refusals (devices, aliasing, allocation, copies).
     fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>>;
 
-    /// How a nonblocking operation's operand reaches MPI without a stand-in (the request
-    /// borrows the caller's tensor, so a stand-in cannot outlive the call yet): `None` for
-    /// host memory the stager leaves alone, else its [`Reach`].
-    ///
-    /// # Errors
-    /// The stager's refusal, for an operand that needs a staged copy.
-    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>>;
 }
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as
@@ -120,10 +113,12 @@ pub(super) fn with_stand_ins<C: Communicator + ?Sized, R>(
     send: Option<&dyn Tensor>,
     recv: Option<(&mut dyn Tensor, Access)>,
     (reduce, unused): (Option<DType>, Unused),
-    body: impl FnOnce(Option<ReadIn<'_>>, Option<WriteIn<'_>>) -> Result<R>,
+    body: impl for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<R>,
 ) -> Result<R> {
     let Some(stager) = stager else {
-        return body(send.map(|t| (t, None)), recv.map(|(t, _)| (t, None)));
+        let send = send.map(|t| (t, None));
+        let recv = recv.map(|(t, _)| (t as &mut dyn Tensor, None));
+        return body(send, recv);
     };
     let declared = |tensor, access| Operand {
         tensor,

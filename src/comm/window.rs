@@ -24,7 +24,7 @@ use mpi::traits::Equivalence;
 use mpi::Tag;
 
 use super::checks::{check_incoming, check_rank, check_tag};
-use super::immediate::{immediate_reach, post_recv, post_send, TensorRequest};
+use super::immediate::{post_recv, post_send, read_stand_in, write_stand_in, TensorRequest};
 use super::operands::{read_facts, side_in, side_out, write_facts};
 use super::p2p::unfit;
 use super::stager::{with_read, with_write, Kind};
@@ -192,7 +192,7 @@ fn check_arrived(
 
 /// [`super::TensorComm::immediate_send_tensor_range`].
 pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &T,
+    tc: &'a T,
     scope: Sc,
     tensor: &'a dyn Tensor,
     elems: Range<i64>,
@@ -203,7 +203,7 @@ pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let reach = immediate_reach(tc, tensor, Access::Read, None)?;
+    let (held, (tensor, reach)) = read_stand_in(tc, tensor)?;
     let (side, part) = window_in(tensor, reach, window)?;
     let posting = if part {
         let (ptr, units, datatype) = side.window(window.0, window.1)?;
@@ -211,12 +211,12 @@ pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     } else {
         None
     };
-    post_send(comm, scope, side, posting, dest, tag)
+    Ok(post_send(comm, scope, side, posting, dest, tag)?.holding(held))
 }
 
 /// [`super::TensorComm::immediate_recv_tensor_range`].
 pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &T,
+    tc: &'a T,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
     elems: Range<i64>,
@@ -227,7 +227,7 @@ pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let reach = immediate_reach(tc, &*tensor, Access::Update, None)?;
+    let (held, (tensor, reach)) = write_stand_in(tc, tensor, Access::Update)?;
     let (side, part) = window_out(tensor, reach, window)?;
     let expected = (window.1, side.element().size_bytes_i64());
     let posting = if part {
@@ -239,5 +239,5 @@ pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
             mpi::datatype::AsDatatype::as_datatype(&side),
         )
     };
-    post_recv(comm, scope, side, posting, expected, (source, tag))
+    Ok(post_recv(comm, scope, side, posting, expected, (source, tag))?.holding(held))
 }

@@ -371,26 +371,4 @@ impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
             recv: boxed(r, declared_r),
         })
     }
-
-    fn reach_immediate(&self, operand: Operand<'_>) -> Result<Option<Reach>> {
-        let access = operand.access;
-        match self.place(operand.tensor, operand.reduce, access)? {
-            None => Ok(None),
-            Some(p) => {
-                self.note(p.route);
-                match p.route {
-                    Route::Managed => Ok(Some(Reach::Host)),
-                    Route::Direct if p.packed.is_none() => Ok(Some(Reach::MpiOnly)),
-                    _ => Err(Error::TransportUnavailable {
-                        transport: "staged",
-                        reason: "a nonblocking operation on a device tensor that needs a \
-                                 staged or packed copy (the copy would have to outlive the \
-                                 call); use the blocking form, or a contiguous tensor on the \
-                                 direct route"
-                            .into(),
-                    }),
-                }
-            }
-        }
-    }
 }
