@@ -580,7 +580,7 @@ pub trait TensorComm {
     /// # Errors
     /// As [`TensorComm::all_reduce_tensor`]: this rank's own refusal from the post; from
     /// [`TensorRequest::wait`], [`Error::PeerRefused`] and [`Error::CollectiveMismatch`].
-    fn immediate_all_reduce_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_reduce_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -595,7 +595,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::all_reduce_tensor_in_place`].
-    fn immediate_all_reduce_tensor_in_place<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_reduce_tensor_in_place<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         tensor: &'a mut dyn Tensor,
@@ -608,7 +608,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::reduce_tensor`] and [`TensorComm::immediate_all_reduce_tensor`].
-    fn immediate_reduce_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_reduce_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -624,7 +624,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::reduce_scatter_block_tensor`].
-    fn immediate_reduce_scatter_block_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_reduce_scatter_block_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -638,7 +638,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::broadcast_tensor`].
-    fn immediate_broadcast_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_broadcast_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         tensor: &'a mut dyn Tensor,
@@ -652,7 +652,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::broadcast_tensor_from`].
-    fn immediate_broadcast_tensor_from<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_broadcast_tensor_from<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         buffer: BroadcastBuffer<'a>,
@@ -665,7 +665,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::gather_tensor`].
-    fn immediate_gather_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_gather_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -680,7 +680,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::gatherv_tensor`].
-    fn immediate_gatherv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_gatherv_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -695,7 +695,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::scatter_tensor`].
-    fn immediate_scatter_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_scatter_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: Option<&'a dyn Tensor>,
@@ -709,7 +709,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::scatterv_tensor`].
-    fn immediate_scatterv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_scatterv_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: Option<(&'a dyn Tensor, Blocks<'a>)>,
@@ -724,7 +724,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::all_gather_tensor`].
-    fn immediate_all_gather_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_gather_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -737,7 +737,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::all_gatherv_tensor`].
-    fn immediate_all_gatherv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_gatherv_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -752,7 +752,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::all_to_all_tensor`].
-    fn immediate_all_to_all_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_to_all_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: &'a dyn Tensor,
@@ -765,7 +765,7 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// As [`TensorComm::all_to_allv_tensor`].
-    fn immediate_all_to_allv_tensor<'a, Sc: Scope<'a> + Copy + 'a>(
+    fn immediate_all_to_allv_tensor<'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
         send: (&'a dyn Tensor, Blocks<'a>),

@@ -143,7 +143,7 @@ impl<'a> Mode<'a> for Blocking {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Immediate<Sc>(pub(super) Sc);
 
-impl<'a, Sc: Scope<'a> + Copy + 'a> Mode<'a> for Immediate<Sc> {
+impl<'a, Sc: Scope<'a> + Copy> Mode<'a> for Immediate<Sc> {
     type Out = TensorRequest<'a, Sc>;
 
     #[inline]

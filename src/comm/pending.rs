@@ -203,24 +203,14 @@ enum Phase<'a, Sc: Scope<'a>> {
 
 /// One posted nonblocking collective.
 pub(super) struct Collective<'a, Sc: Scope<'a>> {
-    /// Registers a posted request with the rsmpi scope.
-    register: Register<'a, Sc>,
+    /// The rsmpi scope its requests are registered with.
+    scope: Sc,
     phase: Phase<'a, Sc>,
     /// The prepared data operation (`None` once finished, or for a rank that refused).
     operation: Option<Operation<'a>>,
     /// The device stand-ins the operation's sides borrow: dropped after it.
     held: Option<Held<'a>>,
     signature: Signature<'a>,
-}
-
-/// Registers a posted request with the request's rsmpi scope.
-type Register<'a, Sc> = Box<dyn Fn(MPI_Request) -> Request<'a, (), Sc> + 'a>;
-
-/// A [`Register`] for `scope`.
-fn register<'a, Sc: Scope<'a> + Copy + 'a>(scope: Sc) -> Register<'a, Sc> {
-    // SAFETY: called only with a live, nonpersistent request just posted, used only
-    // through the value returned.
-    Box::new(move |r| unsafe { Request::from_raw(r, &(), scope) })
 }
 
 /// Something a queue resolves in order: a pending agreement.
@@ -230,7 +220,7 @@ trait Resolve {
     fn resolve(&mut self, block: bool) -> bool;
 }
 
-impl<'a, Sc: Scope<'a>> Resolve for Collective<'a, Sc> {
+impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
     fn resolve(&mut self, block: bool) -> bool {
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let Phase::Agreeing {
@@ -274,7 +264,7 @@ impl<'a, Sc: Scope<'a>> Resolve for Collective<'a, Sc> {
                 Phase::Failed(e)
             }
             Ok(()) => match &self.operation {
-                Some(op) => Phase::Posted(post_data(op, shadow.comm, &self.register)),
+                Some(op) => Phase::Posted(post_data(op, shadow.comm, self.scope)),
                 None => Phase::Finished,
             },
         };
@@ -282,18 +272,21 @@ impl<'a, Sc: Scope<'a>> Resolve for Collective<'a, Sc> {
     }
 }
 
-/// Posts `op` on `comm` and registers its requests with `register`.
-fn post_data<'a, Sc: Scope<'a>>(
+/// Posts `op` on `comm` and registers its requests with `scope`.
+fn post_data<'a, Sc: Scope<'a> + Copy>(
     op: &Operation<'a>,
     comm: MPI_Comm,
-    register: &Register<'a, Sc>,
+    scope: Sc,
 ) -> Vec<Request<'a, (), Sc>> {
     let mut raw = Vec::with_capacity(1);
     // SAFETY: the operation's sides are owned by the collective this request keeps until
     // every request completes (`TensorRequest` waits in `Drop`); its body checked them;
     // every rank posts the same operation in the same order on `comm` (see the module docs).
     unsafe { op.call.post(comm, &mut raw) };
-    raw.into_iter().map(|r| register(r)).collect()
+    raw.into_iter()
+        // SAFETY: a live, nonpersistent request just posted, used only through this value.
+        .map(|r| unsafe { Request::from_raw(r, &(), scope) })
+        .collect()
 }
 
 /// The shadow of a caller's communicator: where the data operations and error paths of its
@@ -482,7 +475,7 @@ pub(super) fn post<'a, T, Sc, P>(
 ) -> Result<TensorRequest<'a, Sc>>
 where
     T: TensorComm + ?Sized,
-    Sc: Scope<'a> + Copy + 'a,
+    Sc: Scope<'a> + Copy,
     P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
 {
     let (held, ins) = stand_ins(tc.stager(), declared);
@@ -502,7 +495,7 @@ pub(super) fn refuse<'a, C, Sc>(
 ) -> Result<TensorRequest<'a, Sc>>
 where
     C: Communicator + ?Sized,
-    Sc: Scope<'a> + Copy + 'a,
+    Sc: Scope<'a> + Copy,
 {
     start(comm, scope, sig, Err(e), None)
 }
@@ -517,7 +510,7 @@ fn start<'a, C, Sc>(
 ) -> Result<TensorRequest<'a, Sc>>
 where
     C: Communicator + ?Sized,
-    Sc: Scope<'a> + Copy + 'a,
+    Sc: Scope<'a> + Copy,
 {
     let (prepared, agreeing) = match agreement() {
         Ok(Agreement::Collective) => (prepared, comm.size() > 1),
@@ -526,10 +519,9 @@ where
     };
     if !agreeing {
         let op = prepared?;
-        let register = register(scope);
-        let requests = post_data(&op, comm.as_raw(), &register);
+        let requests = post_data(&op, comm.as_raw(), scope);
         return Ok(TensorRequest::collective(Rc::new(RefCell::new(Collective {
-            register,
+            scope,
             phase: Phase::Posted(requests),
             operation: Some(op),
             held,
@@ -546,7 +538,7 @@ where
     let mut boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
     let request = post_votes(comm, &mut boxed, scope);
     let state = Rc::new(RefCell::new(Collective {
-        register: register(scope),
+        scope,
         phase: Phase::Agreeing {
             request,
             votes: boxed,
@@ -557,7 +549,7 @@ where
         held,
         signature,
     }));
-    let erased: Rc<RefCell<dyn Resolve + 'a>> = state.clone();
+    let erased: Rc<RefCell<dyn Resolve + '_>> = state.clone();
     // SAFETY: only the lifetime changes. The queue holds this entry only while its agreement
     // is pending: the entry is removed when resolved, and its request resolves it before it
     // is dropped (`TensorRequest`'s `Drop` waits). A request leaked with `mem::forget`

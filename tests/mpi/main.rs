@@ -21,7 +21,7 @@
 //! - `--list`: prints the names of the selected suites, one a line, and exits 0 without
 //!   initializing MPI.
 //!
-//! Suites: `mpi_cases`, `immediate`, `agreement`, `mismatch`, `adversarial`, `checked`,
+//! Suites: `mpi_cases`, `immediate`, `nonblocking`, `agreement`, `mismatch`, `adversarial`, `checked`,
 //! `faults`, `device_cases`, `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
 //! `python_exchange` (last: the ML producers they import may start threads). Each prints
 //! what its own binary printed before (rank 0: `running … at N rank(s)`, `test NAME ... ok`
@@ -58,6 +58,7 @@ mod gpu;
 mod immediate;
 mod mismatch;
 mod mpi_cases;
+mod nonblocking;
 #[cfg(feature = "python")]
 mod python_cases;
 #[cfg(feature = "python")]
@@ -76,6 +77,7 @@ type Suite = fn(&SimpleCommunicator, &[String]) -> harness::End;
 const SUITES: &[(&str, Suite)] = &[
     ("mpi_cases", mpi_cases::run),
     ("immediate", immediate::run),
+    ("nonblocking", nonblocking::run),
     ("agreement", agreement::run),
     ("mismatch", mismatch::run),
     ("adversarial", adversarial::run),
