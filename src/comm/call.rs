@@ -124,7 +124,11 @@ pub(super) enum Call {
         root: Option<Rank>,
     },
     /// `MPI_Reduce_scatter_block`, §6.10.1 (`recv`: one rank's block).
-    ReduceScatterBlock { send: *const c_void, recv: Buf, op: MPI_Op },
+    ReduceScatterBlock {
+        send: *const c_void,
+        recv: Buf,
+        op: MPI_Op,
+    },
     /// `MPI_Gather`, §6.5 (`recv`: one rank's block; not significant at non-roots).
     Gather { send: Buf, recv: Buf, root: Rank },
     /// `MPI_Gatherv`, §6.5 (`recv`: the root's only).
@@ -215,7 +219,7 @@ impl Call {
     #[allow(clippy::too_many_lines)]
     unsafe fn issue(&self, comm: MPI_Comm, mut requests: Requests<'_>) {
         use mpi::ffi as f;
-        // SAFETY (every arm): the contract of `run`/`post`: each pointer holds the counts
+        // SAFETY: (every arm) the contract of `run`/`post`: each pointer holds the counts
         // of its datatype that the arguments name, read or written as MPI's call says.
         unsafe {
             match self {
@@ -244,7 +248,9 @@ impl Call {
                     0
                 }
                 Call::ReduceScatterBlock { send, recv: r, op } => match requests {
-                    None => f::MPI_Reduce_scatter_block(*send, r.ptr, r.count, r.datatype, *op, comm),
+                    None => {
+                        f::MPI_Reduce_scatter_block(*send, r.ptr, r.count, r.datatype, *op, comm)
+                    }
                     Some(v) => f::MPI_Ireduce_scatter_block(
                         *send,
                         r.ptr,
@@ -255,7 +261,11 @@ impl Call {
                         slot(v),
                     ),
                 },
-                Call::Gather { send: s, recv: r, root } => match requests {
+                Call::Gather {
+                    send: s,
+                    recv: r,
+                    root,
+                } => match requests {
                     None => f::MPI_Gather(
                         s.ptr, s.count, s.datatype, r.ptr, r.count, r.datatype, *root, comm,
                     ),
@@ -271,16 +281,20 @@ impl Call {
                         slot(v),
                     ),
                 },
-                Call::Gatherv { send: s, recv, root } => {
+                Call::Gatherv {
+                    send: s,
+                    recv,
+                    root,
+                } => {
                     let none = Buf::none();
                     let (rp, rc, rd, rt) = recv.as_ref().map_or(
                         (none.ptr, ptr::null(), ptr::null(), none.datatype),
                         Varying::parts,
                     );
                     match requests {
-                        None => f::MPI_Gatherv(
-                            s.ptr, s.count, s.datatype, rp, rc, rd, rt, *root, comm,
-                        ),
+                        None => {
+                            f::MPI_Gatherv(s.ptr, s.count, s.datatype, rp, rc, rd, rt, *root, comm)
+                        }
                         Some(v) => f::MPI_Igatherv(
                             s.ptr,
                             s.count,
@@ -295,7 +309,11 @@ impl Call {
                         ),
                     }
                 }
-                Call::Scatter { send: s, recv: r, root } => match requests {
+                Call::Scatter {
+                    send: s,
+                    recv: r,
+                    root,
+                } => match requests {
                     None => f::MPI_Scatter(
                         s.ptr, s.count, s.datatype, r.ptr, r.count, r.datatype, *root, comm,
                     ),
@@ -311,16 +329,20 @@ impl Call {
                         slot(v),
                     ),
                 },
-                Call::Scatterv { send, recv: r, root } => {
+                Call::Scatterv {
+                    send,
+                    recv: r,
+                    root,
+                } => {
                     let none = Buf::none();
                     let (sp, sc, sd, st) = send.as_ref().map_or(
                         (none.ptr, ptr::null(), ptr::null(), none.datatype),
                         Varying::parts,
                     );
                     match requests {
-                        None => f::MPI_Scatterv(
-                            sp, sc, sd, st, r.ptr, r.count, r.datatype, *root, comm,
-                        ),
+                        None => {
+                            f::MPI_Scatterv(sp, sc, sd, st, r.ptr, r.count, r.datatype, *root, comm)
+                        }
                         Some(v) => f::MPI_Iscatterv(
                             sp,
                             sc,
@@ -387,9 +409,7 @@ impl Call {
                     let (rp, rc, rd, rt) = recv.parts();
                     match requests {
                         None => f::MPI_Alltoallv(sp, sc, sd, st, rp, rc, rd, rt, comm),
-                        Some(v) => {
-                            f::MPI_Ialltoallv(sp, sc, sd, st, rp, rc, rd, rt, comm, slot(v))
-                        }
+                        Some(v) => f::MPI_Ialltoallv(sp, sc, sd, st, rp, rc, rd, rt, comm, slot(v)),
                     }
                 }
             };

@@ -18,10 +18,10 @@ use super::call::{Buf, Call, Operation, Varying};
 use super::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
+use super::mode::{Declared, Mode};
 use super::operands::{
     pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
-use super::mode::{Declared, Mode};
 use super::signature::Signature;
 use super::stager::Unused;
 use super::TensorComm;
@@ -135,7 +135,9 @@ pub(super) fn gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
         let side = side_in(s, sf, Need::Counted)?;
         let call = Call::Gather {
             send: Buf::of(&side),
-            recv: rf.as_ref().map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
+            recv: rf
+                .as_ref()
+                .map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
             root,
         };
         Ok(Operation {
@@ -229,7 +231,14 @@ pub(super) fn gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
                 let recv = Some(Varying::of(&rf, blocks));
                 (Some(rf), Call::Gatherv { send, recv, root })
             }
-            None => (None, Call::Gatherv { send, recv: None, root }),
+            None => (
+                None,
+                Call::Gatherv {
+                    send,
+                    recv: None,
+                    root,
+                },
+            ),
         };
         Ok(Operation {
             send: Some(side),
@@ -286,7 +295,9 @@ pub(super) fn scatter<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
         };
         let side = side_out(r, rf, Need::Counted, Access::Write)?;
         let call = Call::Scatter {
-            send: sf.as_ref().map_or(Buf::none(), |s| Buf::of(s).per_rank(size)),
+            send: sf
+                .as_ref()
+                .map_or(Buf::none(), |s| Buf::of(s).per_rank(size)),
             recv: Buf::of(&side),
             root,
         };
@@ -352,7 +363,14 @@ pub(super) fn scatterv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
                 let send = Some(Varying::of(&sf, blocks));
                 (Some(sf), Call::Scatterv { send, recv, root })
             }
-            None => (None, Call::Scatterv { send: None, recv, root }),
+            None => (
+                None,
+                Call::Scatterv {
+                    send: None,
+                    recv,
+                    root,
+                },
+            ),
         };
         Ok(Operation {
             send,
@@ -513,8 +531,22 @@ pub(super) fn all_to_allv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
             (&*r, Access::Update, r_reach),
         )?;
         let (se, re) = (sf.element, rf.element);
-        let sends = rank_blocks(comm, sf.len_elems, &se, send_counts, send_displacements, false)?;
-        let recvs = rank_blocks(comm, rf.len_elems, &re, recv_counts, recv_displacements, true)?;
+        let sends = rank_blocks(
+            comm,
+            sf.len_elems,
+            &se,
+            send_counts,
+            send_displacements,
+            false,
+        )?;
+        let recvs = rank_blocks(
+            comm,
+            rf.len_elems,
+            &re,
+            recv_counts,
+            recv_displacements,
+            true,
+        )?;
         let rank = rank_index(comm.rank());
         check_count(
             || format!("all-to-allv recv_counts[{rank}] (the block this rank sends itself)"),

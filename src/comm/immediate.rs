@@ -34,12 +34,12 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::Equivalence;
 use mpi::{Count, Tag};
 
-use super::checks::{check_rank, check_tag};
 use super::checks::missing;
+use super::checks::{check_rank, check_tag};
 use super::mode::Declared;
+use super::operands::{read_side, write_side};
 use super::pending::{stand_ins, Collective, Held};
 use super::stager::{ReadIn, WriteIn};
-use super::operands::{read_side, write_side};
 use super::TensorComm;
 use crate::dlpack::Tensor;
 use crate::error::{Error, Result};
@@ -114,7 +114,7 @@ enum Inner<'a, Sc: Scope<'a>> {
         /// What completion does; `None` once completed.
         side: Option<Posted<'a>>,
         /// A device stager's stand-ins the side borrows (dropped after it).
-        held: Option<Held<'a>>,
+        held: Option<Box<Held<'a>>>,
     },
     /// A collective: its agreement, then its data operation ([`super::pending`]).
     Collective(Rc<RefCell<Collective<'a, Sc>>>),
@@ -164,12 +164,12 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     }
 
     /// A posted point-to-point request, owning the stand-ins `held` its side borrows.
-    fn point_to_point(request: Request<'a, (), Sc>, side: Posted<'a>, held: Option<Held<'a>>) -> Self {
+    fn point_to_point(request: Request<'a, (), Sc>, side: Posted<'a>) -> Self {
         TensorRequest {
             inner: Inner::PointToPoint {
                 request: Some(request),
                 side: Some(side),
-                held,
+                held: None,
             },
         }
     }
@@ -177,7 +177,7 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// This request with the device stand-ins its side borrows.
     pub(super) fn holding(mut self, stand_ins: Option<Held<'a>>) -> Self {
         if let Inner::PointToPoint { held, .. } = &mut self.inner {
-            *held = stand_ins;
+            *held = stand_ins.map(Box::new);
         }
         self
     }
@@ -442,11 +442,7 @@ pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     // SAFETY: a live, nonpersistent request just posted and used only through this value;
     // its buffers outlive 'a or are owned by the request (see above).
     let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
-    Ok(TensorRequest::point_to_point(
-        request,
-        Posted::Send(side),
-        None,
-    ))
+    Ok(TensorRequest::point_to_point(request, Posted::Send(side)))
 }
 
 /// Posts a receive into `posting` (the side's whole buffer, or a window of its packed
@@ -487,7 +483,6 @@ pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     Ok(TensorRequest::point_to_point(
         request,
         Posted::Recv { side, expected },
-        None,
     ))
 }
 

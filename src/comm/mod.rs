@@ -508,7 +508,14 @@ pub trait TensorComm {
         recv: &mut dyn Tensor,
         blocks: Blocks<'_>,
     ) -> Result<()> {
-        collective::all_gatherv(self, Blocking, send, recv, blocks.counts, blocks.displacements)
+        collective::all_gatherv(
+            self,
+            Blocking,
+            send,
+            recv,
+            blocks.counts,
+            blocks.displacements,
+        )
     }
 
     /// Personalized exchange: block `i` of `send` goes to rank `i`, block `j` of `recv`

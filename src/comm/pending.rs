@@ -129,7 +129,10 @@ pub(super) fn stand_ins<'a>(
         unused,
     } = declared;
     let Some(stager) = stager else {
-        return (None, Ok((send.map(|t| (t, None)), recv.map(|(t, _)| (t, None)))));
+        return (
+            None,
+            Ok((send.map(|t| (t, None)), recv.map(|(t, _)| (t, None)))),
+        );
     };
     let operand = |tensor, access| Operand {
         tensor,
@@ -324,7 +327,8 @@ impl CommAttribute for Shadow {
         let _ = QUEUES.try_with(|q| q.borrow_mut().remove(&shadow.key()));
         // SAFETY: our duplicate, freed once, here.
         unsafe { mpi::ffi::MPI_Comm_free(&mut comm) };
-        mpi::ffi::MPI_SUCCESS as std::os::raw::c_int
+        // MPI_SUCCESS is 0.
+        std::os::raw::c_int::try_from(mpi::ffi::MPI_SUCCESS).unwrap_or(0)
     }
 }
 
@@ -520,13 +524,15 @@ where
     if !agreeing {
         let op = prepared?;
         let requests = post_data(&op, comm.as_raw(), scope);
-        return Ok(TensorRequest::collective(Rc::new(RefCell::new(Collective {
-            scope,
-            phase: Phase::Posted(requests),
-            operation: Some(op),
-            held,
-            signature,
-        }))));
+        return Ok(TensorRequest::collective(Rc::new(RefCell::new(
+            Collective {
+                scope,
+                phase: Phase::Posted(requests),
+                operation: Some(op),
+                held,
+                signature,
+            },
+        ))));
     }
     let shadow = shadow_of(comm);
     let (operation, local) = match prepared {

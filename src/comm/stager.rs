@@ -65,7 +65,6 @@ pub trait Stager {
     /// # Errors
     /// The stager's refusals (devices, aliasing, allocation, copies).
     fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>>;
-
 }
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as

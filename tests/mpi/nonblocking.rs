@@ -16,7 +16,7 @@
 use crate::common::RawTensor;
 use crate::harness;
 use dlpack_mpi::comm::{
-    test_any, wait_all, wait_any, BroadcastBuffer, Blocks, TensorComm, TensorRequest,
+    test_any, wait_all, wait_any, Blocks, BroadcastBuffer, TensorComm, TensorRequest,
 };
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
@@ -103,11 +103,15 @@ fn verdict(w: &SimpleCommunicator, case: Case, got: Got) -> Outcome {
         },
         Some(r) if r == w.rank() => match got {
             Err(e) if !matches!(e, Error::PeerRefused { .. }) => Ok(()),
-            other => Err(format!("the refusing rank expected its own error from the post, got {other:?}")),
+            other => Err(format!(
+                "the refusing rank expected its own error from the post, got {other:?}"
+            )),
         },
         Some(r) => match got {
             Ok(Err(Error::PeerRefused { rank, .. })) if rank == r => Ok(()),
-            other => Err(format!("expected PeerRefused {{ rank: {r} }} from wait, got {other:?}")),
+            other => Err(format!(
+                "expected PeerRefused {{ rank: {r} }} from wait, got {other:?}"
+            )),
         },
     }
 }
@@ -137,12 +141,17 @@ fn all_reduce(w: &SimpleCommunicator, case: Case) -> Outcome {
         let mut rt = t(&recv)?;
         let sref: &dyn Tensor = if case.refuser == Some(me) { &bad } else { &st };
         mpi::request::scope(|scope| {
-            posted(scope, |sc| w.immediate_all_reduce_tensor(sc, sref, &mut rt, ReduceOp::Sum))
+            posted(scope, |sc| {
+                w.immediate_all_reduce_tensor(sc, sref, &mut rt, ReduceOp::Sum)
+            })
         })
     };
     verdict(w, case, got)?;
     if case.refuser.is_none() {
-        ensure_eq!(logical(&mut recv, M, case.strided)?, sum_of_ranks(w.size(), M));
+        ensure_eq!(
+            logical(&mut recv, M, case.strided)?,
+            sum_of_ranks(w.size(), M)
+        );
     }
     Ok(())
 }
@@ -154,21 +163,32 @@ fn all_reduce_in_place(w: &SimpleCommunicator, case: Case) -> Outcome {
         for (i, x) in vals(me, M).into_iter().enumerate() {
             v[2 * i] = x;
         }
-        Owned::new(v).with_layout(&[M as i64], Some(&[2]), 0).map_err(s)?
+        Owned::new(v)
+            .with_layout(&[M as i64], Some(&[2]), 0)
+            .map_err(s)?
     } else {
         Owned::new(vals(me, M))
     };
     let mut bad = opaque(M)?;
     let got = {
         let mut dt = t(&data)?;
-        let target: &mut dyn Tensor = if case.refuser == Some(me) { &mut bad } else { &mut dt };
+        let target: &mut dyn Tensor = if case.refuser == Some(me) {
+            &mut bad
+        } else {
+            &mut dt
+        };
         mpi::request::scope(|scope| {
-            posted(scope, |sc| w.immediate_all_reduce_tensor_in_place(sc, target, ReduceOp::Sum))
+            posted(scope, |sc| {
+                w.immediate_all_reduce_tensor_in_place(sc, target, ReduceOp::Sum)
+            })
         })
     };
     verdict(w, case, got)?;
     if case.refuser.is_none() {
-        ensure_eq!(logical(&mut data, M, case.strided)?, sum_of_ranks(w.size(), M));
+        ensure_eq!(
+            logical(&mut data, M, case.strided)?,
+            sum_of_ranks(w.size(), M)
+        );
     }
     Ok(())
 }
@@ -184,12 +204,17 @@ fn reduce(w: &SimpleCommunicator, case: Case, root: i32) -> Outcome {
         let sref: &dyn Tensor = if case.refuser == Some(me) { &bad } else { &st };
         let rarg = (me == root).then_some(&mut rt as &mut dyn Tensor);
         mpi::request::scope(|scope| {
-            posted(scope, |sc| w.immediate_reduce_tensor(sc, sref, rarg, ReduceOp::Sum, root))
+            posted(scope, |sc| {
+                w.immediate_reduce_tensor(sc, sref, rarg, ReduceOp::Sum, root)
+            })
         })
     };
     verdict(w, case, got)?;
     if case.refuser.is_none() && me == root {
-        ensure_eq!(logical(&mut recv, M, case.strided)?, sum_of_ranks(w.size(), M));
+        ensure_eq!(
+            logical(&mut recv, M, case.strided)?,
+            sum_of_ranks(w.size(), M)
+        );
     }
     Ok(())
 }
@@ -228,8 +253,14 @@ fn broadcast(w: &SimpleCommunicator, case: Case, root: i32) -> Outcome {
     let mut bad = opaque(M)?;
     let got = {
         let mut dt = t(&data)?;
-        let target: &mut dyn Tensor = if case.refuser == Some(me) { &mut bad } else { &mut dt };
-        mpi::request::scope(|scope| posted(scope, |sc| w.immediate_broadcast_tensor(sc, target, root)))
+        let target: &mut dyn Tensor = if case.refuser == Some(me) {
+            &mut bad
+        } else {
+            &mut dt
+        };
+        mpi::request::scope(|scope| {
+            posted(scope, |sc| w.immediate_broadcast_tensor(sc, target, root))
+        })
     };
     verdict(w, case, got)?;
     if case.refuser.is_none() && me != root {
@@ -255,7 +286,9 @@ fn broadcast_from(w: &SimpleCommunicator, case: Case, root: i32) -> Outcome {
             (false, false) => BroadcastBuffer::Recv(&mut rt),
         };
         mpi::request::scope(|scope| {
-            posted(scope, |sc| w.immediate_broadcast_tensor_from(sc, buffer, root))
+            posted(scope, |sc| {
+                w.immediate_broadcast_tensor_from(sc, buffer, root)
+            })
         })
     };
     verdict(w, case, got)?;
@@ -273,7 +306,9 @@ fn gather(w: &SimpleCommunicator, case: Case, root: i32, varying: bool) -> Outco
     let mut recv = receiver(total, case.strided)?;
     let bad = opaque(n(me))?;
     let counts: Vec<i64> = (0..p).map(|r| n(r) as i64).collect();
-    let displs: Vec<i64> = (0..p).map(|r| (0..r).map(n).sum::<usize>() as i64).collect();
+    let displs: Vec<i64> = (0..p)
+        .map(|r| (0..r).map(n).sum::<usize>() as i64)
+        .collect();
     let got = {
         let st = t(&send)?;
         let mut rt = t(&recv)?;
@@ -282,7 +317,8 @@ fn gather(w: &SimpleCommunicator, case: Case, root: i32, varying: bool) -> Outco
         mpi::request::scope(|scope| {
             posted(scope, |sc| {
                 if varying {
-                    let r = at_root.then(|| (&mut rt as &mut dyn Tensor, Blocks::new(&counts, &displs)));
+                    let r = at_root
+                        .then(|| (&mut rt as &mut dyn Tensor, Blocks::new(&counts, &displs)));
                     w.immediate_gatherv_tensor(sc, sref, r, root)
                 } else {
                     let r = at_root.then_some(&mut rt as &mut dyn Tensor);
@@ -307,11 +343,17 @@ fn scatter(w: &SimpleCommunicator, case: Case, root: i32, varying: bool) -> Outc
     let mut recv = receiver(n(me), case.strided)?;
     let mut bad = opaque(n(me))?;
     let counts: Vec<i64> = (0..p).map(|r| n(r) as i64).collect();
-    let displs: Vec<i64> = (0..p).map(|r| (0..r).map(n).sum::<usize>() as i64).collect();
+    let displs: Vec<i64> = (0..p)
+        .map(|r| (0..r).map(n).sum::<usize>() as i64)
+        .collect();
     let got = {
         let st = t(&send)?;
         let mut rt = t(&recv)?;
-        let target: &mut dyn Tensor = if case.refuser == Some(me) { &mut bad } else { &mut rt };
+        let target: &mut dyn Tensor = if case.refuser == Some(me) {
+            &mut bad
+        } else {
+            &mut rt
+        };
         let at_root = me == root;
         mpi::request::scope(|scope| {
             posted(scope, |sc| {
@@ -342,7 +384,9 @@ fn all_gather(w: &SimpleCommunicator, case: Case, varying: bool) -> Outcome {
     let mut recv = receiver(total, case.strided)?;
     let bad = opaque(n(me))?;
     let counts: Vec<i64> = (0..p).map(|r| n(r) as i64).collect();
-    let displs: Vec<i64> = (0..p).map(|r| (0..r).map(n).sum::<usize>() as i64).collect();
+    let displs: Vec<i64> = (0..p)
+        .map(|r| (0..r).map(n).sum::<usize>() as i64)
+        .collect();
     let got = {
         let st = t(&send)?;
         let mut rt = t(&recv)?;
@@ -376,9 +420,13 @@ fn all_to_all(w: &SimpleCommunicator, case: Case, varying: bool) -> Outcome {
     let mut recv = receiver(recv_total, case.strided)?;
     let bad = opaque(send_total)?;
     let sc: Vec<i64> = (0..p).map(|b| m(me, b) as i64).collect();
-    let sd: Vec<i64> = (0..p).map(|b| (0..b).map(|x| m(me, x)).sum::<usize>() as i64).collect();
+    let sd: Vec<i64> = (0..p)
+        .map(|b| (0..b).map(|x| m(me, x)).sum::<usize>() as i64)
+        .collect();
     let rc: Vec<i64> = (0..p).map(|a| m(a, me) as i64).collect();
-    let rd: Vec<i64> = (0..p).map(|a| (0..a).map(|x| m(x, me)).sum::<usize>() as i64).collect();
+    let rd: Vec<i64> = (0..p)
+        .map(|a| (0..a).map(|x| m(x, me)).sum::<usize>() as i64)
+        .collect();
     let got = {
         let st = t(&send)?;
         let mut rt = t(&recv)?;
@@ -408,15 +456,22 @@ fn all_to_all(w: &SimpleCommunicator, case: Case, varying: bool) -> Outcome {
     Ok(())
 }
 
+/// A case of its own.
+type Whole = fn(&SimpleCommunicator) -> Outcome;
+
 /// An operation of the table: runs one case (`root` for rooted ones).
 type Op = fn(&SimpleCommunicator, Case, i32) -> Outcome;
 
 /// Every nonblocking collective: name, whether it has a root, the case.
 const OPS: &[(&str, bool, Op)] = &[
     ("all_reduce", false, |w, c, _| all_reduce(w, c)),
-    ("all_reduce_in_place", false, |w, c, _| all_reduce_in_place(w, c)),
+    ("all_reduce_in_place", false, |w, c, _| {
+        all_reduce_in_place(w, c)
+    }),
     ("reduce", true, reduce),
-    ("reduce_scatter_block", false, |w, c, _| reduce_scatter_block(w, c)),
+    ("reduce_scatter_block", false, |w, c, _| {
+        reduce_scatter_block(w, c)
+    }),
     ("broadcast", true, broadcast),
     ("broadcast_from", true, broadcast_from),
     ("gather", true, |w, c, r| gather(w, c, r, false)),
@@ -474,7 +529,8 @@ fn reverse_order_and_blocking_between(w: &SimpleCommunicator) -> Outcome {
     let a_send = Owned::new(vals(me, M));
     let b_send = Owned::new(vals(me + 1, 2 * M));
     let (mut a_recv, mut b_recv) = (Owned::new(vec![GAP; M]), receiver(2 * M, true)?);
-    let (between_send, mut between_recv) = (Owned::new(vec![1.0f64; 3]), Owned::new(vec![0.0f64; 3]));
+    let (between_send, mut between_recv) =
+        (Owned::new(vec![1.0f64; 3]), Owned::new(vec![0.0f64; 3]));
     {
         let (sa, sb) = (t(&a_send)?, t(&b_send)?);
         let (mut ra, mut rb) = (t(&a_recv)?, t(&b_recv)?);
@@ -610,38 +666,71 @@ fn mismatch_is_reported_by_wait(w: &SimpleCommunicator) -> Outcome {
         let st = t(&send)?;
         let mut rt = t(&recv)?;
         mpi::request::scope(|scope| {
-            posted(scope, |sc| w.immediate_all_reduce_tensor(sc, &st, &mut rt, ReduceOp::Sum))
+            posted(scope, |sc| {
+                w.immediate_all_reduce_tensor(sc, &st, &mut rt, ReduceOp::Sum)
+            })
         })
     };
     match got {
         Ok(Err(Error::CollectiveMismatch { .. })) => {}
-        other => return Err(format!("expected CollectiveMismatch from wait, got {other:?}")),
+        other => {
+            return Err(format!(
+                "expected CollectiveMismatch from wait, got {other:?}"
+            ))
+        }
     }
-    ensure!(recv.as_slice().iter().all(|&x| x == GAP), "a receiver was written");
+    ensure!(
+        recv.as_slice().iter().all(|&x| x == GAP),
+        "a receiver was written"
+    );
     Ok(())
 }
 
 pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
     if w.rank() == 0 {
-        println!("running nonblocking collective cases at {} rank(s)", w.size());
+        println!(
+            "running nonblocking collective cases at {} rank(s)",
+            w.size()
+        );
     }
     let mut cases: Vec<(String, Box<dyn Fn() -> Outcome + '_>)> = table(w.size())
         .into_iter()
         .map(|(name, op, case, root)| {
-            (name, Box::new(move || op(w, case, root)) as Box<dyn Fn() -> Outcome>)
+            (
+                name,
+                Box::new(move || op(w, case, root)) as Box<dyn Fn() -> Outcome>,
+            )
         })
         .collect();
-    let extra: [(&str, fn(&SimpleCommunicator) -> Outcome); 5] = [
-        ("two posted, completed in reverse order, a blocking collective between", reverse_order_and_blocking_between),
-        ("a post does not wait for its peers", post_does_not_wait_for_peers),
-        ("wait_all, wait_any, test_any over mixed requests", wait_many),
-        ("dropped requests finish, deleters once", dropped_requests_finish_and_release_once),
-        ("a signature mismatch is every rank's wait error", mismatch_is_reported_by_wait),
+    let extra: [(&str, Whole); 5] = [
+        (
+            "two posted, completed in reverse order, a blocking collective between",
+            reverse_order_and_blocking_between,
+        ),
+        (
+            "a post does not wait for its peers",
+            post_does_not_wait_for_peers,
+        ),
+        (
+            "wait_all, wait_any, test_any over mixed requests",
+            wait_many,
+        ),
+        (
+            "dropped requests finish, deleters once",
+            dropped_requests_finish_and_release_once,
+        ),
+        (
+            "a signature mismatch is every rank's wait error",
+            mismatch_is_reported_by_wait,
+        ),
     ];
     for (name, f) in extra {
         cases.push((name.to_string(), Box::new(move || f(w))));
     }
-    let (passed, failed) = harness::run_cases(w, cases.iter().map(|(n, c)| (n.clone(), c)), filter, |c| c());
+    let (passed, failed) =
+        harness::run_cases(w, cases.iter().map(|(n, c)| (n.clone(), c)), filter, |c| {
+            c()
+        });
     harness::report(w, passed, failed);
     harness::End::Ran { passed, failed }
 }
