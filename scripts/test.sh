@@ -62,6 +62,9 @@ mpi     | multi-rank cases at 2 ranks | - | suite_at mpi_cases 2
 mpi     | multi-rank cases at 3 ranks | - | suite_at mpi_cases 3
 mpi     | multi-rank cases at 4 ranks | - | suite_at mpi_cases 4
 mpi     | nonblocking tensor operations, windows, shared-root broadcast at 2 ranks (tests/mpi/immediate.rs) | - | suite_at immediate 2
+mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 2 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 2
+mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 3 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 3
+mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 4 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 4
 mpi     | agreement: every collective with one refusing rank at 2 ranks | - | suite_within 120 agreement 2
 mpi     | agreement: every collective with one refusing rank at 3 ranks | - | suite_within 120 agreement 3
 mpi     | agreement: every collective with one refusing rank at 4 ranks | - | suite_within 120 agreement 4

@@ -100,6 +100,59 @@ use crate::spec::Access;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// The same holds for the nonblocking collectives
+/// ([`super::TensorComm::immediate_all_reduce_tensor`] and the others): the request
+/// borrows every tensor it was posted with until it completes, so the borrow checker
+/// refuses to release a tensor, read a receive tensor or let the request leave its scope
+/// before then.
+///
+/// ```compile_fail,E0505
+/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// use dlpack_mpi::dtype::ReduceOp;
+/// let universe = mpi::initialize().unwrap();
+/// let world = universe.world();
+/// let (a, b) = (Owned::new(vec![1.0f32; 4]), Owned::new(vec![0.0f32; 4]));
+/// let s = acquire(&a, &AcquireOptions::default()).unwrap();
+/// let mut r = acquire(&b, &AcquireOptions::default()).unwrap();
+/// mpi::request::scope(|scope| {
+///     let req = world.immediate_all_reduce_tensor(scope, &s, &mut r, ReduceOp::Sum).unwrap();
+///     std::mem::drop(s); // refused: the request still borrows the send tensor
+///     req.wait().unwrap();
+/// });
+/// ```
+///
+/// ```compile_fail,E0502
+/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
+/// use dlpack_mpi::dtype::ReduceOp;
+/// let universe = mpi::initialize().unwrap();
+/// let world = universe.world();
+/// let (a, b) = (Owned::new(vec![1.0f32; 4]), Owned::new(vec![0.0f32; 4]));
+/// let s = acquire(&a, &AcquireOptions::default()).unwrap();
+/// let mut r = acquire(&b, &AcquireOptions::default()).unwrap();
+/// mpi::request::scope(|scope| {
+///     let req = world.immediate_all_reduce_tensor(scope, &s, &mut r, ReduceOp::Sum).unwrap();
+///     let _ = r.num_elements(); // refused: MPI may still be writing the receive tensor
+///     req.wait().unwrap();
+/// });
+/// ```
+///
+/// ```compile_fail,E0521
+/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+/// use dlpack_mpi::dtype::ReduceOp;
+/// let universe = mpi::initialize().unwrap();
+/// let world = universe.world();
+/// let a = Owned::new(vec![1.0f32; 4]);
+/// let mut t = acquire(&a, &AcquireOptions::default()).unwrap();
+/// let mut kept = None;
+/// mpi::request::scope(|scope| {
+///     // refused: a request cannot outlive the rsmpi scope it was posted in
+///     kept = Some(world.immediate_all_reduce_tensor_in_place(scope, &mut t, ReduceOp::Sum).unwrap());
+/// });
+/// ```
 #[must_use = "a request is completed by wait() or test(); dropping it blocks until it completes"]
 pub struct TensorRequest<'a, Sc: Scope<'a>> {
     inner: Inner<'a, Sc>,

@@ -45,6 +45,8 @@ mod agreement;
 
 mod forms;
 
+mod nonblocking;
+
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
 }
@@ -883,6 +885,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             .chain(strided::CASES)
             .chain(agreement::CASES)
             .chain(forms::CASES)
+            .chain(nonblocking::CASES)
             .copied(),
         filter,
         |case| case(w),
