@@ -42,7 +42,10 @@
 //! makes one MPI call, and finishes (unpacks, copies back).
 //!
 //! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
-//! `immediate` (nonblocking, [`TensorRequest`]), `window` (element windows), `bcast`
+//! `immediate` (nonblocking, [`TensorRequest`], [`wait_all`], [`wait_any`], [`test_any`]),
+//! `mode` (a collective's body runs blocking or nonblocking), `call` (its prepared data
+//! operation and the one MPI call over it), `pending` (a nonblocking collective's
+//! agreement, shadow communicator and posting order), `window` (element windows), `bcast`
 //! ([`BroadcastBuffer`]), `blocks` ([`Blocks`], the per-rank blocks of the v-collectives),
 //! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
 //! the half-precision operations of [`halfops`]); `checks` holds the argument checks,

@@ -49,9 +49,15 @@ use crate::spec::Access;
 /// buffer), never relabelled as host memory: the operations hand it to MPI as one
 /// contiguous run and refuse any host-side pack of it.
 ///
-/// **Nonblocking** operations (`immediate_*`) take host tensors, managed memory and
-/// contiguous CUDA tensors on the direct route; a tensor that needs a staged copy is
-/// refused with [`Error::TransportUnavailable`] (the copy would have to outlive the call).
+/// **Nonblocking** operations (`immediate_*`, point-to-point and collectives) take every
+/// tensor the blocking ones take: the [`TensorRequest`](crate::comm::TensorRequest) owns the
+/// staged copies (pinned buffers, device scratch) until it completes, a send's copy is made
+/// at the post and a receive's copied back to the device at completion (`wait`, `test`, or
+/// the request's `Drop`). A nonblocking send is one ordinary message (never parted); a
+/// nonblocking receive takes one ordinary message, so its sender must not part it: pair it
+/// with a nonblocking send, a host sender, or a `DeviceComm` whose parting is off
+/// ([`DeviceComm::pipeline_chunk_bytes`] 0) — a parted message's 40-byte header would
+/// complete it with [`Error::CountMismatch`].
 ///
 /// **Pipelining** (point-to-point only): a large staged contiguous send goes out in parts,
 /// and `recv_tensor` recognises both forms, into a receive tensor of any
