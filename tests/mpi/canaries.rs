@@ -1203,6 +1203,9 @@ fn c45_blocks_past_the_tensor(w: &SimpleCommunicator) -> Outcome {
 // ---------------------------------------------------------------------------------------
 
 type Case = Box<dyn Fn(&SimpleCommunicator) -> Outcome>;
+
+#[path = "canaries/nonblocking.rs"]
+mod nonblocking;
 /// An operation over one layout kind.
 type KindOp = fn(&SimpleCommunicator, Kind) -> Outcome;
 /// A named case.
@@ -1254,6 +1257,7 @@ fn cases() -> Vec<(String, Case)> {
         for (name, f) in ops {
             v.push((format!("{name} {kind:?}"), Box::new(move |w| f(w, kind))));
         }
+        v.extend(nonblocking::cases(kind));
     }
     let named: [(&str, Named); 17] = [
         ("c02_v0_and_v1_deliver", c02_v0_and_v1_deliver),
