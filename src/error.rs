@@ -187,6 +187,31 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// One member of the list of a fused collective
+    /// ([`crate::comm::TensorComm::all_reduce_tensors`] and the others) was refused: `index`
+    /// is its place in the list (from 0), `source` why. Returned before any MPI call (the
+    /// other ranks get [`Error::PeerRefused`] under the default agreement).
+    #[error("member {index} of the tensor list: {source}")]
+    Member {
+        /// The member's index in the list.
+        index: usize,
+        /// Why it was refused.
+        source: Box<Error>,
+    },
+
+    /// The members of a fused collective's list are not all in host memory the MPI library
+    /// reaches as such: `index` names the first member on `device` (a `Display` of the
+    /// DLPack device), where member 0 is on `first`.
+    #[error("member {index} of the tensor list is on {device}, member 0 on {first}: a fused list takes one kind of memory")]
+    MixedDevices {
+        /// The first member whose device differs.
+        index: usize,
+        /// Its device.
+        device: String,
+        /// Member 0's device.
+        first: String,
+    },
+
     /// A per-rank argument list (counts or displacements) has the wrong length.
     #[error("{what} has {actual} entries, expected one per rank ({expected})")]
     LengthMismatch {

@@ -7,6 +7,8 @@
 //! | `DLPACK_MPI_AGREEMENT` ([`AGREEMENT_ENV`]) | `collective`, `local` | `collective` | whether the collectives of [`TensorComm`](crate::comm::TensorComm) agree across ranks before moving data ([`Agreement`]); every rank must use the same | [`agreement`], once | [`set_agreement`] |
 //! | `DLPACK_MPI_PACKING` ([`PACKING_ENV`]) | `auto`, `copy`, `derived` | `auto` | how a strided tensor reaches MPI: packed copy or derived datatype ([`Packing`]) | [`packing`], once | [`set_packing`] |
 //! | `DLPACK_MPI_PACK_THRESHOLD_BYTES` ([`PACK_THRESHOLD_ENV`]) | a byte count | 16 ([`DEFAULT_PACK_THRESHOLD_BYTES`]); 64 under MPICH ([`MPICH_PACK_THRESHOLD_BYTES`], [`default_pack_threshold_for`]) | [`Packing::Auto`] packs a strided tensor whose contiguous inner block is shorter than this | [`pack_threshold_bytes`], once | [`set_pack_threshold_bytes`] |
+//! | `DLPACK_MPI_BUCKET_BYTES` ([`BUCKET_ENV`]) | a byte count ≥ 1 | 25 MiB ([`DEFAULT_BUCKET_BYTES`], PyTorch DDP's `bucket_cap_mb`) | the most bytes of one bucket of a fused collective over a list of tensors (a larger member has a bucket of its own) | [`bucket_bytes`], once | [`set_bucket_bytes`] |
+//! | `DLPACK_MPI_FIRST_BUCKET_BYTES` ([`FIRST_BUCKET_ENV`]) | a byte count ≥ 1 | 1 MiB ([`DEFAULT_FIRST_BUCKET_BYTES`], DDP's first bucket) | the same for the first bucket of each dtype, so that communication starts early | [`first_bucket_bytes`], once | [`set_first_bucket_bytes`] |
 //! | `DLPACK_MPI_PACK_POOL_BYTES` ([`POOL_CAP_ENV`]) | a byte count; `0` turns the pool off | 256 MiB ([`DEFAULT_POOL_CAP_BYTES`]) | the most idle bytes the scratch pool of packed copies keeps ([`crate::spec::scratch`]) | [`pool_cap_bytes`], once | [`set_pool_cap_bytes`](crate::spec::scratch::set_pool_cap_bytes) (it also trims the pool, so it lives beside it) |
 //! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
@@ -437,6 +439,65 @@ pub fn pool_cap_bytes() -> Result<usize> {
 /// Stores the cap; `spec::scratch::set_pool_cap_bytes` calls it and then trims the pool.
 pub(crate) fn store_pool_cap_bytes(cap: usize) {
     POOL_CAP.set(cap);
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_BUCKET_BYTES, DLPACK_MPI_FIRST_BUCKET_BYTES
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable of the bucket size of the fused collectives (bytes).
+pub const BUCKET_ENV: &str = "DLPACK_MPI_BUCKET_BYTES";
+
+/// The environment variable of the first bucket's size of the fused collectives (bytes).
+pub const FIRST_BUCKET_ENV: &str = "DLPACK_MPI_FIRST_BUCKET_BYTES";
+
+/// The default bucket size: 25 MiB (PyTorch DDP's `bucket_cap_mb = 25`).
+pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
+
+/// The default size of the first bucket: 1 MiB (DDP's first bucket).
+pub const DEFAULT_FIRST_BUCKET_BYTES: usize = 1 << 20;
+
+/// A byte count of at least 1.
+fn positive_bytes(v: &str) -> Option<usize> {
+    byte_count(v).filter(|&n| n > 0)
+}
+
+static BUCKET: Setting<usize> =
+    Setting::new(BUCKET_ENV, "a byte count of at least 1", positive_bytes);
+static FIRST_BUCKET: Setting<usize> = Setting::new(
+    FIRST_BUCKET_ENV,
+    "a byte count of at least 1",
+    positive_bytes,
+);
+
+/// The most bytes of one bucket of a fused collective: [`set_bucket_bytes`], else
+/// `DLPACK_MPI_BUCKET_BYTES` (read once), else [`DEFAULT_BUCKET_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_BUCKET_BYTES` is not a byte count ≥ 1.
+pub fn bucket_bytes() -> Result<usize> {
+    BUCKET.get_or(|| DEFAULT_BUCKET_BYTES)
+}
+
+/// Sets the bucket size of the fused collectives (bytes; 0 is taken as 1). Every rank must
+/// use the same: the buckets are the messages.
+pub fn set_bucket_bytes(bytes: usize) {
+    BUCKET.set(bytes.max(1));
+}
+
+/// The most bytes of the first bucket of each dtype of a fused collective:
+/// [`set_first_bucket_bytes`], else `DLPACK_MPI_FIRST_BUCKET_BYTES` (read once), else
+/// [`DEFAULT_FIRST_BUCKET_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_FIRST_BUCKET_BYTES` is not a byte count ≥ 1.
+pub fn first_bucket_bytes() -> Result<usize> {
+    FIRST_BUCKET.get_or(|| DEFAULT_FIRST_BUCKET_BYTES)
+}
+
+/// Sets the first bucket's size (bytes; 0 is taken as 1). Every rank must use the same.
+pub fn set_first_bucket_bytes(bytes: usize) {
+    FIRST_BUCKET.set(bytes.max(1));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ use mpi::topology::Rank;
 use mpi::traits::Equivalence;
 use mpi::Count;
 
+use super::fused::Fused;
 use crate::error::Result;
 use crate::spec::side::{Direction, In, Out, Side};
 
@@ -43,6 +44,15 @@ impl Buf {
             ptr: side.pointer().cast_mut(),
             count: side.count(),
             datatype: side.as_datatype().as_raw(),
+        }
+    }
+
+    /// `count` units of `datatype` from `ptr` (a buffer of this crate's own).
+    pub(super) fn raw(ptr: *mut c_void, count: Count, datatype: MPI_Datatype) -> Buf {
+        Buf {
+            ptr,
+            count,
+            datatype,
         }
     }
 
@@ -153,6 +163,9 @@ pub(super) enum Call {
     AllToAll { send: Buf, recv: Buf },
     /// `MPI_Alltoallv`, §6.8.
     AllToAllv { send: Varying, recv: Varying },
+    /// A fused list's buckets, each with its own calls ([`Fused`]); run and posted by
+    /// [`Operation`], never by [`Call::run`] or [`Call::post`] (which do nothing for it).
+    Fused(Box<Fused>),
 }
 
 /// Where a call's requests go: `None` runs it blocking.
@@ -404,6 +417,7 @@ impl Call {
                         slot(v),
                     ),
                 },
+                Call::Fused(_) => 0,
                 Call::AllToAllv { send, recv } => {
                     let (sp, sc, sd, st) = send.parts();
                     let (rp, rc, rd, rt) = recv.parts();
@@ -419,9 +433,9 @@ impl Call {
 
 /// A collective's data operation, prepared: the sides MPI reads and writes (each optional:
 /// a rank may take no part in one direction, as a gather's non-roots in the receive) and
-/// the one call over them. Built by a collective's body after every check; run blocking by
-/// [`Operation::run`] or posted by a nonblocking request, which keeps it whole until MPI
-/// completes.
+/// the one call over them, or a fused list's buckets ([`Fused`]). Built by a collective's
+/// body after every check; run blocking by [`Operation::run`] or posted by a nonblocking
+/// request, which keeps it whole until MPI completes.
 #[derive(Debug)]
 pub(super) struct Operation<'t> {
     pub(super) send: Option<Side<'t, In>>,
@@ -429,17 +443,66 @@ pub(super) struct Operation<'t> {
     pub(super) call: Call,
 }
 
+impl<'t> Operation<'t> {
+    /// The operation of a fused list: its buckets, no sides.
+    pub(super) fn fused(fused: Fused) -> Self {
+        Operation {
+            send: None,
+            recv: None,
+            call: Call::Fused(Box::new(fused)),
+        }
+    }
+}
+
 impl Operation<'_> {
     /// Runs the call blocking on `comm`, then unpacks the receive side.
     ///
     /// # Errors
     /// As [`Side::finish`].
-    pub(super) fn run(self, comm: MPI_Comm) -> Result<()> {
-        // SAFETY: the call's buffers are this operation's sides, alive until it returns;
-        // its body checked them against each other; `comm` is the one they were checked
-        // for (the body's communicator).
-        unsafe { self.call.run(comm) };
+    pub(super) fn run(mut self, comm: MPI_Comm) -> Result<()> {
+        match &mut self.call {
+            // SAFETY: the buckets are the fused list's own buffers over members its body
+            // checked, alive until it returns; every rank agreed on the list.
+            Call::Fused(f) => unsafe { f.run(comm) },
+            // SAFETY: the call's buffers are this operation's sides, alive until it returns;
+            // its body checked them against each other; `comm` is the one they were checked
+            // for (the body's communicator).
+            call => unsafe { call.run(comm) },
+        }
         self.finish()
+    }
+
+    /// Posts the call's nonblocking form on `comm`, pushing its requests to `requests`.
+    ///
+    /// # Safety
+    /// As [`Call::post`]: the operation stays alive and untouched until every request
+    /// completed, and [`Operation::completed_one`] is told of each, in order.
+    pub(super) unsafe fn post(&mut self, comm: MPI_Comm, requests: &mut Vec<MPI_Request>) {
+        match &mut self.call {
+            // SAFETY: the caller's contract.
+            Call::Fused(f) => unsafe { f.post(comm, requests) },
+            // SAFETY: the caller's contract.
+            call => unsafe { call.post(comm, requests) },
+        }
+    }
+
+    /// After the next of its requests (in posting order) completed: a fused list unpacks
+    /// the buckets that have landed.
+    pub(super) fn completed_one(&mut self) {
+        if let Call::Fused(f) = &mut self.call {
+            f.completed_one();
+        }
+    }
+
+    /// Whether a side or a fused member is a packed copy.
+    pub(super) fn is_packed(&self) -> bool {
+        match &self.call {
+            Call::Fused(f) => f.is_packed(),
+            _ => {
+                self.send.as_ref().is_some_and(|s| s.is_packed())
+                    || self.recv.as_ref().is_some_and(|r| r.is_packed())
+            }
+        }
     }
 
     /// After MPI completed the call: unpacks the receive side into its tensor.

@@ -63,6 +63,7 @@ mod blocks;
 mod call;
 mod checks;
 mod collective;
+mod fused;
 mod held;
 mod immediate;
 mod mode;
@@ -787,6 +788,97 @@ pub trait TensorComm {
             (send.0, send.1.counts, send.1.displacements),
             (recv.0, recv.1.counts, recv.1.displacements),
         )
+    }
+
+    // Fused collectives over a list of tensors (`fused`): the members go in buckets of
+    // one dtype (`settings::bucket_bytes`, `settings::first_bucket_bytes`), one agreement
+    // for the list and one collective per bucket, packing, sending and unpacking
+    // overlapped across buckets.
+
+    /// All-reduce every tensor of `tensors` in place, as few messages: the members of one
+    /// dtype go in buckets (a pooled buffer each, members packed in list order in logical
+    /// row-major order; strided members allowed), one `MPI_Allreduce` per bucket, each
+    /// bucket unpacked into its members as it lands. Every rank passes a list of the same
+    /// length, dtypes and element counts (the agreement compares them). The result of each
+    /// member is what [`TensorComm::all_reduce_tensor_in_place`] gives it.
+    ///
+    /// # Errors
+    /// [`Error::Member`] naming the first member refused (its `READ_ONLY`, device, layout,
+    /// or a reduction its dtype does not have); [`Error::BuffersAlias`] when two members
+    /// share memory; [`Error::MixedDevices`]; [`Error::CollectiveMismatch`] when the lists
+    /// differ across ranks; the pool's errors. All before any data moves, on every rank.
+    fn all_reduce_tensors(&self, tensors: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()> {
+        fused::all_reduce_tensors(self, Blocking, None, tensors, op)
+    }
+
+    /// All-reduce the members of `send` into those of `recv` (pairwise: same length,
+    /// dtype and count per member), as [`TensorComm::all_reduce_tensors`] does in place.
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors`], and [`Error::LengthMismatch`] for lists of
+    /// different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`] or
+    /// [`Error::CountMismatch`].
+    fn all_reduce_tensors_into(
+        &self,
+        send: &[&dyn Tensor],
+        recv: &mut [&mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<()> {
+        fused::all_reduce_tensors(self, Blocking, Some(send), recv, op)
+    }
+
+    /// Broadcast every tensor of `tensors` from `root` as few messages (buckets as in
+    /// [`TensorComm::all_reduce_tensors`]; one `MPI_Bcast` per bucket). At the root the
+    /// members are only read (they may be `READ_ONLY`).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors`], and [`Error::InvalidRank`].
+    fn broadcast_tensors(&self, tensors: &mut [&mut dyn Tensor], root: Rank) -> Result<()> {
+        fused::broadcast_tensors(self, Blocking, tensors, root)
+    }
+
+    /// Nonblocking [`TensorComm::all_reduce_tensors`]: the post checks every member, takes
+    /// the buckets and posts the agreement; `test`/`wait` post every bucket once it
+    /// completes (packing bucket k+1 while bucket k is on the wire) and unpack each as it
+    /// lands.
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors`]; this rank's refusal from the post, the peers'
+    /// from [`TensorRequest::wait`].
+    fn immediate_all_reduce_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
+        &'a self,
+        scope: Sc,
+        tensors: &'a mut [&'b mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        fused::all_reduce_tensors(self, Immediate(scope), None, tensors, op)
+    }
+
+    /// Nonblocking [`TensorComm::all_reduce_tensors_into`].
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors_into`].
+    fn immediate_all_reduce_tensors_into<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
+        &'a self,
+        scope: Sc,
+        send: &'a [&'c dyn Tensor],
+        recv: &'a mut [&'b mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        fused::all_reduce_tensors(self, Immediate(scope), Some(send), recv, op)
+    }
+
+    /// Nonblocking [`TensorComm::broadcast_tensors`].
+    ///
+    /// # Errors
+    /// As [`TensorComm::broadcast_tensors`].
+    fn immediate_broadcast_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
+        &'a self,
+        scope: Sc,
+        tensors: &'a mut [&'b mut dyn Tensor],
+        root: Rank,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        fused::broadcast_tensors(self, Immediate(scope), tensors, root)
     }
 }
 

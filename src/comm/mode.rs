@@ -89,6 +89,18 @@ pub(super) trait Mode<'a> {
         T: TensorComm + ?Sized,
         P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>;
 
+    /// Agrees on `sig` and the outcome of a preparation made without a stager (a fused
+    /// list's), and runs the operation (or posts it).
+    ///
+    /// # Errors
+    /// `prepared`'s and the agreement's.
+    fn prepared<T: TensorComm + ?Sized>(
+        self,
+        tc: &'a T,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<Self::Out>;
+
     /// A refusal found before any operand was declared: agreed as the collective's outcome
     /// (the peers return [`Error::PeerRefused`]), then returned.
     ///
@@ -133,6 +145,16 @@ impl<'a> Mode<'a> for Blocking {
         )
     }
 
+    fn prepared<T: TensorComm + ?Sized>(
+        self,
+        tc: &'a T,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<()> {
+        let comm = tc.communicator();
+        agree(comm, &sig, prepared)?.run(comm.as_raw())
+    }
+
     fn refuse<T: TensorComm + ?Sized>(self, tc: &'a T, sig: Signature<'a>, e: Error) -> Result<()> {
         agree(tc.communicator(), &sig, Err(e))
     }
@@ -159,6 +181,15 @@ impl<'a, Sc: Scope<'a> + Copy> Mode<'a> for Immediate<Sc> {
         P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
     {
         pending::post(tc, self.0, sig, declared, prepare)
+    }
+
+    fn prepared<T: TensorComm + ?Sized>(
+        self,
+        tc: &'a T,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        pending::start(tc.communicator(), self.0, sig, prepared, None)
     }
 
     fn refuse<T: TensorComm + ?Sized>(

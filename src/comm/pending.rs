@@ -196,8 +196,9 @@ enum Phase<'a, Sc: Scope<'a>> {
         /// The key of the shadow's queue.
         shadow: Shadow,
     },
-    /// The data operation is posted (one request per chunk of a chunked reduction).
-    Posted(Vec<Request<'a, (), Sc>>),
+    /// The data operation is posted (one request per chunk of a chunked reduction, per
+    /// bucket of a fused list), in posting order.
+    Posted(VecDeque<Request<'a, (), Sc>>),
     /// Resolved to an error that completion returns.
     Failed(Error),
     /// Completed and reported.
@@ -266,7 +267,7 @@ impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
                 self.operation = None;
                 Phase::Failed(e)
             }
-            Ok(()) => match &self.operation {
+            Ok(()) => match &mut self.operation {
                 Some(op) => Phase::Posted(post_data(op, shadow.comm, self.scope)),
                 None => Phase::Finished,
             },
@@ -277,15 +278,16 @@ impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
 
 /// Posts `op` on `comm` and registers its requests with `scope`.
 fn post_data<'a, Sc: Scope<'a> + Copy>(
-    op: &Operation<'a>,
+    op: &mut Operation<'a>,
     comm: MPI_Comm,
     scope: Sc,
-) -> Vec<Request<'a, (), Sc>> {
+) -> VecDeque<Request<'a, (), Sc>> {
     let mut raw = Vec::with_capacity(1);
     // SAFETY: the operation's sides are owned by the collective this request keeps until
-    // every request completes (`TensorRequest` waits in `Drop`); its body checked them;
-    // every rank posts the same operation in the same order on `comm` (see the module docs).
-    unsafe { op.call.post(comm, &mut raw) };
+    // every request completes (`TensorRequest` waits in `Drop`), and `complete` tells it of
+    // each completion in order; its body checked them; every rank posts the same operation
+    // in the same order on `comm` (see the module docs).
+    unsafe { op.post(comm, &mut raw) };
     raw.into_iter()
         // SAFETY: a live, nonpersistent request just posted, used only through this value.
         .map(|r| unsafe { Request::from_raw(r, &(), scope) })
@@ -505,7 +507,7 @@ where
 }
 
 /// [`post`] after preparation.
-fn start<'a, C, Sc>(
+pub(super) fn start<'a, C, Sc>(
     comm: &C,
     scope: Sc,
     signature: Signature<'a>,
@@ -522,8 +524,8 @@ where
         Err(e) => (prepared.and(Err(e)), comm.size() > 1),
     };
     if !agreeing {
-        let op = prepared?;
-        let requests = post_data(&op, comm.as_raw(), scope);
+        let mut op = prepared?;
+        let requests = post_data(&mut op, comm.as_raw(), scope);
         return Ok(TensorRequest::collective(Rc::new(RefCell::new(
             Collective {
                 scope,
@@ -622,10 +624,7 @@ impl<'a, Sc: Scope<'a>> Collective<'a, Sc> {
 
     /// Whether a side of its operation is a packed copy.
     pub(super) fn is_packed(&self) -> bool {
-        self.operation.as_ref().is_some_and(|op| {
-            op.send.as_ref().is_some_and(|s| s.is_packed())
-                || op.recv.as_ref().is_some_and(|r| r.is_packed())
-        })
+        self.operation.as_ref().is_some_and(Operation::is_packed)
     }
 }
 
@@ -645,25 +644,30 @@ pub(super) fn complete<'a, Sc: Scope<'a>>(
             return None;
         }
     }
-    let mut st = state.borrow_mut();
+    let mut guard = state.borrow_mut();
+    let st = &mut *guard;
     let phase = std::mem::replace(&mut st.phase, Phase::Finished);
     let status = match phase {
-        Phase::Posted(requests) => {
+        Phase::Posted(mut requests) => {
             let mut last = None;
-            let mut pending = Vec::new();
-            for r in requests {
-                if block {
-                    last = Some(r.wait());
+            // In posting order: a fused list unpacks each bucket as it lands.
+            while let Some(r) = requests.pop_front() {
+                let status = if block {
+                    r.wait()
                 } else {
                     match r.test() {
-                        Ok(s) => last = Some(s),
-                        Err(r) => pending.push(r),
+                        Ok(s) => s,
+                        Err(r) => {
+                            requests.push_front(r);
+                            st.phase = Phase::Posted(requests);
+                            return None;
+                        }
                     }
+                };
+                last = Some(status);
+                if let Some(op) = st.operation.as_mut() {
+                    op.completed_one();
                 }
-            }
-            if !pending.is_empty() {
-                st.phase = Phase::Posted(pending);
-                return None;
             }
             last
         }

@@ -59,7 +59,7 @@ fn need(chunked: bool) -> Need {
 }
 
 /// The MPI operation for `op` on `dtype`: predefined, or user-defined for half precision.
-fn op_handle(op: ReduceOp, dtype: DType) -> Result<MPI_Op> {
+pub(super) fn op_handle(op: ReduceOp, dtype: DType) -> Result<MPI_Op> {
     if halfops::is_half(dtype) {
         halfops::op(dtype, op)
     } else {

@@ -43,6 +43,9 @@ pub(crate) struct Signature<'a> {
     count: Option<i64>,
     reduce: Option<ReduceOp>,
     counts: Option<&'a [i64]>,
+    /// A fused collective's list: its member count and the hash of each member's dtype and
+    /// element count, in order.
+    members: Option<(usize, u64)>,
 }
 
 impl<'a> Signature<'a> {
@@ -55,6 +58,7 @@ impl<'a> Signature<'a> {
             count: None,
             reduce: None,
             counts: None,
+            members: None,
         }
     }
 
@@ -88,15 +92,26 @@ impl<'a> Signature<'a> {
         self
     }
 
+    /// A fused collective's list of members, `(dtype, element count)` each, in order: lists
+    /// that differ in length, order or one member's dtype or count differ in fingerprint.
+    pub(crate) fn members(mut self, list: impl IntoIterator<Item = (DType, i64)>) -> Self {
+        let mut h = Fnv::new();
+        let mut n = 0usize;
+        for (d, c) in list {
+            h.word(dtype_word(d));
+            h.word(bits(c));
+            n += 1;
+        }
+        self.members = Some((n, h.0));
+        self
+    }
+
     /// The 64-bit FNV-1a hash of the signature, as the `i64` the agreement reduces.
     pub(crate) fn fingerprint(&self) -> i64 {
         let mut h = Fnv::new();
         self.op.bytes().for_each(|b| h.word(u64::from(b)));
         h.opt(self.root.map(|r| bits(i64::from(r))));
-        h.opt(
-            self.dtype
-                .map(|d| u64::from(d.code) | u64::from(d.bits) << 8 | u64::from(d.lanes) << 16),
-        );
+        h.opt(self.dtype.map(dtype_word));
         h.opt(self.count.map(bits));
         h.opt(self.reduce.map(|r| r as u64));
         match self.counts {
@@ -106,6 +121,7 @@ impl<'a> Signature<'a> {
             }
             None => h.word(0),
         }
+        h.opt(self.members.map(|(n, list)| list ^ (n as u64)));
         i64::from_ne_bytes(h.0.to_ne_bytes())
     }
 
@@ -131,8 +147,16 @@ impl<'a> Signature<'a> {
             let more = if list.len() > SHOWN { ", …" } else { "" };
             let _ = write!(s, " counts [{}{more}]", head.join(", "));
         }
+        if let Some((n, list)) = self.members {
+            let _ = write!(s, " members {n} (list {list:016x})");
+        }
         s
     }
+}
+
+/// A dtype as one word.
+fn dtype_word(d: DType) -> u64 {
+    u64::from(d.code) | u64::from(d.bits) << 8 | u64::from(d.lanes) << 16
 }
 
 /// The two's-complement bits of `x`.

@@ -79,6 +79,12 @@ pub unsafe fn pack(base: *const u8, axes: &[Axis], elem_bytes: usize, out: &mut 
     true
 }
 
+/// Whether [`pack`] and [`unpack`] take `axes` with `elem_bytes`-byte elements and a
+/// packed buffer of `packed_bytes` (the `true` they return, known before copying).
+pub fn accepts(axes: &[Axis], elem_bytes: usize, packed_bytes: usize) -> bool {
+    Job::new(axes, elem_bytes, packed_bytes, Side::Src).is_some()
+}
+
 /// Copies `data` (elements in logical row-major order) into the elements of a strided tensor:
 /// the inverse of [`pack`], with the same `axes` and `elem_bytes` conventions and the same
 /// `false` cases (then nothing is written).

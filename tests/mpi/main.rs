@@ -21,7 +21,7 @@
 //! - `--list`: prints the names of the selected suites, one a line, and exits 0 without
 //!   initializing MPI.
 //!
-//! Suites: `mpi_cases`, `immediate`, `nonblocking`, `agreement`, `mismatch`, `adversarial`, `checked`,
+//! Suites: `mpi_cases`, `immediate`, `nonblocking`, `fused`, `agreement`, `mismatch`, `adversarial`, `checked`,
 //! `faults`, `device_cases`, `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
 //! `python_exchange` (last: the ML producers they import may start threads). Each prints
 //! what its own binary printed before (rank 0: `running … at N rank(s)`, `test NAME ... ok`
@@ -53,6 +53,7 @@ mod canaries;
 mod checked;
 mod device_cases;
 mod faults;
+mod fused;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod immediate;
@@ -78,6 +79,7 @@ const SUITES: &[(&str, Suite)] = &[
     ("mpi_cases", mpi_cases::run),
     ("immediate", immediate::run),
     ("nonblocking", nonblocking::run),
+    ("fused", fused::run),
     ("agreement", agreement::run),
     ("mismatch", mismatch::run),
     ("adversarial", adversarial::run),

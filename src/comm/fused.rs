@@ -1,0 +1,590 @@
+//! Many tensors as few messages (issue 25): the fused all-reduce (also in place) and
+//! broadcast over a list of tensors, blocking and nonblocking ([`super::mode`]).
+//!
+//! **Buckets.** The members are grouped by dtype, in the order each dtype first appears;
+//! each group's members, in list order, fill buckets of at most
+//! [`crate::settings::first_bucket_bytes`] (the group's first bucket, 1 MiB by default) or
+//! [`crate::settings::bucket_bytes`] (the others, 25 MiB: PyTorch DDP's sizes); a member
+//! larger than that has a bucket of its own. A bucket is one pooled buffer
+//! ([`crate::spec::scratch`]) holding its members' elements in list order, each in logical
+//! row-major order (the pack kernels copy a strided member; a contiguous one is one
+//! `memcpy`), and one collective on it: `MPI_Allreduce` with `MPI_IN_PLACE` (in chunks of
+//! at most 2^30 units; half precision with the user-defined operations of
+//! [`super::halfops`]) or `MPI_Bcast` (in chunks of at most 2^30 units). The buckets of one
+//! call are its messages, so every rank must use the same bucket settings and the same
+//! list.
+//!
+//! **One agreement per list.** Every member is checked (its facts for its access; dtype and
+//! count against its pair in the form with a send list; no written member overlapping
+//! another member) and every bucket's buffer taken before the agreement, whose signature
+//! carries the list (member count, each member's dtype and element count:
+//! `Signature::members`); so a refusal or a mismatch anywhere in the list stops every rank
+//! before the first bucket, and nothing after the agreement can fail on one rank only.
+//!
+//! **Overlap.** After the agreement the buckets are packed and posted one after another
+//! (nonblocking: `MPI_Iallreduce`, `MPI_Ibcast`): bucket k+1 is packed while bucket k is on
+//! the wire. They complete in order, and each bucket is unpacked into its members as soon
+//! as it has landed, while later ones are still in flight. The blocking form does all of
+//! this in the call, on the caller's communicator; the nonblocking form posts every bucket
+//! when its agreement completes (in `test`/`wait`, on the shadow communicator of
+//! `pending`, all in one go so that no other collective comes between them) and unpacks
+//! each one as `test`/`wait` sees it land.
+//!
+//! Memory: the buckets hold the list's bytes once (as DDP's buckets do), taken from the
+//! scratch pool and handed back at completion. Members are host memory (device members:
+//! [`Error::TransportUnavailable`] on a `DeviceComm`).
+
+use mpi::ffi::{MPI_Comm, MPI_Op, MPI_Request};
+use mpi::raw::AsRaw;
+use mpi::topology::{Communicator, Rank};
+use mpi::Count;
+
+use super::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
+use super::checks::{check_count, check_intra, check_pair, check_rank};
+use super::mode::Mode;
+use super::reduce::op_handle;
+use super::signature::Signature;
+use super::TensorComm;
+use crate::device::MemoryKind;
+use crate::dlpack::Tensor;
+use crate::dtype::{DType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::raw;
+use crate::settings::{bucket_bytes, first_bucket_bytes};
+use crate::spec::facts::Facts;
+use crate::spec::kernels;
+use crate::spec::scratch::Scratch;
+use crate::spec::Access;
+
+/// What a fused collective does with each bucket.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum FusedKind {
+    /// An element-wise reduction over every rank into every rank (`MPI_Allreduce`, in place
+    /// on the bucket).
+    AllReduce(ReduceOp),
+    /// The root's values to every rank (`MPI_Bcast`).
+    Broadcast(Rank),
+}
+
+/// One member: the facts its elements are packed from and unpacked into (`None` where this
+/// rank does not do that; both the same for an in-place member), and its place in its
+/// bucket.
+#[derive(Debug)]
+struct Member {
+    pack: Option<Facts>,
+    unpack: Option<Facts>,
+    /// First byte in its bucket.
+    at: usize,
+    bytes: usize,
+}
+
+impl Member {
+    /// The facts that describe the member's elements.
+    fn facts(&self) -> Option<&Facts> {
+        self.pack.as_ref().or(self.unpack.as_ref())
+    }
+}
+
+/// One bucket: a buffer of its members' elements and the calls on it.
+#[derive(Debug)]
+struct Bucket {
+    /// Its members' indices, in list order.
+    members: Vec<usize>,
+    buf: Scratch,
+    calls: Vec<Call>,
+    /// How many requests its calls posted.
+    posted: usize,
+}
+
+/// A fused collective's data operation: the members, the buckets and what is done with
+/// them. The constructors return it as an [`Operation<'t>`], which borrows the list's
+/// tensors for `'t`.
+#[derive(Debug)]
+pub(super) struct Fused {
+    members: Vec<Member>,
+    buckets: Vec<Bucket>,
+    /// Buckets unpacked so far, and requests that completed so far.
+    landed: usize,
+    completed: usize,
+}
+
+/// The signature of the fused collective `name` over `tensors` (in list order).
+pub(super) fn signature<'l>(
+    name: &'static str,
+    tensors: impl Iterator<Item = &'l dyn Tensor>,
+) -> Signature<'static> {
+    let list: Vec<(DType, i64)> = tensors.map(|t| (t.dtype(), t.num_elements())).collect();
+    Signature::of(name).members(list)
+}
+
+/// Wraps member `index`'s error with its index.
+fn member(index: usize) -> impl Fn(Error) -> Error {
+    move |e| Error::Member {
+        index,
+        source: Box::new(e),
+    }
+}
+
+/// The facts of member `index` for `access`, in host memory, in a layout the pack kernels
+/// take.
+fn facts_of(index: usize, t: &dyn Tensor, access: Access) -> Result<Facts> {
+    let f = Facts::of(t, access, None).map_err(member(index))?;
+    if let Some(plan) = &f.plan {
+        let bytes = f.packed_bytes().map_err(member(index))?;
+        if !kernels::accepts(&plan.axes, f.element.size_bytes(), bytes) {
+            return Err(member(index)(Error::StridedNotSupported {
+                operation: "a fused member whose layout the pack kernels refuse",
+            }));
+        }
+    }
+    Ok(f)
+}
+
+/// Refuses a list whose members are not all one kind of memory ([`Error::MixedDevices`]),
+/// and device members on a device communicator (`staged`).
+pub(super) fn check_devices<'l>(
+    mut tensors: impl Iterator<Item = &'l dyn Tensor>,
+    staged: bool,
+) -> Result<()> {
+    let Some(first) = tensors.next() else {
+        return Ok(());
+    };
+    let kind = first.device().memory_kind();
+    for (i, t) in tensors.enumerate() {
+        if t.device().memory_kind() != kind {
+            return Err(Error::MixedDevices {
+                index: i + 1,
+                device: t.device().to_string(),
+                first: first.device().to_string(),
+            });
+        }
+    }
+    if staged && !matches!(kind, MemoryKind::Host | MemoryKind::PinnedHost) {
+        return Err(Error::TransportUnavailable {
+            transport: "fused",
+            reason: format!(
+                "the fused collectives take host tensors; the list is on {}",
+                first.device()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses a member written through memory another member also uses
+/// ([`Error::BuffersAlias`]); members only read may overlap.
+fn check_disjoint(members: &[Member]) -> Result<()> {
+    let mut spans: Vec<(usize, usize, bool)> = Vec::new();
+    for m in members {
+        match (&m.pack, &m.unpack) {
+            (Some(p), Some(u)) if (p.start, p.end) == (u.start, u.end) => {
+                spans.push((u.start, u.end, true));
+            }
+            (p, u) => {
+                spans.extend(p.iter().map(|f| (f.start, f.end, false)));
+                spans.extend(u.iter().map(|f| (f.start, f.end, true)));
+            }
+        }
+    }
+    spans.retain(|&(s, e, _)| s < e);
+    spans.sort_unstable();
+    let mut reach: Option<(usize, usize, bool)> = None;
+    for &(s, e, w) in &spans {
+        if let Some((rs, re, rw)) = reach {
+            if s < re && (w || rw) {
+                return Err(Error::BuffersAlias {
+                    send_address: rs,
+                    send_bytes: re - rs,
+                    recv_address: s,
+                    recv_bytes: e - s,
+                });
+            }
+            if e <= re {
+                continue;
+            }
+        }
+        reach = Some((s, e, w));
+    }
+    Ok(())
+}
+
+/// The buckets of `members`: lists of member indices, by dtype in order of first
+/// appearance, each at most `first` bytes (a dtype's first bucket) or `rest` bytes, or one
+/// member larger than that.
+fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usize>> {
+    let dtype = |m: &Member| m.facts().map(|f| f.element.dtype);
+    let mut order: Vec<DType> = Vec::new();
+    for d in members.iter().filter_map(dtype) {
+        if !order.contains(&d) {
+            order.push(d);
+        }
+    }
+    let mut out = Vec::new();
+    for d in order {
+        let (mut current, mut bytes, mut cap) = (Vec::new(), 0usize, first);
+        for (i, m) in members.iter().enumerate() {
+            if dtype(m) != Some(d) {
+                continue;
+            }
+            if !current.is_empty() && bytes.saturating_add(m.bytes) > cap {
+                out.push(std::mem::take(&mut current));
+                (bytes, cap) = (0, rest);
+            }
+            current.push(i);
+            bytes = bytes.saturating_add(m.bytes);
+        }
+        if !current.is_empty() {
+            out.push(current);
+        }
+    }
+    out
+}
+
+/// The calls of `kind` on a bucket of `units` units of `datatype` at `ptr` (chunks of at
+/// most 2^30 units; one call with count 0 for an empty bucket).
+fn calls_on(
+    kind: FusedKind,
+    ptr: *mut u8,
+    (units, unit_bytes): (usize, usize),
+    datatype: mpi::ffi::MPI_Datatype,
+    op: Option<MPI_Op>,
+) -> Vec<Call> {
+    let ptr = if units == 0 {
+        std::ptr::null_mut()
+    } else {
+        ptr
+    };
+    match (kind, op) {
+        (FusedKind::AllReduce(_), Some(op)) => vec![Call::Reduce {
+            buffers: Reduced {
+                send: raw::in_place().cast_const(),
+                recv: ptr.cast(),
+                units,
+                unit_bytes,
+                datatype,
+                op,
+            },
+            root: None,
+        }],
+        (_, _) => {
+            let root = match kind {
+                FusedKind::Broadcast(root) => root,
+                FusedKind::AllReduce(_) => 0,
+            };
+            let mut calls = Vec::new();
+            let mut done = 0usize;
+            loop {
+                let n = (units - done).min(REDUCE_CHUNK_UNITS);
+                // n ≤ 2^30 < i32::MAX.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+                let count = n as Count;
+                let at = if n == 0 {
+                    ptr
+                } else {
+                    ptr.wrapping_add(done * unit_bytes)
+                };
+                calls.push(Call::Bcast {
+                    buf: Buf::raw(at.cast(), count, datatype),
+                    root,
+                });
+                done += n;
+                if done >= units {
+                    break;
+                }
+            }
+            calls
+        }
+    }
+}
+
+impl Fused {
+    /// A fused all-reduce of `recv`'s members, from `send`'s (`None`: in place).
+    ///
+    /// # Errors
+    /// [`Error::Member`] around a member's refusal (its facts for its access, its dtype or
+    /// count against its pair, the reduction for its dtype); [`Error::LengthMismatch`] for
+    /// lists of different lengths; [`Error::BuffersAlias`]; the pool's errors.
+    pub(super) fn all_reduce<'t, 'b: 't, 'c: 't>(
+        send: Option<&'t [&'c dyn Tensor]>,
+        recv: &'t mut [&'b mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<Operation<'t>> {
+        if let Some(s) = send {
+            if s.len() != recv.len() {
+                return Err(Error::LengthMismatch {
+                    what: "fused all-reduce send list",
+                    expected: recv.len(),
+                    actual: s.len(),
+                });
+            }
+        }
+        let mut members = Vec::with_capacity(recv.len());
+        for (i, r) in recv.iter().enumerate() {
+            let access = if send.is_some() {
+                Access::Write
+            } else {
+                Access::Update
+            };
+            let wf = facts_of(i, &**r, access)?;
+            wf.element.check_reduction(op).map_err(member(i))?;
+            let pf = match send {
+                Some(s) => {
+                    let sf = facts_of(i, s[i], Access::Read)?;
+                    check_pair("fused all-reduce send vs receive", &sf, &wf).map_err(member(i))?;
+                    check_count(
+                        || "fused all-reduce receive".into(),
+                        sf.len_elems,
+                        wf.len_elems,
+                    )
+                    .map_err(member(i))?;
+                    sf
+                }
+                None => wf.clone(),
+            };
+            let bytes = pf.packed_bytes().map_err(member(i))?;
+            members.push(Member {
+                pack: Some(pf),
+                unpack: Some(wf),
+                at: 0,
+                bytes,
+            });
+        }
+        Fused::build(FusedKind::AllReduce(op), members).map(Operation::fused)
+    }
+
+    /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
+    ///
+    /// # Errors
+    /// [`Error::Member`] around a member's refusal; [`Error::BuffersAlias`]; the pool's
+    /// errors.
+    pub(super) fn broadcast<'t, 'b: 't>(
+        tensors: &'t mut [&'b mut dyn Tensor],
+        root: Rank,
+        is_root: bool,
+    ) -> Result<Operation<'t>> {
+        let mut members = Vec::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            let access = if is_root { Access::Read } else { Access::Write };
+            let f = facts_of(i, &**t, access)?;
+            let bytes = f.packed_bytes().map_err(member(i))?;
+            let (pack, unpack) = if is_root {
+                (Some(f), None)
+            } else {
+                (None, Some(f))
+            };
+            members.push(Member {
+                pack,
+                unpack,
+                at: 0,
+                bytes,
+            });
+        }
+        Fused::build(FusedKind::Broadcast(root), members).map(Operation::fused)
+    }
+
+    /// Places the members in buckets and takes the buckets' buffers.
+    fn build(kind: FusedKind, mut members: Vec<Member>) -> Result<Fused> {
+        check_disjoint(&members)?;
+        let caps = (first_bucket_bytes()?, bucket_bytes()?);
+        let mut buckets = Vec::new();
+        for list in buckets_of(&members, caps) {
+            let mut bytes = 0usize;
+            for &i in &list {
+                members[i].at = bytes;
+                bytes += members[i].bytes;
+            }
+            let element = members[list[0]]
+                .facts()
+                .map(|f| f.element)
+                .ok_or_else(|| super::checks::missing("fused member facts"))?;
+            let op = match kind {
+                FusedKind::AllReduce(op) => Some(op_handle(op, element.dtype)?),
+                FusedKind::Broadcast(_) => None,
+            };
+            let mut buf = Scratch::take(bytes)?;
+            let unit = element.row.unit;
+            let units = bytes / unit.size_bytes().max(1);
+            let calls = calls_on(
+                kind,
+                buf.as_mut_ptr(),
+                (units, unit.size_bytes()),
+                unit.datatype().as_raw(),
+                op,
+            );
+            buckets.push(Bucket {
+                members: list,
+                buf,
+                calls,
+                posted: 0,
+            });
+        }
+        Ok(Fused {
+            members,
+            buckets,
+            landed: 0,
+            completed: 0,
+        })
+    }
+}
+
+impl Fused {
+    /// Copies bucket `b`'s members into its buffer (the members this rank packs).
+    fn pack(&mut self, b: usize) {
+        let bucket = &mut self.buckets[b];
+        for &i in &bucket.members {
+            let m = &self.members[i];
+            let Some(f) = &m.pack else { continue };
+            let out = &mut bucket.buf[m.at..m.at + m.bytes];
+            if out.is_empty() {
+                continue;
+            }
+            let base = f.first.cast::<u8>().cast_const();
+            match &f.plan {
+                // SAFETY: the member's facts checked its elements in range and host-readable
+                // for `Access::Read`/`Update`; the bucket is our own buffer.
+                None => unsafe { std::ptr::copy_nonoverlapping(base, out.as_mut_ptr(), out.len()) },
+                Some(plan) => {
+                    // SAFETY: as above; the kernels accept the layout (checked when the
+                    // facts were taken), so this copies every element.
+                    let done =
+                        unsafe { kernels::pack(base, &plan.axes, f.element.size_bytes(), out) };
+                    debug_assert!(done);
+                }
+            }
+        }
+    }
+
+    /// Copies bucket `b`'s buffer into its members (those this rank unpacks).
+    fn unpack(&mut self, b: usize) {
+        let bucket = &self.buckets[b];
+        for &i in &bucket.members {
+            let m = &self.members[i];
+            let Some(f) = &m.unpack else { continue };
+            let data = &bucket.buf[m.at..m.at + m.bytes];
+            if data.is_empty() {
+                continue;
+            }
+            let base = f.first.cast::<u8>();
+            match &f.plan {
+                // SAFETY: the member's facts checked its elements in range, host-writable
+                // and free of overlap (`Access::Write`/`Update`), and no member written
+                // overlaps another (`check_disjoint`); the bucket is our own buffer.
+                None => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base, data.len()) },
+                Some(plan) => {
+                    // SAFETY: as above.
+                    let done =
+                        unsafe { kernels::unpack(data, base, &plan.axes, f.element.size_bytes()) };
+                    debug_assert!(done);
+                }
+            }
+        }
+    }
+
+    /// Packs and posts every bucket in order on `comm`, pushing the requests to `requests`
+    /// (bucket k+1 is packed while bucket k is on the wire).
+    ///
+    /// # Safety
+    /// Every rank of `comm` posts the same buckets (the agreement said so); `self` stays
+    /// alive and untouched until every pushed request has completed.
+    pub(super) unsafe fn post(&mut self, comm: MPI_Comm, requests: &mut Vec<MPI_Request>) {
+        for b in 0..self.buckets.len() {
+            self.pack(b);
+            let before = requests.len();
+            for call in &self.buckets[b].calls {
+                // SAFETY: the calls are over the bucket's own buffer, alive as long as
+                // `self`; the caller's contract on `comm`.
+                unsafe { call.post(comm, requests) };
+            }
+            self.buckets[b].posted = requests.len() - before;
+        }
+    }
+
+    /// After the next request (in posting order) completed: unpacks every bucket whose
+    /// requests have all completed.
+    pub(super) fn completed_one(&mut self) {
+        self.completed += 1;
+        let mut done: usize = self.buckets[..self.landed].iter().map(|b| b.posted).sum();
+        while self.landed < self.buckets.len() {
+            done += self.buckets[self.landed].posted;
+            if done > self.completed {
+                break;
+            }
+            self.unpack(self.landed);
+            self.landed += 1;
+        }
+    }
+
+    /// Runs blocking on `comm`: packs and posts every bucket, then waits for them in order,
+    /// unpacking each as it lands.
+    ///
+    /// # Safety
+    /// As [`Fused::post`].
+    pub(super) unsafe fn run(&mut self, comm: MPI_Comm) {
+        let mut requests = Vec::with_capacity(self.buckets.len());
+        // SAFETY: the caller's contract; `self` outlives the waits below.
+        unsafe { self.post(comm, &mut requests) };
+        for mut r in requests {
+            // SAFETY: a request just posted, completed once here.
+            unsafe { mpi::ffi::MPI_Wait(&mut r, mpi::ffi::RSMPI_STATUS_IGNORE) };
+            self.completed_one();
+        }
+        // Buckets that posted nothing (none do: every bucket has a call) are unpacked too.
+        while self.landed < self.buckets.len() {
+            self.unpack(self.landed);
+            self.landed += 1;
+        }
+    }
+
+    /// Whether any member is strided (packed by the kernels).
+    pub(super) fn is_packed(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.facts().is_some_and(|f| !f.is_contiguous()))
+    }
+}
+
+/// [`super::TensorComm::all_reduce_tensors`], [`super::TensorComm::all_reduce_tensors_into`]
+/// and their nonblocking forms: `send` `None` reduces `recv`'s members in place.
+pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: Option<&'a [&'c dyn Tensor]>,
+    recv: &'a mut [&'b mut dyn Tensor],
+    op: ReduceOp,
+) -> Result<M::Out> {
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let name = if send.is_some() {
+        "all_reduce_tensors"
+    } else {
+        "all_reduce_tensors_in_place"
+    };
+    let sig = signature(name, recv.iter().map(|t| &**t as &dyn Tensor)).reduce(op);
+    let staged = tc.stager().is_some();
+    let devices = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)
+        .and_then(|()| send.map_or(Ok(()), |s| check_devices(s.iter().copied(), staged)));
+    let prepared = devices.and_then(|()| Fused::all_reduce(send, recv, op));
+    mode.prepared(tc, sig, prepared)
+}
+
+/// [`super::TensorComm::broadcast_tensors`] and its nonblocking form.
+pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    tensors: &'a mut [&'b mut dyn Tensor],
+    root: Rank,
+) -> Result<M::Out> {
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let sig = signature(
+        "broadcast_tensors",
+        tensors.iter().map(|t| &**t as &dyn Tensor),
+    )
+    .root(root);
+    let staged = tc.stager().is_some();
+    let is_root = comm.rank() == root;
+    let prepared = check_rank(root, comm.size())
+        .and_then(|()| check_devices(tensors.iter().map(|t| &**t as &dyn Tensor), staged))
+        .and_then(|()| Fused::broadcast(tensors, root, is_root));
+    mode.prepared(tc, sig, prepared)
+}
