@@ -60,11 +60,17 @@ pub(super) fn broadcast(w: &SimpleCommunicator, dt: Dt, kind: Kind) -> Outcome {
     let n = kind.block();
     let root = w.size() - 1;
     let me = w.rank();
-    let mut c = Canary::new(dt, kind, n, |i| if me == root { value(root, i) } else { STALE });
+    let mut c = Canary::new(
+        dt,
+        kind,
+        n,
+        |i| if me == root { value(root, i) } else { STALE },
+    );
     {
         let flags = if me == root { FLAG_READ_ONLY } else { 0 };
         let mut t = c.tensor(flags);
-        posted!(false, |scope| w.immediate_broadcast_tensor(scope, &mut t, root));
+        posted!(false, |scope| w
+            .immediate_broadcast_tensor(scope, &mut t, root));
     }
     if me == root {
         c.untouched()
@@ -82,8 +88,10 @@ pub(super) fn gatherv(w: &SimpleCommunicator, kind: Kind) -> Outcome {
     {
         let st = s.tensor(FLAG_READ_ONLY);
         let mut rt = r.tensor(0);
-        let at_root = (me == 0).then(|| (&mut rt as &mut dyn Tensor, Blocks::new(&counts, &displs)));
-        posted!(false, |scope| w.immediate_gatherv_tensor(scope, &st, at_root, 0));
+        let at_root =
+            (me == 0).then(|| (&mut rt as &mut dyn Tensor, Blocks::new(&counts, &displs)));
+        posted!(false, |scope| w
+            .immediate_gatherv_tensor(scope, &st, at_root, 0));
     }
     s.untouched()?;
     if me == 0 {
@@ -104,7 +112,8 @@ pub(super) fn all_gather(w: &SimpleCommunicator, kind: Kind) -> Outcome {
     {
         let st = s.tensor(FLAG_READ_ONLY);
         let mut rt = r.tensor(0);
-        posted!(true, |scope| w.immediate_all_gather_tensor(scope, &st, &mut rt));
+        posted!(true, |scope| w
+            .immediate_all_gather_tensor(scope, &st, &mut rt));
     }
     s.untouched()?;
     r.received(|i| value((i / b.max(1)) as i32, i % b.max(1)))

@@ -96,7 +96,9 @@ fn staged_strided_and_mixed(w: &SimpleCommunicator) -> Outcome {
     let total: usize = (0..p).map(|r| 1 + r as usize).sum();
     let mut hr = Owned::new(vec![0.0f32; total]);
     let counts: Vec<i64> = (0..p).map(|r| 1 + i64::from(r)).collect();
-    let displs: Vec<i64> = (0..p).map(|r| (0..r).map(|x| 1 + i64::from(x)).sum()).collect();
+    let displs: Vec<i64> = (0..p)
+        .map(|r| (0..r).map(|x| 1 + i64::from(x)).sum())
+        .collect();
     {
         let s = take(&send, &rt)?;
         let mut r = take(&recv, &rt)?;
@@ -107,14 +109,22 @@ fn staged_strided_and_mixed(w: &SimpleCommunicator) -> Outcome {
             let reqs = vec![
                 dc.immediate_all_reduce_tensor(scope, &s, &mut r, ReduceOp::Sum)?,
                 dc.immediate_broadcast_tensor(scope, &mut b, 0)?,
-                w.immediate_all_gatherv_tensor(scope, &hst, &mut hrt, Blocks::new(&counts, &displs))?,
+                w.immediate_all_gatherv_tensor(
+                    scope,
+                    &hst,
+                    &mut hrt,
+                    Blocks::new(&counts, &displs),
+                )?,
             ];
             wait_all(reqs).into_iter().try_for_each(|r| r.map(drop))
         });
         call!(done);
     }
     let all = recv.as_slice().to_vec();
-    ensure_eq!(all.iter().step_by(2).copied().collect::<Vec<_>>(), sums(p, 4));
+    ensure_eq!(
+        all.iter().step_by(2).copied().collect::<Vec<_>>(),
+        sums(p, 4)
+    );
     ensure!(
         all.iter().skip(1).step_by(2).all(|&g| g == -7.0),
         "a gap was written: {all:?}"
@@ -152,7 +162,10 @@ fn staged_refusal(w: &SimpleCommunicator) -> Outcome {
         got
     };
     if me == p - 1 {
-        ensure!(matches!(got, Err(Error::ReadOnly)), "expected ReadOnly from the post, got {got:?}");
+        ensure!(
+            matches!(got, Err(Error::ReadOnly)),
+            "expected ReadOnly from the post, got {got:?}"
+        );
     } else {
         match got {
             Ok(Err(Error::PeerRefused { rank, .. })) if rank == p - 1 => {}
@@ -214,7 +227,10 @@ fn direct_all_reduce_copies_nothing(w: &SimpleCommunicator) -> Outcome {
 pub(super) const CASES: &[(&str, Case)] = &[
     ("nonblocking_staged_point_to_point", staged_point_to_point),
     ("nonblocking_staged_all_reduce", staged_all_reduce),
-    ("nonblocking_staged_strided_and_mixed", staged_strided_and_mixed),
+    (
+        "nonblocking_staged_strided_and_mixed",
+        staged_strided_and_mixed,
+    ),
     ("nonblocking_staged_refusal", staged_refusal),
     (
         "nonblocking_dropped_staged_request_copies_back",
