@@ -229,8 +229,30 @@ impl Call {
     }
 
     /// The blocking or nonblocking form of the call.
-    #[allow(clippy::too_many_lines)]
-    unsafe fn issue(&self, comm: MPI_Comm, mut requests: Requests<'_>) {
+    unsafe fn issue(&self, comm: MPI_Comm, requests: Requests<'_>) {
+        // SAFETY: the contract of `run`/`post`, passed on.
+        unsafe {
+            match self {
+                Call::Bcast { .. } | Call::Reduce { .. } | Call::ReduceScatterBlock { .. } => {
+                    self.issue_reductions(comm, requests);
+                }
+                Call::Gather { .. } | Call::Gatherv { .. } => self.issue_gathers(comm, requests),
+                Call::Scatter { .. } | Call::Scatterv { .. } => {
+                    self.issue_scatters(comm, requests);
+                }
+                Call::AllGather { .. }
+                | Call::AllGatherv { .. }
+                | Call::AllToAll { .. }
+                | Call::AllToAllv { .. } => {
+                    self.issue_all(comm, requests);
+                }
+                Call::Fused(_) => {}
+            }
+        }
+    }
+
+    /// [`Call::issue`] of a broadcast or a reduction.
+    unsafe fn issue_reductions(&self, comm: MPI_Comm, mut requests: Requests<'_>) {
         use mpi::ffi as f;
         // SAFETY: (every arm) the contract of `run`/`post`: each pointer holds the counts
         // of its datatype that the arguments name, read or written as MPI's call says.
@@ -274,6 +296,18 @@ impl Call {
                         slot(v),
                     ),
                 },
+                _ => 0,
+            };
+        }
+    }
+
+    /// [`Call::issue`] of a gather.
+    unsafe fn issue_gathers(&self, comm: MPI_Comm, requests: Requests<'_>) {
+        use mpi::ffi as f;
+        // SAFETY: (every arm) the contract of `run`/`post`: each pointer holds the counts
+        // of its datatype that the arguments name, read or written as MPI's call says.
+        unsafe {
+            match self {
                 Call::Gather {
                     send: s,
                     recv: r,
@@ -322,6 +356,18 @@ impl Call {
                         ),
                     }
                 }
+                _ => 0,
+            };
+        }
+    }
+
+    /// [`Call::issue`] of a scatter.
+    unsafe fn issue_scatters(&self, comm: MPI_Comm, requests: Requests<'_>) {
+        use mpi::ffi as f;
+        // SAFETY: (every arm) the contract of `run`/`post`: each pointer holds the counts
+        // of its datatype that the arguments name, read or written as MPI's call says.
+        unsafe {
+            match self {
                 Call::Scatter {
                     send: s,
                     recv: r,
@@ -370,6 +416,18 @@ impl Call {
                         ),
                     }
                 }
+                _ => 0,
+            };
+        }
+    }
+
+    /// [`Call::issue`] of an all-gather or an all-to-all.
+    unsafe fn issue_all(&self, comm: MPI_Comm, requests: Requests<'_>) {
+        use mpi::ffi as f;
+        // SAFETY: (every arm) the contract of `run`/`post`: each pointer holds the counts
+        // of its datatype that the arguments name, read or written as MPI's call says.
+        unsafe {
+            match self {
                 Call::AllGather { send: s, recv: r } => match requests {
                     None => f::MPI_Allgather(
                         s.ptr, s.count, s.datatype, r.ptr, r.count, r.datatype, comm,
@@ -417,7 +475,6 @@ impl Call {
                         slot(v),
                     ),
                 },
-                Call::Fused(_) => 0,
                 Call::AllToAllv { send, recv } => {
                     let (sp, sc, sd, st) = send.parts();
                     let (rp, rc, rd, rt) = recv.parts();
@@ -426,6 +483,7 @@ impl Call {
                         Some(v) => f::MPI_Ialltoallv(sp, sc, sd, st, rp, rc, rd, rt, comm, slot(v)),
                     }
                 }
+                _ => 0,
             };
         }
     }

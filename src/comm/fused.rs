@@ -64,6 +64,9 @@ pub(super) enum FusedKind {
     AllReduce(ReduceOp),
     /// The root's values to every rank (`MPI_Bcast`).
     Broadcast(Rank),
+    /// An element-wise reduction over the ranks whose block `r` of every member goes to
+    /// rank `r` (`MPI_Reduce_scatter_block`), among this many ranks.
+    ReduceScatter(ReduceOp, Rank),
 }
 
 /// One member: the facts its elements are packed from and unpacked into (`None` where this
@@ -90,7 +93,10 @@ impl Member {
 struct Bucket {
     /// Its members' indices, in list order.
     members: Vec<usize>,
+    /// Its members' elements (a reduce-scatter's: every rank's blocks, rank by rank).
     buf: Scratch,
+    /// A reduce-scatter's receive buffer: this rank's block of every member.
+    recv: Option<Scratch>,
     calls: Vec<Call>,
     /// How many requests its calls posted.
     posted: usize,
@@ -101,6 +107,7 @@ struct Bucket {
 /// tensors for `'t`.
 #[derive(Debug)]
 pub(super) struct Fused {
+    kind: FusedKind,
     members: Vec<Member>,
     buckets: Vec<Bucket>,
     /// Buckets unpacked so far, and requests that completed so far.
@@ -269,7 +276,7 @@ fn calls_on(
         (_, _) => {
             let root = match kind {
                 FusedKind::Broadcast(root) => root,
-                FusedKind::AllReduce(_) => 0,
+                _ => 0,
             };
             let mut calls = Vec::new();
             let mut done = 0usize;
@@ -352,6 +359,49 @@ impl Fused {
         Fused::build(FusedKind::AllReduce(op), members).map(Operation::fused)
     }
 
+    /// A fused reduce-scatter: member `i` of `send` (`ranks` × its receive's elements)
+    /// reduced over the ranks, block `r` into rank `r`'s member `i` of `recv`.
+    ///
+    /// # Errors
+    /// As [`Fused::all_reduce`], and [`Error::Member`] around [`Error::CountMismatch`] when
+    /// a send member does not hold `ranks` × its receive's elements; [`Error::CountTooLarge`]
+    /// for a bucket beyond `int` units per rank.
+    pub(super) fn reduce_scatter<'t, 'b: 't, 'c: 't>(
+        send: &'t [&'c dyn Tensor],
+        recv: &'t mut [&'b mut dyn Tensor],
+        op: ReduceOp,
+        ranks: Rank,
+    ) -> Result<Operation<'t>> {
+        if send.len() != recv.len() {
+            return Err(Error::LengthMismatch {
+                what: "fused reduce-scatter send list",
+                expected: recv.len(),
+                actual: send.len(),
+            });
+        }
+        let mut members = Vec::with_capacity(recv.len());
+        for (i, (s, r)) in send.iter().zip(recv.iter()).enumerate() {
+            let sf = facts_of(i, *s, Access::Read)?;
+            sf.element.check_reduction(op).map_err(member(i))?;
+            let rf = facts_of(i, &**r, Access::Write)?;
+            check_pair("fused reduce-scatter send vs receive", &sf, &rf).map_err(member(i))?;
+            check_count(
+                || format!("fused reduce-scatter send (= receive count × {ranks} ranks)"),
+                rf.len_elems.saturating_mul(i64::from(ranks)),
+                sf.len_elems,
+            )
+            .map_err(member(i))?;
+            let bytes = rf.packed_bytes().map_err(member(i))?;
+            members.push(Member {
+                pack: Some(sf),
+                unpack: Some(rf),
+                at: 0,
+                bytes,
+            });
+        }
+        Fused::build(FusedKind::ReduceScatter(op, ranks), members).map(Operation::fused)
+    }
+
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
     ///
     /// # Errors
@@ -385,7 +435,12 @@ impl Fused {
     /// Places the members in buckets and takes the buckets' buffers.
     fn build(kind: FusedKind, mut members: Vec<Member>) -> Result<Fused> {
         check_disjoint(&members)?;
-        let caps = (first_bucket_bytes()?, bucket_bytes()?);
+        // A reduce-scatter's bucket holds every rank's block of each member.
+        let ranks = match kind {
+            FusedKind::ReduceScatter(_, ranks) => usize::try_from(ranks).unwrap_or(1).max(1),
+            _ => 1,
+        };
+        let caps = (first_bucket_bytes()? / ranks, bucket_bytes()? / ranks);
         let mut buckets = Vec::new();
         for list in buckets_of(&members, caps) {
             let mut bytes = 0usize;
@@ -397,28 +452,17 @@ impl Fused {
                 .facts()
                 .map(|f| f.element)
                 .ok_or_else(|| super::checks::missing("fused member facts"))?;
-            let op = match kind {
-                FusedKind::AllReduce(op) => Some(op_handle(op, element.dtype)?),
-                FusedKind::Broadcast(_) => None,
-            };
-            let mut buf = Scratch::take(bytes)?;
-            let unit = element.row.unit;
-            let units = bytes / unit.size_bytes().max(1);
-            let calls = calls_on(
-                kind,
-                buf.as_mut_ptr(),
-                (units, unit.size_bytes()),
-                unit.datatype().as_raw(),
-                op,
-            );
+            let (buf, recv, calls) = bucket_buffers(kind, element, bytes, ranks)?;
             buckets.push(Bucket {
                 members: list,
                 buf,
+                recv,
                 calls,
                 posted: 0,
             });
         }
         Ok(Fused {
+            kind,
             members,
             buckets,
             landed: 0,
@@ -427,55 +471,144 @@ impl Fused {
     }
 }
 
+/// A bucket's buffers and calls: `bytes` of `element`s (a reduce-scatter's: per rank, and
+/// the send buffer `ranks` times that, with a receive buffer of `bytes`).
+fn bucket_buffers(
+    kind: FusedKind,
+    element: crate::dtype::ElementType,
+    bytes: usize,
+    ranks: usize,
+) -> Result<(Scratch, Option<Scratch>, Vec<Call>)> {
+    let unit = element.row.unit;
+    let units = bytes / unit.size_bytes().max(1);
+    let datatype = unit.datatype().as_raw();
+    let start = |s: &mut Scratch| {
+        if s.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            s.as_mut_ptr()
+        }
+    };
+    match kind {
+        FusedKind::ReduceScatter(op, _) => {
+            let op = op_handle(op, element.dtype)?;
+            let count = Count::try_from(units).map_err(|_| Error::CountTooLarge {
+                count: units as u64,
+            })?;
+            let total = bytes.checked_mul(ranks).ok_or(Error::Overflow {
+                quantity: "fused reduce-scatter bucket bytes",
+                lhs: bytes as i128,
+                operator: "*",
+                rhs: ranks as i128,
+            })?;
+            let mut buf = Scratch::take(total)?;
+            let mut recv = Scratch::take(bytes)?;
+            let calls = vec![Call::ReduceScatterBlock {
+                send: start(&mut buf).cast_const().cast(),
+                recv: Buf::raw(start(&mut recv).cast(), count, datatype),
+                op,
+            }];
+            Ok((buf, Some(recv), calls))
+        }
+        FusedKind::AllReduce(op) => {
+            let op = op_handle(op, element.dtype)?;
+            let mut buf = Scratch::take(bytes)?;
+            let calls = calls_on(
+                kind,
+                start(&mut buf),
+                (units, unit.size_bytes()),
+                datatype,
+                Some(op),
+            );
+            Ok((buf, None, calls))
+        }
+        FusedKind::Broadcast(_) => {
+            let mut buf = Scratch::take(bytes)?;
+            let calls = calls_on(
+                kind,
+                start(&mut buf),
+                (units, unit.size_bytes()),
+                datatype,
+                None,
+            );
+            Ok((buf, None, calls))
+        }
+    }
+}
+
+/// Copies the elements `f` describes into `out` in logical order (`out` holds exactly
+/// them).
+fn copy_in(f: &Facts, out: &mut [u8]) {
+    if out.is_empty() {
+        return;
+    }
+    let base = f.first.cast::<u8>().cast_const();
+    match &f.plan {
+        // SAFETY: the member's facts checked its elements in range and host-readable; `out`
+        // is a buffer of ours of exactly the member's bytes.
+        None => unsafe { std::ptr::copy_nonoverlapping(base, out.as_mut_ptr(), out.len()) },
+        Some(plan) => {
+            // SAFETY: as above; the kernels accept the layout (checked when the facts were
+            // taken), so this copies every element.
+            let done = unsafe { kernels::pack(base, &plan.axes, f.element.size_bytes(), out) };
+            debug_assert!(done);
+        }
+    }
+}
+
+/// Copies `data` (logical order, exactly the elements) into the elements `f` describes.
+fn copy_out(f: &Facts, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let base = f.first.cast::<u8>();
+    match &f.plan {
+        // SAFETY: the member's facts checked its elements in range, host-writable and free
+        // of overlap (`Access::Write`/`Update`), and no written member overlaps another
+        // (`check_disjoint`); `data` is a buffer of ours.
+        None => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base, data.len()) },
+        Some(plan) => {
+            // SAFETY: as above.
+            let done = unsafe { kernels::unpack(data, base, &plan.axes, f.element.size_bytes()) };
+            debug_assert!(done);
+        }
+    }
+}
+
 impl Fused {
-    /// Copies bucket `b`'s members into its buffer (the members this rank packs).
+    /// Copies bucket `b`'s members into its buffer (the members this rank packs; for a
+    /// reduce-scatter, block `r` of each member into rank `r`'s segment).
     fn pack(&mut self, b: usize) {
         let bucket = &mut self.buckets[b];
+        let seg: usize = bucket.members.iter().map(|&i| self.members[i].bytes).sum();
         for &i in &bucket.members {
             let m = &self.members[i];
             let Some(f) = &m.pack else { continue };
-            let out = &mut bucket.buf[m.at..m.at + m.bytes];
-            if out.is_empty() {
-                continue;
-            }
-            let base = f.first.cast::<u8>().cast_const();
-            match &f.plan {
-                // SAFETY: the member's facts checked its elements in range and host-readable
-                // for `Access::Read`/`Update`; the bucket is our own buffer.
-                None => unsafe { std::ptr::copy_nonoverlapping(base, out.as_mut_ptr(), out.len()) },
-                Some(plan) => {
-                    // SAFETY: as above; the kernels accept the layout (checked when the
-                    // facts were taken), so this copies every element.
-                    let done =
-                        unsafe { kernels::pack(base, &plan.axes, f.element.size_bytes(), out) };
-                    debug_assert!(done);
+            match self.kind {
+                FusedKind::ReduceScatter(..) => {
+                    let ranks = bucket.buf.len().checked_div(seg).unwrap_or(0);
+                    let mut whole = vec![0u8; m.bytes * ranks];
+                    copy_in(f, &mut whole);
+                    for r in 0..ranks {
+                        let to = r * seg + m.at;
+                        bucket.buf[to..to + m.bytes]
+                            .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
+                    }
                 }
+                _ => copy_in(f, &mut bucket.buf[m.at..m.at + m.bytes]),
             }
         }
     }
 
-    /// Copies bucket `b`'s buffer into its members (those this rank unpacks).
+    /// Copies bucket `b`'s buffer (a reduce-scatter's receive buffer) into its members
+    /// (those this rank unpacks).
     fn unpack(&mut self, b: usize) {
         let bucket = &self.buckets[b];
+        let data = bucket.recv.as_ref().unwrap_or(&bucket.buf);
         for &i in &bucket.members {
             let m = &self.members[i];
-            let Some(f) = &m.unpack else { continue };
-            let data = &bucket.buf[m.at..m.at + m.bytes];
-            if data.is_empty() {
-                continue;
-            }
-            let base = f.first.cast::<u8>();
-            match &f.plan {
-                // SAFETY: the member's facts checked its elements in range, host-writable
-                // and free of overlap (`Access::Write`/`Update`), and no member written
-                // overlaps another (`check_disjoint`); the bucket is our own buffer.
-                None => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base, data.len()) },
-                Some(plan) => {
-                    // SAFETY: as above.
-                    let done =
-                        unsafe { kernels::unpack(data, base, &plan.axes, f.element.size_bytes()) };
-                    debug_assert!(done);
-                }
+            if let Some(f) = &m.unpack {
+                copy_out(f, &data[m.at..m.at + m.bytes]);
             }
         }
     }
@@ -586,5 +719,27 @@ pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>
     let prepared = check_rank(root, comm.size())
         .and_then(|()| check_devices(tensors.iter().map(|t| &**t as &dyn Tensor), staged))
         .and_then(|()| Fused::broadcast(tensors, root, is_root));
+    mode.prepared(tc, sig, prepared)
+}
+
+/// [`super::TensorComm::reduce_scatter_tensors`] and its nonblocking form.
+pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+    tc: &'a T,
+    mode: M,
+    send: &'a [&'c dyn Tensor],
+    recv: &'a mut [&'b mut dyn Tensor],
+    op: ReduceOp,
+) -> Result<M::Out> {
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let sig = signature(
+        "reduce_scatter_tensors",
+        recv.iter().map(|t| &**t as &dyn Tensor),
+    )
+    .reduce(op);
+    let staged = tc.stager().is_some();
+    let prepared = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)
+        .and_then(|()| check_devices(send.iter().copied(), staged))
+        .and_then(|()| Fused::reduce_scatter(send, recv, op, comm.size()));
     mode.prepared(tc, sig, prepared)
 }

@@ -1,61 +1,4 @@
-//! Checked tensor operations on every rsmpi communicator.
-//!
-//! [`TensorComm`] is implemented for every [`Communicator`]. Each method builds the specs
-//! (all checks of [`crate::spec`]), checks the local arguments against each other — ranks in
-//! the communicator, dtypes equal, counts consistent with the communicator size, reductions
-//! allowed for the dtype, vector blocks inside their tensors — and only then calls MPI. A
-//! mismatch is an `Err` on the rank that sees it; no MPI call has been made with the bad
-//! arguments, so MPI never aborts the job over them.
-//!
-//! **Agreement** ([`Agreement`]): a collective's local checks can fail on one rank only (a
-//! root's receive buffer too small or `READ_ONLY`, one rank's displacements, a count above
-//! `int` on one rank), and MPI cannot take back a collective that the other ranks have
-//! entered: they would wait forever. So every collective first runs its checks and builds
-//! its buffers on every rank, then the ranks agree with one `MPI_Allreduce` of three
-//! `int64_t` (MPI-4.1 §6.9.6: each rank's status and the fingerprint of its arguments), and
-//! either all enter the data operation or all return an error without entering it: a rank
-//! that refused its own diagnosis, the others [`Error::PeerRefused`] naming the lowest
-//! refusing rank and its error text; every rank [`Error::CollectiveMismatch`] when each
-//! rank's arguments are valid but they do not match across ranks (a different root, dtype,
-//! count, reduction operator, all-gatherv's counts or collective; MPI-4.1 §6.1). Root-only
-//! arguments a non-root rank passes anyway are checked there as at the root (through
-//! `transport::DeviceComm` too, which neither stages nor copies them there).
-//! [`Agreement::Local`] skips the all-reduce for callers that validate themselves, at the
-//! price of that hang (see [`set_agreement`]; every rank must use the same setting, and a
-//! collective shared with ranks that do not use dlpack-mpi, such as mpi4py, needs it).
-//!
-//! What the fingerprint cannot see (README, "Reliability"): two ranks calling the same
-//! collective with identical arguments from different places, and the cross-rank relations
-//! of per-rank counts other than "the same array on every rank". For point-to-point
-//! receives the incoming size **is** checked first ([`TensorComm::recv_tensor`]): the
-//! message is matched (`MPI_Mprobe`), and a size mismatch is [`Error::Unfit`] around an
-//! [`Error::CountMismatch`] naming both counts, holding the message so that the job goes
-//! on and nothing is lost: a right-sized tensor receives it through the error (C43).
-//!
-//! All counts and displacements are in DLPack elements.
-//!
-//! **One operation list.** [`TensorComm`] is implemented for every rsmpi communicator and
-//! for `transport::DeviceComm`: each operation is written once, over the communicator's
-//! stager ([`Stager`], the device staging plugged in below the operations; none for a plain
-//! communicator). An operation declares its operands (the tensor and what MPI does with it,
-//! [`crate::spec::Access`]), stages them, makes one side per operand, agrees (collectives),
-//! makes one MPI call, and finishes (unpacks, copies back).
-//!
-//! Layout: the trait is here, its operations in `p2p` (send, receive, send-receive),
-//! `immediate` (nonblocking, [`TensorRequest`], [`wait_all`], [`wait_any`], [`test_any`]),
-//! `mode` (a collective's body runs blocking or nonblocking), `call` (its prepared data
-//! operation and the one MPI call over it), `pending` (a nonblocking collective's
-//! agreement, shadow communicator and posting order), `window` (element windows), `bcast`
-//! ([`BroadcastBuffer`]), `blocks` ([`Blocks`], the per-rank blocks of the v-collectives),
-//! `collective` (broadcast, gathers, scatters, all-to-alls) and `reduce` (reductions, with
-//! the half-precision operations of [`halfops`]); `checks` holds the argument checks,
-//! `agree` the agreement ([`Agreement`], [`Error::PeerRefused`],
-//! [`Error::CollectiveMismatch`]) and `signature` what it compares (each collective's
-//! fingerprint); `packing` the packing policy ([`Packing`]; both settings are in
-//! [`crate::settings`]), `held` the matched-probe handle and the messages held by
-//! [`Error::Unfit`] ([`crate::error::Unreceived`]), `operands` the way from a tensor to its
-//! side, and `stager` the staging seam. Raw MPI calls go through the crate's private `raw`
-//! module.
+#![doc = include_str!("overview.md")]
 
 mod agree;
 mod bcast;
@@ -837,6 +780,23 @@ pub trait TensorComm {
         fused::broadcast_tensors(self, Blocking, tensors, root)
     }
 
+    /// Reduce-scatter a list (`MPI_Reduce_scatter_block` per bucket): member `i` of `send`
+    /// holds `size` × the elements of member `i` of `recv`; rank `r` receives the
+    /// element-wise reduction of every rank's block `r`, member by member (what
+    /// [`TensorComm::reduce_scatter_block_tensor`] gives each pair).
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors_into`], and [`Error::CountTooLarge`] for a bucket
+    /// beyond `int` units per rank.
+    fn reduce_scatter_tensors(
+        &self,
+        send: &[&dyn Tensor],
+        recv: &mut [&mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<()> {
+        fused::reduce_scatter_tensors(self, Blocking, send, recv, op)
+    }
+
     /// Nonblocking [`TensorComm::all_reduce_tensors`]: the post checks every member, takes
     /// the buckets and posts the agreement; `test`/`wait` post every bucket once it
     /// completes (packing bucket k+1 while bucket k is on the wire) and unpack each as it
@@ -866,6 +826,20 @@ pub trait TensorComm {
         op: ReduceOp,
     ) -> Result<TensorRequest<'a, Sc>> {
         fused::all_reduce_tensors(self, Immediate(scope), Some(send), recv, op)
+    }
+
+    /// Nonblocking [`TensorComm::reduce_scatter_tensors`].
+    ///
+    /// # Errors
+    /// As [`TensorComm::reduce_scatter_tensors`].
+    fn immediate_reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
+        &'a self,
+        scope: Sc,
+        send: &'a [&'c dyn Tensor],
+        recv: &'a mut [&'b mut dyn Tensor],
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        fused::reduce_scatter_tensors(self, Immediate(scope), send, recv, op)
     }
 
     /// Nonblocking [`TensorComm::broadcast_tensors`].

@@ -262,6 +262,51 @@ fn mixed_into(w: &SimpleCommunicator, form: Form) -> Outcome {
     Ok(())
 }
 
+/// `reduce_scatter_tensors`: member `m` sends `p` × `n_m` elements (strided for some),
+/// rank `r` receives the sum of every rank's block `r`, into strided and contiguous
+/// receivers.
+fn reduce_scatter(w: &SimpleCommunicator, form: Form) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let pu = p as usize;
+    let shapes: &[(usize, bool)] = &[(3, false), (0, false), (50, true), (1, true), (700, false)];
+    let sends: Vec<Member<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st))| Member::new(n * pu, st, |i| value(me, m, i)))
+        .collect::<Result<_, _>>()?;
+    let mut recv32: Vec<Member<f32>> = shapes
+        .iter()
+        .map(|&(n, st)| Member::new(n, !st, |_| -1))
+        .collect::<Result<_, _>>()?;
+    {
+        let st = acquired(&sends)?;
+        let mut rt = acquired(&recv32)?;
+        let send: Vec<&dyn Tensor> = st.iter().map(|t| t as &dyn Tensor).collect();
+        let mut recv: Vec<&mut dyn Tensor> = rt.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        match form {
+            Form::Blocking => w
+                .reduce_scatter_tensors(&send, &mut recv, ReduceOp::Sum)
+                .map_err(s)?,
+            Form::Nonblocking => {
+                let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+                    w.immediate_reduce_scatter_tensors(scope, &send, &mut recv, ReduceOp::Sum)?
+                        .wait()
+                        .map(drop)
+                });
+                done.map_err(s)?;
+            }
+        }
+    }
+    for (m, r) in recv32.iter_mut().enumerate() {
+        let n = shapes[m].0;
+        let want: Vec<f32> = (0..n)
+            .map(|i| summed(p, m, me as usize * n + i) as f32)
+            .collect();
+        ensure_eq!(r.values()?, want);
+    }
+    Ok(())
+}
+
 /// `broadcast_tensors` from the last rank, whose members are `READ_ONLY`.
 fn broadcast(w: &SimpleCommunicator, form: Form) -> Outcome {
     let (me, p) = (w.rank(), w.size());
@@ -469,6 +514,12 @@ const CASES: &[(&str, Whole)] = &[
     }),
     ("mixed dtypes into, tiny buckets, nonblocking", |w| {
         with_buckets(40, 200, || mixed_into(w, Form::Nonblocking))
+    }),
+    ("reduce-scatter, default buckets", |w| {
+        reduce_scatter(w, Form::Blocking)
+    }),
+    ("reduce-scatter, tiny buckets, nonblocking", |w| {
+        with_buckets(64, 512, || reduce_scatter(w, Form::Nonblocking))
     }),
     ("broadcast, tiny buckets", |w| {
         with_buckets(64, 256, || broadcast(w, Form::Blocking))
