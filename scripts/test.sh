@@ -65,6 +65,9 @@ mpi     | nonblocking tensor operations, windows, shared-root broadcast at 2 ran
 mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 2 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 2
 mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 3 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 3
 mpi     | nonblocking collectives: every one valid, strided, one refusing rank; reverse completion, wait_any/all at 4 ranks, nothing waits past 120 s (tests/mpi/nonblocking.rs) | - | suite_within 120 nonblocking 4
+mpi     | fused collectives over tensor lists (mixed dtypes, strided and zero-size members, tiny buckets, one refusing rank, lists that differ) at 2 ranks, within 120 s (tests/mpi/fused.rs) | - | suite_within 120 fused 2
+mpi     | fused collectives over tensor lists (mixed dtypes, strided and zero-size members, tiny buckets, one refusing rank, lists that differ) at 3 ranks, within 120 s (tests/mpi/fused.rs) | - | suite_within 120 fused 3
+mpi     | fused collectives over tensor lists (mixed dtypes, strided and zero-size members, tiny buckets, one refusing rank, lists that differ) at 4 ranks, within 120 s (tests/mpi/fused.rs) | - | suite_within 120 fused 4
 mpi     | agreement: every collective with one refusing rank at 2 ranks | - | suite_within 120 agreement 2
 mpi     | agreement: every collective with one refusing rank at 3 ranks | - | suite_within 120 agreement 3
 mpi     | agreement: every collective with one refusing rank at 4 ranks | - | suite_within 120 agreement 4
