@@ -83,6 +83,8 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
     if size == 1 {
         return local;
     }
+    // Held agreements of nonblocking collectives come first (see `pending`).
+    super::pending::before_blocking(comm);
     let fp = signature.fingerprint();
     let mine = votes(local.is_err(), comm.rank(), size, fp);
     let mut min = [0i64; 3];

@@ -18,6 +18,16 @@
 //! test, its collectives in any order, and a blocking collective (or an rsmpi call) may
 //! come between posting and completion.
 //!
+//! **The first posts on a communicator** start its duplication (`MPI_Comm_idup`) and do not
+//! wait for it: their agreements are held (an rsmpi-registered generalized request stands
+//! in) and posted in posting order as soon as the duplication completes, in any later post,
+//! `test` or `wait`, or before the next blocking collective of this crate on it. Open MPI
+//! 4.1 mismatches nonblocking collectives posted beside a pending `MPI_Comm_idup` of their
+//! communicator (a hang or `MPI_ERR_TRUNCATE`; open-mpi/ompi#2025), so nothing of ours is
+//! posted on it meanwhile; collectives the caller posts with rsmpi directly on the same
+//! communicator during that window are still exposed to that bug (it ends at the first
+//! completion of one of ours).
+//!
 //! **A rank that refuses its own arguments** takes part in the agreement (its vote names
 //! it), resolves it at once and returns its error from the posting call; its peers' posts
 //! return requests, whose `wait` returns [`Error::PeerRefused`]. The refusing rank's post
@@ -26,9 +36,9 @@
 //! Under [`super::Agreement::Local`], and on a communicator of one rank, the data operation
 //! is posted at the call on the caller's communicator, as mpi4py's `Iallreduce` is.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::rc::Rc;
@@ -185,6 +195,20 @@ pub(super) fn stand_ins<'a>(
 
 /// Where a posted collective is.
 enum Phase<'a, Sc: Scope<'a>> {
+    /// The caller's communicator is still being duplicated (its first nonblocking
+    /// collectives): the agreement is held, to be posted in posting order once the
+    /// duplication completes. Open MPI 4.1 mismatches nonblocking collectives posted while
+    /// an `MPI_Comm_idup` of their communicator is pending (open-mpi/ompi#2025). `guard`, a
+    /// generalized request (`MPI_Grequest_start`, MPI-4.1 §13.2), holds the rsmpi scope
+    /// meanwhile, as the agreement's request does later.
+    Waiting {
+        guard: Request<'a, (), Sc>,
+        votes: Box<[i64; 6]>,
+        local: Option<Error>,
+        shadow: Shadow,
+        /// The caller's communicator, which the agreement goes on.
+        comm: MPI_Comm,
+    },
     /// The agreement is posted on the caller's communicator; the data operation is not.
     Agreeing {
         request: Request<'a, (), Sc>,
@@ -219,13 +243,42 @@ pub(super) struct Collective<'a, Sc: Scope<'a>> {
 
 /// Something a queue resolves in order: a pending agreement.
 trait Resolve {
+    /// Posts a held agreement (the shadow is ready); nothing otherwise.
+    fn release(&mut self);
+
     /// Completes the agreement (waiting when `block`) and posts the data operation, or
     /// takes the error path; `false` when `block` is not set and the agreement is pending.
     fn resolve(&mut self, block: bool) -> bool;
 }
 
 impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
+    fn release(&mut self) {
+        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
+        let Phase::Waiting {
+            guard,
+            mut votes,
+            local,
+            shadow,
+            comm,
+        } = phase
+        else {
+            self.phase = phase;
+            return;
+        };
+        // SAFETY: the guard's own generalized request, completed once, here.
+        unsafe { mpi::ffi::MPI_Grequest_complete(guard.as_raw()) };
+        guard.wait();
+        let request = post_votes(comm, &mut votes, self.scope);
+        self.phase = Phase::Agreeing {
+            request,
+            votes,
+            local,
+            shadow,
+        };
+    }
+
     fn resolve(&mut self, block: bool) -> bool {
+        self.release();
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let Phase::Agreeing {
             request,
@@ -344,6 +397,8 @@ struct Queue {
 
 thread_local! {
     static QUEUES: RefCell<HashMap<usize, Queue>> = RefCell::new(HashMap::new());
+    /// How many shadows of this thread are still being duplicated.
+    static UNREADY: Cell<usize> = const { Cell::new(0) };
 }
 
 /// The shadow of `comm`, made with `MPI_Comm_idup` the first time (every rank makes its
@@ -373,10 +428,12 @@ fn shadow_of<C: Communicator + ?Sized>(comm: &C) -> Shadow {
     QUEUES.with(|q| {
         q.borrow_mut().entry(shadow.key()).or_default().ready = Some(req);
     });
+    UNREADY.with(|n| n.set(n.get() + 1));
     shadow
 }
 
-/// Completes the shadow's duplication (waiting when `block`); whether it is usable.
+/// Completes the shadow's duplication (waiting when `block`); whether it is usable. When it
+/// becomes usable, the held agreements are posted, in posting order.
 fn shadow_ready(queue: &mut Queue, block: bool) -> bool {
     let Some(mut req) = queue.ready else {
         return true;
@@ -391,12 +448,32 @@ fn shadow_ready(queue: &mut Queue, block: bool) -> bool {
             mpi::ffi::MPI_Test(&mut req, &mut flag, mpi::ffi::RSMPI_STATUS_IGNORE);
         }
     }
-    if flag != 0 {
-        queue.ready = None;
-    } else {
+    if flag == 0 {
         queue.ready = Some(req);
+        return false;
     }
-    flag != 0
+    queue.ready = None;
+    UNREADY.with(|n| n.set(n.get().saturating_sub(1)));
+    for e in &queue.entries {
+        e.borrow_mut().release();
+    }
+    true
+}
+
+/// Before a blocking collective on `comm`: a duplication of it still pending is completed
+/// and the agreements held for it are posted, so that the caller's communicator sees them
+/// before the blocking one on every rank (and no collective runs beside the duplication).
+pub(super) fn before_blocking<C: Communicator + ?Sized>(comm: &C) {
+    if UNREADY.with(Cell::get) == 0 {
+        return;
+    }
+    if let Some(shadow) = comm.get_attr::<Shadow>().copied() {
+        QUEUES.with(|q| {
+            if let Some(queue) = q.borrow_mut().get_mut(&shadow.key()) {
+                shadow_ready(queue, true);
+            }
+        });
+    }
 }
 
 /// Resolves the queue of `shadow` in order until `target` is resolved (waiting when
@@ -543,16 +620,19 @@ where
     };
     let fp = signature.fingerprint();
     let mine = votes(local.is_some(), comm.rank(), comm.size(), fp);
-    let mut boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
-    let request = post_votes(comm, &mut boxed, scope);
+    let boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
+    // Held until the shadow is ready (`Phase::Waiting`), then posted by `release`, below or
+    // in the progress of any request.
+    let phase = Phase::Waiting {
+        guard: guard(scope),
+        votes: boxed,
+        local,
+        shadow,
+        comm: comm.as_raw(),
+    };
     let state = Rc::new(RefCell::new(Collective {
         scope,
-        phase: Phase::Agreeing {
-            request,
-            votes: boxed,
-            local,
-            shadow,
-        },
+        phase,
         operation,
         held,
         signature,
@@ -564,13 +644,22 @@ where
     // leaves its agreement uncompleted, registered with the rsmpi scope, which aborts the
     // process at its end, before 'a ends.
     let erased: Rc<RefCell<dyn Resolve + 'static>> = unsafe { std::mem::transmute(erased) };
-    QUEUES.with(|q| {
-        q.borrow_mut()
-            .entry(shadow.key())
-            .or_default()
-            .entries
-            .push_back(erased)
+    let ready = QUEUES.with(|q| {
+        let mut q = q.borrow_mut();
+        let queue = q.entry(shadow.key()).or_default();
+        queue.entries.push_back(erased);
+        queue.ready.is_none()
     });
+    if ready {
+        state.borrow_mut().release();
+    } else {
+        // Posts every held agreement (this one too) if the duplication has completed.
+        QUEUES.with(|q| {
+            if let Some(queue) = q.borrow_mut().get_mut(&shadow.key()) {
+                shadow_ready(queue, false);
+            }
+        });
+    }
     let request = TensorRequest::collective(state);
     if request.refused_here() {
         // This rank refused: learn the outcome now and return it from the post.
@@ -585,10 +674,41 @@ where
     Ok(request)
 }
 
+/// A generalized request registered with `scope`, completed by [`Resolve::release`].
+fn guard<'a, Sc: Scope<'a>>(scope: Sc) -> Request<'a, (), Sc> {
+    unsafe extern "C" fn query(_: *mut c_void, status: *mut mpi::ffi::MPI_Status) -> c_int {
+        // SAFETY: MPI hands a status to fill (MPI-4.1 §13.2): no elements, not cancelled.
+        unsafe {
+            mpi::ffi::MPI_Status_set_elements(status, u8::equivalent_datatype().as_raw(), 0);
+            mpi::ffi::MPI_Status_set_cancelled(status, 0);
+        }
+        0
+    }
+    unsafe extern "C" fn free(_: *mut c_void) -> c_int {
+        0
+    }
+    unsafe extern "C" fn cancel(_: *mut c_void, _: c_int) -> c_int {
+        0
+    }
+    // SAFETY: a constant handle of the MPI library.
+    let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: the callbacks touch nothing but the status MPI hands them; MPI writes `req`.
+    unsafe {
+        mpi::ffi::MPI_Grequest_start(
+            Some(query),
+            Some(free),
+            Some(cancel),
+            std::ptr::null_mut(),
+            &mut req,
+        );
+        Request::from_raw(req, &(), scope)
+    }
+}
+
 /// Posts this rank's votes (`MPI_Iallreduce` of three `int64_t` with `MPI_MIN`, into the
 /// second half of `votes`) on `comm`.
-fn post_votes<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
-    comm: &C,
+fn post_votes<'a, Sc: Scope<'a>>(
+    comm: MPI_Comm,
     votes: &mut [i64; 6],
     scope: Sc,
 ) -> Request<'a, (), Sc> {
@@ -604,7 +724,7 @@ fn post_votes<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
             3,
             i64::equivalent_datatype().as_raw(),
             SystemOperation::min().as_raw(),
-            comm.as_raw(),
+            comm,
             &mut req,
         );
         Request::from_raw(req, &(), scope)
@@ -614,7 +734,10 @@ fn post_votes<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
 impl<'a, Sc: Scope<'a>> Collective<'a, Sc> {
     /// Whether this rank refused (its agreement carries its own error).
     pub(super) fn refused_here(&self) -> bool {
-        matches!(&self.phase, Phase::Agreeing { local: Some(_), .. })
+        matches!(
+            &self.phase,
+            Phase::Agreeing { local: Some(_), .. } | Phase::Waiting { local: Some(_), .. }
+        )
     }
 
     /// Whether it is done (completed and reported).
@@ -636,7 +759,7 @@ pub(super) fn complete<'a, Sc: Scope<'a>>(
     block: bool,
 ) -> Option<Result<Option<Status>>> {
     let shadow = match &state.borrow().phase {
-        Phase::Agreeing { shadow, .. } => Some(*shadow),
+        Phase::Agreeing { shadow, .. } | Phase::Waiting { shadow, .. } => Some(*shadow),
         _ => None,
     };
     if let Some(shadow) = shadow {
@@ -673,7 +796,7 @@ pub(super) fn complete<'a, Sc: Scope<'a>>(
         }
         Phase::Failed(e) => return Some(Err(e)),
         Phase::Finished => None,
-        agreeing @ Phase::Agreeing { .. } => {
+        agreeing @ (Phase::Agreeing { .. } | Phase::Waiting { .. }) => {
             // Not reached: `progress` resolved it.
             st.phase = agreeing;
             return None;
