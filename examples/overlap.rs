@@ -5,15 +5,16 @@
 //! all-reduce is waited on, and completes both with [`wait_all`].
 //!
 //! The gradient is a transposed view (a row-major `ROWS × COLS` matrix exported as its
-//! `COLS × ROWS` transpose, strides `[1, COLS]`), so the request packs it at the post, in
-//! logical row-major order, and owns the packed copy until it completes (reductions always
-//! pack). `test` is what moves a collective forward: the
-//! post checks the arguments and posts the small agreement, and the first `test` (or
-//! `wait`) that sees the agreement complete posts the data operation. Both collectives are
-//! posted in the same order on every rank (MPI-4.1 §6.12), however their tests go.
-//! Every value and partial sum is a multiple of 1/4 below 2^22 (below 2^13 at 4 ranks),
-//! which `f32` holds exactly, so the sums are exact in any order at 1–4 ranks. A wrong value is reported by the rank
-//! that saw it, and every rank exits non-zero.
+//! `COLS × ROWS` transpose, strides `[1, COLS]`), so the post packs it, in logical
+//! row-major order, into a copy the request owns until it completes (reductions always
+//! pack). The post also checks both tensors and posts the small agreement; a `test` (or
+//! `wait`) that finds the agreement complete posts the data operation, and later tests
+//! let MPI progress it. Both collectives are posted in the same order on every rank
+//! (MPI-4.1 §6.12), however their tests go.
+//!
+//! Every value and partial sum is a multiple of 1/4 below 2^13, which `f32` holds exactly,
+//! so the sums are exact in any order at 1–4 ranks. A rank that finds a wrong value says
+//! which element, and every rank then exits non-zero.
 //!
 //! ```text
 //! cargo build --examples
