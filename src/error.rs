@@ -199,6 +199,17 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// The send and receive lists of a fused collective have different lengths.
+    #[error("{what} has {actual} members, the receive list {expected}: one send member per receive member")]
+    ListLengthMismatch {
+        /// Which list, e.g. `"fused all-reduce send list"`.
+        what: &'static str,
+        /// Members of the receive list.
+        expected: usize,
+        /// Members of the send list.
+        actual: usize,
+    },
+
     /// The members of a fused collective's list are not all in host memory the MPI library
     /// reaches as such: `index` names the first member on `device` (a `Display` of the
     /// DLPack device), where member 0 is on `first`.

@@ -88,7 +88,28 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
     let fp = signature.fingerprint();
     let mine = votes(local.is_err(), comm.rank(), size, fp);
     let mut min = [0i64; 3];
-    comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+    if super::pending::active() {
+        // Nonblocking collectives wait for their agreements: agree nonblocking and resolve
+        // them meanwhile (`comm::pending::wait_raw`).
+        // SAFETY: a constant handle of the MPI library.
+        let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: both arrays are three int64, alive and untouched until the request
+        // completes in `wait_raw` below; every rank posts this agreement here.
+        unsafe {
+            mpi::ffi::MPI_Iallreduce(
+                mine.as_ptr().cast(),
+                min.as_mut_ptr().cast(),
+                3,
+                i64::equivalent_datatype().as_raw(),
+                SystemOperation::min().as_raw(),
+                comm.as_raw(),
+                &mut req,
+            )
+        };
+        super::pending::wait_raw(&mut [req]);
+    } else {
+        comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+    }
     decide(comm, min, signature, local)
 }
 

@@ -522,6 +522,14 @@ impl Operation<'_> {
             // SAFETY: the buckets are the fused list's own buffers over members its body
             // checked, alive until it returns; every rank agreed on the list.
             Call::Fused(f) => unsafe { f.run(comm) },
+            // While nonblocking collectives wait for their agreements, post and poll
+            // (`comm::pending::wait_raw`) so that this rank resolves them meanwhile.
+            call if super::pending::active() => {
+                let mut requests = Vec::with_capacity(1);
+                // SAFETY: as below; the requests complete before this returns.
+                unsafe { call.post(comm, &mut requests) };
+                super::pending::wait_raw(&mut requests);
+            }
             // SAFETY: the call's buffers are this operation's sides, alive until it returns;
             // its body checked them against each other; `comm` is the one they were checked
             // for (the body's communicator).

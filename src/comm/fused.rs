@@ -121,7 +121,12 @@ pub(super) fn signature<'l>(
     tensors: impl Iterator<Item = &'l dyn Tensor>,
 ) -> Signature<'static> {
     let list: Vec<(DType, i64)> = tensors.map(|t| (t.dtype(), t.num_elements())).collect();
-    Signature::of(name).members(list)
+    // An unreadable setting is this rank's error in the preparation; 0 stands in here.
+    let caps = (
+        first_bucket_bytes().unwrap_or(0),
+        bucket_bytes().unwrap_or(0),
+    );
+    Signature::of(name).members(list).buckets(caps.0, caps.1)
 }
 
 /// Wraps member `index`'s error with its index.
@@ -181,36 +186,37 @@ pub(super) fn check_devices<'l>(
 /// Refuses a member written through memory another member also uses
 /// ([`Error::BuffersAlias`]); members only read may overlap.
 fn check_disjoint(members: &[Member]) -> Result<()> {
-    let mut spans: Vec<(usize, usize, bool)> = Vec::new();
-    for m in members {
+    let mut spans: Vec<(usize, usize, bool, usize)> = Vec::new();
+    for (i, m) in members.iter().enumerate() {
         match (&m.pack, &m.unpack) {
             (Some(p), Some(u)) if (p.start, p.end) == (u.start, u.end) => {
-                spans.push((u.start, u.end, true));
+                spans.push((u.start, u.end, true, i));
             }
             (p, u) => {
-                spans.extend(p.iter().map(|f| (f.start, f.end, false)));
-                spans.extend(u.iter().map(|f| (f.start, f.end, true)));
+                spans.extend(p.iter().map(|f| (f.start, f.end, false, i)));
+                spans.extend(u.iter().map(|f| (f.start, f.end, true, i)));
             }
         }
     }
-    spans.retain(|&(s, e, _)| s < e);
+    spans.retain(|&(s, e, _, _)| s < e);
     spans.sort_unstable();
-    let mut reach: Option<(usize, usize, bool)> = None;
-    for &(s, e, w) in &spans {
-        if let Some((rs, re, rw)) = reach {
+    let mut reach: Option<(usize, usize, bool, usize)> = None;
+    for &(s, e, w, i) in &spans {
+        if let Some((rs, re, rw, ri)) = reach {
             if s < re && (w || rw) {
-                return Err(Error::BuffersAlias {
+                // Named by the later member of the two; the message gives both spans.
+                return Err(member(i.max(ri))(Error::BuffersAlias {
                     send_address: rs,
                     send_bytes: re - rs,
                     recv_address: s,
                     recv_bytes: e - s,
-                });
+                }));
             }
             if e <= re {
                 continue;
             }
         }
-        reach = Some((s, e, w));
+        reach = Some((s, e, w, i));
     }
     Ok(())
 }
@@ -309,8 +315,9 @@ impl Fused {
     ///
     /// # Errors
     /// [`Error::Member`] around a member's refusal (its facts for its access, its dtype or
-    /// count against its pair, the reduction for its dtype); [`Error::LengthMismatch`] for
-    /// lists of different lengths; [`Error::BuffersAlias`]; the pool's errors.
+    /// count against its pair, the reduction for its dtype); [`Error::ListLengthMismatch`]
+    /// for lists of different lengths; [`Error::Member`] around [`Error::BuffersAlias`] for
+    /// members sharing memory; the pool's errors.
     pub(super) fn all_reduce<'t, 'b: 't, 'c: 't>(
         send: Option<&'t [&'c dyn Tensor]>,
         recv: &'t mut [&'b mut dyn Tensor],
@@ -318,7 +325,7 @@ impl Fused {
     ) -> Result<Operation<'t>> {
         if let Some(s) = send {
             if s.len() != recv.len() {
-                return Err(Error::LengthMismatch {
+                return Err(Error::ListLengthMismatch {
                     what: "fused all-reduce send list",
                     expected: recv.len(),
                     actual: s.len(),
@@ -373,7 +380,7 @@ impl Fused {
         ranks: Rank,
     ) -> Result<Operation<'t>> {
         if send.len() != recv.len() {
-            return Err(Error::LengthMismatch {
+            return Err(Error::ListLengthMismatch {
                 what: "fused reduce-scatter send list",
                 expected: recv.len(),
                 actual: send.len(),
@@ -656,9 +663,8 @@ impl Fused {
         let mut requests = Vec::with_capacity(self.buckets.len());
         // SAFETY: the caller's contract; `self` outlives the waits below.
         unsafe { self.post(comm, &mut requests) };
-        for mut r in requests {
-            // SAFETY: a request just posted, completed once here.
-            unsafe { mpi::ffi::MPI_Wait(&mut r, mpi::ffi::RSMPI_STATUS_IGNORE) };
+        for r in requests {
+            super::pending::wait_raw(&mut [r]);
             self.completed_one();
         }
         // Buckets that posted nothing (none do: every bucket has a call) are unpacked too.

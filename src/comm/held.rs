@@ -70,6 +70,31 @@ impl Matched {
         HELD_REGISTRY.enlist();
         let mut handle = MaybeUninit::<MPI_Message>::uninit();
         let mut status = MaybeUninit::<MPI_Status>::uninit();
+        // While nonblocking collectives of this thread wait for their agreements, poll
+        // (`MPI_Improbe`) and resolve them in between (`comm::pending`), so that a peer
+        // waiting for one of their data operations is not left waiting on this probe.
+        while super::pending::active() {
+            let mut flag = 0;
+            // SAFETY: as below; MPI writes both out parameters when it sets the flag.
+            unsafe {
+                mpi::ffi::MPI_Improbe(
+                    source.source_rank(),
+                    tag,
+                    source.as_communicator().as_raw(),
+                    &mut flag,
+                    handle.as_mut_ptr(),
+                    status.as_mut_ptr(),
+                );
+                if flag != 0 {
+                    return Matched {
+                        handle: handle.assume_init(),
+                        status: status.assume_init(),
+                    };
+                }
+            }
+            super::pending::progress_all();
+            std::thread::yield_now();
+        }
         // SAFETY: a valid rank and communicator (the caller checked the rank); both out
         // parameters are written by MPI_Mprobe before it returns (errors are fatal).
         unsafe {

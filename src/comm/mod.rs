@@ -747,8 +747,8 @@ pub trait TensorComm {
     ///
     /// # Errors
     /// [`Error::Member`] naming the first member refused (its `READ_ONLY`, device, layout,
-    /// or a reduction its dtype does not have); [`Error::BuffersAlias`] when two members
-    /// share memory; [`Error::MixedDevices`]; [`Error::CollectiveMismatch`] when the lists
+    /// or a reduction its dtype does not have; around [`Error::BuffersAlias`] when it shares
+    /// memory with an earlier member); [`Error::MixedDevices`]; [`Error::CollectiveMismatch`] when the lists
     /// differ across ranks; the pool's errors. All before any data moves, on every rank.
     fn all_reduce_tensors(&self, tensors: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()> {
         fused::all_reduce_tensors(self, Blocking, None, tensors, op)
@@ -758,8 +758,8 @@ pub trait TensorComm {
     /// dtype and count per member), as [`TensorComm::all_reduce_tensors`] does in place.
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`], and [`Error::LengthMismatch`] for lists of
-    /// different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`] or
+    /// As [`TensorComm::all_reduce_tensors`], and [`Error::ListLengthMismatch`] for lists
+    /// of different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`] or
     /// [`Error::CountMismatch`].
     fn all_reduce_tensors_into(
         &self,

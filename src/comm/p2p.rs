@@ -36,7 +36,29 @@ pub(crate) fn send<T: TensorComm + ?Sized>(
     check_tag(tag)?;
     with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let side = read_side(t, reach, Need::Message)?;
-        comm.process_at_rank(dest).send_with_tag(&side, tag);
+        if !super::pending::active() {
+            comm.process_at_rank(dest).send_with_tag(&side, tag);
+            return Ok(());
+        }
+        // Nonblocking collectives wait for their agreements: send nonblocking and resolve
+        // them while the send completes (`comm::pending::wait_raw`).
+        use mpi::datatype::{AsDatatype, Collection, Pointer};
+        use mpi::raw::AsRaw;
+        let datatype = side.as_datatype().as_raw();
+        let units = usize::try_from(side.count()).unwrap_or(0);
+        // SAFETY: `side` holds `count` units of its datatype, alive and unwritten until the
+        // request completes below.
+        let posted = unsafe {
+            crate::raw::isend(
+                side.pointer().cast(),
+                units,
+                datatype,
+                dest,
+                tag,
+                comm.as_raw(),
+            )
+        }?;
+        super::pending::wait_raw(&mut [posted.into_raw()]);
         Ok(())
     })
 }

@@ -28,6 +28,17 @@
 //! communicator during that window are still exposed to that bug (it ends at the first
 //! completion of one of ours).
 //!
+//! **Progress.** A data operation is posted by this crate's code on each rank (MPI cannot
+//! chain it to the agreement): in `test`, `wait` or `Drop` of any request, in any later
+//! post, and inside every blocking call of this crate while such collectives are pending
+//! (a blocking send, the matched probe of a receive, a blocking collective's agreement and
+//! data operation then poll instead of blocking inside MPI, resolving agreements between
+//! polls). So a rank whose peers wait for its part of a collective must be inside
+//! dlpack-mpi, or come back to it: a rank that blocks in MPI outside this crate (rsmpi,
+//! mpi4py, C) while its own collective's agreement is pending can leave its peers waiting
+//! until it returns. Test or wait the collective first, or use [`super::Agreement::Local`]
+//! (MPI's own progress, no agreement).
+//!
 //! **A rank that refuses its own arguments** takes part in the agreement (its vote names
 //! it), resolves it at once and returns its error from the posting call; its peers' posts
 //! return requests, whose `wait` returns [`Error::PeerRefused`]. The refusing rank's post
@@ -399,6 +410,8 @@ thread_local! {
     static QUEUES: RefCell<HashMap<usize, Queue>> = RefCell::new(HashMap::new());
     /// How many shadows of this thread are still being duplicated.
     static UNREADY: Cell<usize> = const { Cell::new(0) };
+    /// How many collectives of this thread wait in a queue for their agreements.
+    static ENTRIES: Cell<usize> = const { Cell::new(0) };
 }
 
 /// The shadow of `comm`, made with `MPI_Comm_idup` the first time (every rank makes its
@@ -460,6 +473,60 @@ fn shadow_ready(queue: &mut Queue, block: bool) -> bool {
     true
 }
 
+/// Whether this thread has nonblocking collectives whose agreements only this crate's
+/// code progresses (queued, or held behind a duplication): then its blocking calls poll
+/// ([`wait_raw`], and the matched probe of a receive) instead of blocking inside MPI.
+pub(crate) fn active() -> bool {
+    ENTRIES.with(Cell::get) > 0 || UNREADY.with(Cell::get) > 0
+}
+
+/// Waits for `requests` (`MPI_Waitall`); while this thread has queued nonblocking
+/// collectives ([`active`]), by testing them (`MPI_Testall`) and resolving those
+/// collectives' agreements in between, so that a peer waiting for one of their data
+/// operations is never left waiting on this rank's blocking call.
+pub(crate) fn wait_raw(requests: &mut [MPI_Request]) {
+    let Ok(n) = c_int::try_from(requests.len()) else {
+        return;
+    };
+    loop {
+        if !active() {
+            // SAFETY: live requests of the caller's, completed here (set to NULL).
+            unsafe {
+                mpi::ffi::MPI_Waitall(n, requests.as_mut_ptr(), mpi::ffi::RSMPI_STATUSES_IGNORE)
+            };
+            return;
+        }
+        let mut flag = 0;
+        // SAFETY: as above; completed ones become MPI_REQUEST_NULL, which Testall accepts.
+        unsafe {
+            mpi::ffi::MPI_Testall(
+                n,
+                requests.as_mut_ptr(),
+                &mut flag,
+                mpi::ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        if flag != 0 {
+            return;
+        }
+        progress_all();
+        std::thread::yield_now();
+    }
+}
+
+/// MPI's empty status (`MPI_Wait` on `MPI_REQUEST_NULL`, MPI-4.1 §3.7.3): what a
+/// collective that posted no request completes with (an empty fused list).
+pub(super) fn empty_status() -> Status {
+    // SAFETY: a constant handle of the MPI library.
+    let mut null = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+    let mut status = std::mem::MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
+    // SAFETY: waiting on MPI_REQUEST_NULL returns at once with the empty status written.
+    unsafe {
+        mpi::ffi::MPI_Wait(&mut null, status.as_mut_ptr());
+        Status::from_raw(status.assume_init())
+    }
+}
+
 /// Before a blocking collective on `comm`: a duplication of it still pending is completed
 /// and the agreements held for it are posted, so that the caller's communicator sees them
 /// before the blocking one on every rank (and no collective runs beside the duplication).
@@ -516,7 +583,9 @@ fn progress_key(key: usize, target: *const (), block: bool) -> bool {
         }
         QUEUES.with(|q| {
             if let Some(queue) = q.borrow_mut().get_mut(&key) {
-                queue.entries.pop_front();
+                if queue.entries.pop_front().is_some() {
+                    ENTRIES.with(|n| n.set(n.get().saturating_sub(1)));
+                }
             }
         });
         if Rc::as_ptr(&head).cast::<()>() == target {
@@ -648,6 +717,7 @@ where
         let mut q = q.borrow_mut();
         let queue = q.entry(shadow.key()).or_default();
         queue.entries.push_back(erased);
+        ENTRIES.with(|n| n.set(n.get() + 1));
         queue.ready.is_none()
     });
     if ready {
@@ -792,7 +862,7 @@ pub(super) fn complete<'a, Sc: Scope<'a>>(
                     op.completed_one();
                 }
             }
-            last
+            last.or_else(|| Some(empty_status()))
         }
         Phase::Failed(e) => return Some(Err(e)),
         Phase::Finished => None,

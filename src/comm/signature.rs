@@ -21,8 +21,11 @@
 //! What a fingerprint cannot see: arguments MPI relates across ranks in other ways (the
 //! send counts of an all-to-allv against the peers' receive counts, a gatherv's send count
 //! or a scatterv's receive count against the root's array, displacements, which are local), two ranks that call the same
-//! collective with identical arguments from different places in the program, and a
-//! collective shared with ranks that do not use dlpack-mpi (they do not join the agreement).
+//! collective with identical arguments from different places in the program, a collective
+//! shared with ranks that do not use dlpack-mpi (they do not join the agreement), and a
+//! rank posting the nonblocking form of a collective where another calls the blocking
+//! one: MPI does not match a nonblocking collective with a blocking one (MPI-4.1 §6.12),
+//! so their agreements do not meet either, and the program hangs (it is erroneous).
 
 use std::fmt::Write as _;
 
@@ -46,6 +49,8 @@ pub(crate) struct Signature<'a> {
     /// A fused collective's list: its member count and the hash of each member's dtype and
     /// element count, in order.
     members: Option<(usize, u64)>,
+    /// A fused collective's bucket sizes (first, others; bytes): they decide its messages.
+    buckets: Option<(usize, usize)>,
 }
 
 impl<'a> Signature<'a> {
@@ -59,6 +64,7 @@ impl<'a> Signature<'a> {
             reduce: None,
             counts: None,
             members: None,
+            buckets: None,
         }
     }
 
@@ -92,6 +98,13 @@ impl<'a> Signature<'a> {
         self
     }
 
+    /// A fused collective's bucket sizes (bytes): ranks that bucket differently would send
+    /// different messages.
+    pub(crate) fn buckets(mut self, first: usize, rest: usize) -> Self {
+        self.buckets = Some((first, rest));
+        self
+    }
+
     /// A fused collective's list of members, `(dtype, element count)` each, in order: lists
     /// that differ in length, order or one member's dtype or count differ in fingerprint.
     pub(crate) fn members(mut self, list: impl IntoIterator<Item = (DType, i64)>) -> Self {
@@ -122,6 +135,10 @@ impl<'a> Signature<'a> {
             None => h.word(0),
         }
         h.opt(self.members.map(|(n, list)| list ^ (n as u64)));
+        h.opt(
+            self.buckets
+                .map(|(f, r)| (f as u64).rotate_left(32) ^ r as u64),
+        );
         i64::from_ne_bytes(h.0.to_ne_bytes())
     }
 
@@ -149,6 +166,9 @@ impl<'a> Signature<'a> {
         }
         if let Some((n, list)) = self.members {
             let _ = write!(s, " members {n} (list {list:016x})");
+        }
+        if let Some((f, r)) = self.buckets {
+            let _ = write!(s, " buckets {f}/{r} B");
         }
         s
     }

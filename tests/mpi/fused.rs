@@ -15,7 +15,7 @@ use crate::harness;
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{
-    acquire, acquire_with_runtime, AcquireOptions, ManagedTensor, Owned, Tensor,
+    acquire, acquire_with_runtime, AcquireOptions, ManagedTensor, Owned, Tensor, TensorView,
 };
 use dlpack_mpi::dtype::{AnyBits, ReduceOp};
 use dlpack_mpi::runtime::SimulatedRuntime;
@@ -477,6 +477,73 @@ fn deleters_once(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// The empty list, nonblocking: `Ok` from `wait` and from `test`.
+fn empty_list_nonblocking(w: &SimpleCommunicator) -> Outcome {
+    let mut none: Vec<&mut dyn Tensor> = Vec::new();
+    let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+        w.immediate_all_reduce_tensors(scope, &mut none, ReduceOp::Sum)?
+            .wait()
+            .map(drop)
+    });
+    done.map_err(s)?;
+    let mut none: Vec<&mut dyn Tensor> = Vec::new();
+    let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+        let mut req = w.immediate_broadcast_tensors(scope, &mut none, 0)?;
+        loop {
+            match req.test() {
+                Ok(d) => break d.map(drop),
+                Err(pending) => req = pending,
+            }
+        }
+    });
+    done.map_err(s)
+}
+
+/// Rank 0 buckets differently from the others: every rank returns `CollectiveMismatch`
+/// (the buckets are the messages), not an aborted job.
+fn bucket_sizes_differ(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    if p < 2 {
+        return Ok(());
+    }
+    let (first, rest) = if me == 0 { (16, 16) } else { (4096, 4096) };
+    with_buckets(first, rest, || {
+        let ms: Vec<Member<f32>> = (0..6)
+            .map(|m| Member::new(20, false, |i| value(me, m, i)))
+            .collect::<Result<_, _>>()?;
+        let mut ts = acquired(&ms)?;
+        let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+            Err(Error::CollectiveMismatch { .. }) => Ok(()),
+            other => Err(format!("expected CollectiveMismatch, got {other:?}")),
+        }
+    })
+}
+
+/// The same tensor twice in a list: `Member { index: 1, BuffersAlias }` on every rank.
+fn same_tensor_twice(w: &SimpleCommunicator) -> Outcome {
+    let me = w.rank();
+    let m = Member::<f32>::new(8, false, |i| value(me, 0, i))?;
+    let mut a = acquire(&m.owned, &AcquireOptions::default()).map_err(s)?;
+    // A second view of the same DLTensor (a producer handing out one array twice).
+    let mut dl = *a.dl_tensor();
+    // SAFETY: `dl` describes `a`'s memory, alive for this function; the call under test
+    // must refuse to write it through two members.
+    let mut b = unsafe { TensorView::from_raw(&mut dl) }.map_err(s)?;
+    let mut refs: Vec<&mut dyn Tensor> = vec![&mut a, &mut b];
+    match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+        Err(Error::Member { index: 1, source })
+            if matches!(*source, Error::BuffersAlias { .. }) =>
+        {
+            Ok(())
+        }
+        Err(Error::PeerRefused { .. }) => Ok(()),
+        other => Err(format!(
+            "expected Member {{ index: 1, BuffersAlias }}, got {other:?}"
+        )),
+    }
+}
+
 /// Runs `f` with buckets of `bytes` (first bucket `first`), then puts the settings back.
 fn with_buckets(first: usize, bytes: usize, f: impl FnOnce() -> Outcome) -> Outcome {
     let before = (first_bucket_bytes().map_err(s)?, bucket_bytes().map_err(s)?);
@@ -528,6 +595,9 @@ const CASES: &[(&str, Whole)] = &[
         broadcast(w, Form::Nonblocking)
     }),
     ("the empty list", empty_list),
+    ("the empty list, nonblocking", empty_list_nonblocking),
+    ("bucket sizes that differ across ranks", bucket_sizes_differ),
+    ("the same tensor twice", same_tensor_twice),
     ("one member refused on one rank", |w| {
         one_member_refused(w, Form::Blocking)
     }),

@@ -653,6 +653,74 @@ fn first_posts_on_a_fresh_communicator(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// A nonblocking all-reduce whose completion on one rank depends on point-to-point with
+/// another: the last rank tests until its all-reduce completes, then sends to the rank
+/// before it, which waits for that message in a blocking `recv_tensor` before its own
+/// `wait`. The receive resolves the agreement while it waits (it polls), so the last
+/// rank's test completes. Also with that rank refusing (a `READ_ONLY` receiver on rank 0)
+/// and with mismatched counts; on a fresh communicator each time.
+fn progress_while_blocked_in_a_receive(w: &SimpleCommunicator, how: u8) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    if p < 2 {
+        return Ok(());
+    }
+    let fresh = w.duplicate();
+    let n = if how == 2 && me == 0 { M + 1 } else { M };
+    let send = Owned::new(vals(me, n));
+    let mut recv = if how == 1 && me == 0 {
+        Owned::new(vec![GAP; n]).read_only()
+    } else {
+        Owned::new(vec![GAP; n])
+    };
+    let token = Owned::new(vec![me as f32; 2]);
+    let mut got = Owned::new(vec![0.0f32; 2]);
+    let outcome: dlpack_mpi::Result<dlpack_mpi::Result<()>> = {
+        let st = t(&send)?;
+        let mut rt = t(&recv)?;
+        let (tk, mut gt) = (t(&token)?, t(&got)?);
+        mpi::request::scope(|scope| {
+            let req = fresh.immediate_all_reduce_tensor(scope, &st, &mut rt, ReduceOp::Sum)?;
+            let done = if me == p - 1 {
+                let mut req = req;
+                let done = loop {
+                    match req.test() {
+                        Ok(d) => break d.map(drop),
+                        Err(pending) => req = pending,
+                    }
+                };
+                fresh.send_tensor(&tk, p - 2, 9)?;
+                done
+            } else if me == p - 2 {
+                fresh.recv_tensor(&mut gt, p - 1, 9)?;
+                req.wait().map(drop)
+            } else {
+                req.wait().map(drop)
+            };
+            Ok(done)
+        })
+    };
+    let done = outcome.and_then(|d| d);
+    match how {
+        0 => {
+            done.map_err(s)?;
+            ensure_eq!(recv.as_slice(), &sum_of_ranks(p, M)[..]);
+        }
+        1 => match (me, &done) {
+            (0, Err(Error::ReadOnly)) => {}
+            (r, Err(Error::PeerRefused { rank: 0, .. })) if r != 0 => {}
+            other => return Err(format!("expected ReadOnly / PeerRefused, got {other:?}")),
+        },
+        _ => ensure!(
+            matches!(done, Err(Error::CollectiveMismatch { .. })),
+            "expected CollectiveMismatch, got {done:?}"
+        ),
+    }
+    if me == p - 2 && how == 0 {
+        ensure_eq!(got.as_slice(), &[(p - 1) as f32; 2][..]);
+    }
+    Ok(())
+}
+
 /// `wait_all`, `wait_any` and `test_any` over a ring exchange and two collectives.
 fn wait_many(w: &SimpleCommunicator) -> Outcome {
     let (me, p) = (w.rank(), w.size());
@@ -769,7 +837,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             )
         })
         .collect();
-    let extra: [(&str, Whole); 6] = [
+    let extra: [(&str, Whole); 9] = [
         (
             "two posted, completed in reverse order, a blocking collective between",
             reverse_order_and_blocking_between,
@@ -781,6 +849,17 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         (
             "first posts on a fresh communicator, skewed",
             first_posts_on_a_fresh_communicator,
+        ),
+        ("progress while blocked in a receive", |w| {
+            progress_while_blocked_in_a_receive(w, 0)
+        }),
+        (
+            "progress while blocked in a receive, one rank refusing",
+            |w| progress_while_blocked_in_a_receive(w, 1),
+        ),
+        (
+            "progress while blocked in a receive, counts mismatched",
+            |w| progress_while_blocked_in_a_receive(w, 2),
         ),
         (
             "wait_all, wait_any, test_any over mixed requests",
