@@ -64,10 +64,11 @@ fn check_patterns_reports_and_summary() {
         "{stdout}\n{}",
         text(&out.stderr)
     );
-    // A substring: float32 and float32x4; not allreduce-inplace; negative excluded; length 7
-    // has no 0-d case: 5 layouts × 2 dtypes.
+    // A substring: float32 and float32x4, of allreduce and of its nonblocking form
+    // iallreduce; not allreduce-inplace; negative excluded; length 7 has no 0-d case:
+    // 2 operations × 5 layouts × 2 dtypes.
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("PASS ")).collect();
-    assert_eq!(lines.len(), 10, "{stdout}");
+    assert_eq!(lines.len(), 20, "{stdout}");
     for l in &lines {
         assert!(l.contains("allreduce/float32"), "{l}");
         assert!(!l.contains("negative"), "{l}");
@@ -76,7 +77,7 @@ fn check_patterns_reports_and_summary() {
         assert!(l.ends_with(']'), "{l}");
     }
     assert!(
-        stdout.contains("10 passed, 0 failed, 0 skipped"),
+        stdout.contains("20 passed, 0 failed, 0 skipped"),
         "{stdout}"
     );
     // Not a terminal: no progress bar on standard error.
@@ -85,16 +86,20 @@ fn check_patterns_reports_and_summary() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["ranks"], 2);
-    assert_eq!(report["passed"], 10);
+    assert_eq!(report["passed"], 20);
     assert_eq!(report["failed"], 0);
     let cases = report["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 10);
+    assert_eq!(cases.len(), 20);
     assert!(cases.iter().all(|c| c["status"] == "pass" && c["len"] == 7));
     assert_eq!(cases[0]["name"], "allreduce/float32/contiguous/cpu/host/7");
+    assert_eq!(
+        cases[10]["name"],
+        "iallreduce/float32/contiguous/cpu/host/7"
+    );
 
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert_eq!(xml.matches("<testcase ").count(), 10, "{xml}");
-    assert!(xml.contains(r#"tests="10" failures="0""#), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 20, "{xml}");
+    assert!(xml.contains(r#"tests="20" failures="0""#), "{xml}");
     assert!(
         xml.contains(r#"name="allreduce/float32x4/step/cpu/host/7""#),
         "{xml}"
@@ -181,15 +186,111 @@ fn check_failure_names_index_values_and_rank_and_failfast_stops() {
     assert!(stdout.contains("1 passed, 1 failed, 0 skipped"), "{stdout}");
 }
 
+/// The nonblocking collectives (`ibcast`, `iallreduce`, …): under the default `--len` they
+/// run lengths 0, 1, 7 and 1000 (every layout, 0-d included), under an explicit `--len` the
+/// lengths given.
+#[test]
+fn check_nonblocking_collectives_lengths() {
+    let list = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["check", "--list", "--dtype", "float32"];
+        all.extend_from_slice(args);
+        let out = mpirun(1, &all, &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(str::to_string).collect()
+    };
+    let names = list(&[
+        "--op",
+        "allreduce,iallreduce",
+        "--layout",
+        "contiguous,scalar",
+    ]);
+    let lens = |op: &str| -> Vec<&str> {
+        let prefix = format!("{op}/float32/contiguous/cpu/host/");
+        names
+            .iter()
+            .filter_map(|n| n.strip_prefix(&prefix))
+            .collect()
+    };
+    assert_eq!(
+        lens("allreduce"),
+        ["0", "1", "7", "1000", "65536"],
+        "{names:?}"
+    );
+    assert_eq!(lens("iallreduce"), ["0", "1", "7", "1000"], "{names:?}");
+    assert!(names.contains(&"iallreduce/float32/scalar/cpu/host/1".to_string()));
+    assert_eq!(names.len(), 11, "{names:?}");
+    let names = list(&["--op", "iallreduce", "--layout", "step", "--len", "65536"]);
+    assert_eq!(names, ["iallreduce/float32/step/cpu/host/65536"]);
+}
+
+/// At 2 ranks (one rank completing each request with `wait`, the other with a `test` loop)
+/// the nonblocking collectives pass on host and simulated device memory, with their own
+/// JUnit class, and a corrupted result fails.
+#[test]
+fn check_nonblocking_collectives_pass_and_fail() {
+    let junit = scratch("nonblocking.xml");
+    let ops = "ibcast,ireduce,igatherv,iscatter,ialltoallv,ireduce-scatter-block";
+    for device in [
+        &["--device", "cpu"][..],
+        &["--device", "cuda", "--simulate-device"],
+    ] {
+        let mut args = vec!["check", "-v", "--producer", "rust", "--op", ops];
+        args.extend_from_slice(&["--dtype", "int32,float32x4", "--layout", "step,negative"]);
+        args.extend_from_slice(&["--len", "7,1000", "--junit", junit.to_str().unwrap()]);
+        args.extend_from_slice(device);
+        let out = mpirun(2, &args, &[("DLPACK_MPI_CUDA_AWARE", "0")]);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        // 6 operations × 2 dtypes × 2 layouts × 2 lengths.
+        let passed = stdout.lines().filter(|l| l.starts_with("PASS i")).count();
+        assert_eq!(passed, 48, "{stdout}");
+        assert!(stdout.ends_with("\n48 passed, 0 failed, 0 skipped, 0 not applicable\n"));
+        let line = match device.len() {
+            2 => "PASS ialltoallv/float32x4/negative/cpu/host/1000 [rust]",
+            _ => "PASS ialltoallv/float32x4/negative/cuda/staged/1000 [cuda:0 staged]",
+        };
+        assert!(stdout.contains(line), "{stdout}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        assert!(xml.contains(r#"classname="dlpack-mpi.check.ireduce-scatter-block""#));
+    }
+
+    let out = mpirun(
+        2,
+        &[
+            "check",
+            "-q",
+            "--op",
+            "iallreduce",
+            "--dtype",
+            "float32",
+            "--layout",
+            "contiguous",
+            "--len",
+            "7",
+            "--inject-fault",
+            "iallreduce/",
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let fail = "FAIL iallreduce/float32/contiguous/cpu/host/7: rank 1: sum: first difference at \
+                index 3";
+    assert!(stdout.starts_with(fail), "{stdout}");
+}
+
 #[test]
 fn check_list_verbose_and_rank0_decides() {
     let out = mpirun(2, &["check", "--list", "-k", "*/bool/scalar/*"], &[]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0));
     let names: Vec<&str> = stdout.lines().collect();
-    assert_eq!(names.len(), 16, "one 0-d bool case per operation: {stdout}");
+    // The nonblocking collectives' default lengths (0, 1, 7, 1000) include the 0-d case.
+    assert_eq!(names.len(), 29, "one 0-d bool case per operation: {stdout}");
     assert_eq!(names[0], "send-recv/bool/scalar/cpu/host/1");
     assert_eq!(names[15], "reduce-scatter-block/bool/scalar/cpu/host/1");
+    assert_eq!(names[16], "ibcast/bool/scalar/cpu/host/1");
+    assert_eq!(names[28], "ireduce-scatter-block/bool/scalar/cpu/host/1");
 
     let out = mpirun(
         2,
@@ -227,7 +328,7 @@ fn check_default_output_is_one_screen() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.len() < 100, "{} lines: {stdout}", lines.len());
     assert!(
-        lines[0].starts_with("dlpack-mpi check: 416 cases at 4 rank(s)"),
+        lines[0].starts_with("dlpack-mpi check: 754 cases at 4 rank(s)"),
         "{stdout}"
     );
     // The mismatch section: each probe ended in errors on every rank, not a hang.
@@ -241,10 +342,11 @@ fn check_default_output_is_one_screen() {
     for case_line in ["PASS ", "SKIP ", "N/A ", "FAIL ", "KNOWN-BUG"] {
         assert!(!stdout.contains(case_line), "{case_line}: {stdout}");
     }
-    // 16 operations × 26 dtypes; 4 reductions × 10 transfer-only dtypes do not apply.
+    // 29 operations (16 blocking, 13 nonblocking collectives) × 26 dtypes; 8 reductions ×
+    // 10 transfer-only dtypes do not apply.
     assert_eq!(
         lines.last().copied(),
-        Some("376 passed, 0 failed, 0 skipped, 40 not applicable"),
+        Some("674 passed, 0 failed, 0 skipped, 80 not applicable"),
         "{stdout}"
     );
     let ops: Vec<&str> = lines
@@ -252,16 +354,17 @@ fn check_default_output_is_one_screen() {
         .copied()
         .filter(|l| l.starts_with("  ") && l.ends_with(" not applicable"))
         .collect();
-    assert_eq!(ops.len(), 16, "{stdout}");
+    assert_eq!(ops.len(), 29, "{stdout}");
     assert!(ops[0].starts_with("  a send-recv "), "{}", ops[0]);
-    assert!(
-        ops[4].starts_with("  e reduce ")
-            && ops[4].ends_with(
-                " 16 passed    0 failed    0 skipped   0 known bugs   10 not applicable"
-            ),
-        "{}",
-        ops[4]
-    );
+    // A reduction and a nonblocking one: 16 dtypes reduce, 10 are transfer-only.
+    for (i, op) in [(4, "e reduce"), (28, "C ireduce-scatter-block")] {
+        let counts = " 16 passed    0 failed    0 skipped   0 known bugs   10 not applicable";
+        let line = ops[i];
+        assert!(
+            line.starts_with(&format!("  {op} ")) && line.ends_with(counts),
+            "{line}"
+        );
+    }
     let row = |dtype: &str| -> &str {
         lines
             .iter()
@@ -269,17 +372,16 @@ fn check_default_output_is_one_screen() {
             .find(|l| l.starts_with(&format!("  {dtype:<20} ")))
             .unwrap_or_else(|| panic!("no row {dtype}: {stdout}"))
     };
-    let cells = |dtype: &str| row(dtype)[23..39].to_string();
-    assert_eq!(
-        row("").trim_end(),
-        format!("  {:<20} abcdefghijklmnop  tensors made by", "").trim_end()
-    );
-    assert_eq!(cells("float32"), "................");
-    assert_eq!(cells("int8"), "................");
+    let cells = |dtype: &str| row(dtype)[23..52].to_string();
+    let letters = "abcdefghijklmnopqrstuvwxyzABC";
+    let header = format!("  {:<20} {letters}  tensors made by", "");
+    assert_eq!(row("").trim_end(), header.trim_end());
+    assert_eq!(cells("float32"), ".".repeat(29));
+    assert_eq!(cells("int8"), ".".repeat(29));
     // Transfer-only: moved by every operation, reduced by none (reduce, allreduce,
-    // allreduce-inplace, reduce-scatter-block).
+    // allreduce-inplace, reduce-scatter-block, and their nonblocking forms).
     for dtype in ["complex32", "bcomplex32", "float8_e5m2", "float8_e8m0fnu"] {
-        assert_eq!(cells(dtype), "....---........-", "{dtype}");
+        assert_eq!(cells(dtype), "....---........-.---........-", "{dtype}");
     }
     // No installed Python producer makes complex32: Rust stands in, and says so.
     assert!(row("complex32").ends_with("  rust*") || row("complex32").ends_with("  rust"));
@@ -439,6 +541,14 @@ fn check_refusals_are_one_line_and_exit_2() {
         (
             &["bench", "--op", "strided", "--strided-storage", "48K"],
             "is not a power of two from 32 KiB to 64 MiB",
+        ),
+        (
+            &["bench", "--op", "overlap", "--layout", "step"],
+            "--op overlap all-reduces contiguous tensors only",
+        ),
+        (
+            &["bench", "--op", "overlap", "--csv", "x.csv"],
+            "--op overlap writes --json, not --csv or --plot",
         ),
     ] {
         let out = mpirun(2, args, &[]);
@@ -772,6 +882,70 @@ fn bench_strided_json_and_checked_deliveries() {
     }
 }
 
+/// `--op overlap` on a small tensor: one JSON object {case, path, median_us} per (case,
+/// path), the all-reduce case's four paths and the posting case's two, the ratio and the
+/// posting cost in the text, and every checked call intact (no timing).
+#[test]
+fn bench_overlap_json() {
+    let json = scratch("overlap.json");
+    let out = mpirun(
+        2,
+        &[
+            "bench",
+            "--op",
+            "overlap",
+            "--sizes",
+            "64K",
+            "--iters",
+            "20",
+            "--rounds",
+            "2",
+            "--overlap-slices",
+            "8",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("allreduce-64KiB-f32: posted / max(compute, blocking) = "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("post-8B (8 B per rank, iters 20): post "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("every element checked): passed"),
+        "{stdout}"
+    );
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = rows.as_array().expect("a JSON array");
+    let want = [
+        ("allreduce-64KiB-f32", "compute"),
+        ("allreduce-64KiB-f32", "blocking"),
+        ("allreduce-64KiB-f32", "posted"),
+        ("allreduce-64KiB-f32", "raw-posted"),
+        ("post-8B", "post"),
+        ("post-8B", "raw"),
+    ];
+    assert_eq!(rows.len(), want.len(), "{rows:?}");
+    for (row, (case, path)) in rows.iter().zip(want) {
+        let o = row.as_object().expect("an object");
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["case", "median_us", "path"]);
+        assert_eq!(
+            (o["case"].as_str(), o["path"].as_str()),
+            (Some(case), Some(path))
+        );
+        assert!(o["median_us"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
 #[test]
 fn info_reports_cuda_awareness_and_its_source() {
     let out = mpirun(2, &["info"], &[]);
@@ -895,7 +1069,7 @@ fn check_simulated_cuda_device_is_staged() {
             "--simulate-device",
             "--list",
             "-k",
-            "bcast/int8/contiguous/",
+            "bcast/int8/contiguous/*",
             "--len",
             "7",
         ],

@@ -1,6 +1,9 @@
 //! The case bodies, one per [`Op`]: each makes its tensors, runs the operation through
 //! `DeviceComm` (or rsmpi's nonblocking calls for `isend-irecv`), and compares what arrived
-//! with the values [`Kind`] computes independently of MPI.
+//! with the values [`Kind`] computes independently of MPI. A nonblocking collective
+//! (`iallreduce`, …) runs its blocking collective's body with [`Call::Nonblocking`]: the
+//! same tensors and expected values, the operation posted in an rsmpi scope and completed
+//! there ([`super::nonblocking`]).
 
 use std::fmt::Debug;
 
@@ -14,6 +17,7 @@ use mpi::traits::*;
 use super::context::{e, CaseContext, Res, Verdict, SKIP_MARK};
 use super::kind::{Kind, Runner};
 use super::matrix::{Comm, Op};
+use super::nonblocking::{Call, Completion};
 
 impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
     fn name(&self) -> &'static str {
@@ -26,10 +30,15 @@ impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
 
     fn run(&self, cx: &CaseContext<'_>, dc: &Comm<'_>, op: Op, len: i64) -> Verdict {
         let w = dc.comm();
+        let (op, call) = match op.posts() {
+            Some(blocking) => (blocking, Call::Nonblocking(Completion::of(w.rank(), len))),
+            None => (op, Call::Blocking),
+        };
         let at = At {
             kind: self,
             cx,
             dc,
+            call,
             r: w.rank(),
             p: w.size(),
             n: len,
@@ -45,12 +54,14 @@ impl<S: AnyBits + PartialEq + Debug> Runner for Kind<S> {
     }
 }
 
-/// One case in progress: the dtype, the context, the communicator, this rank `r` of `p`,
-/// and the length: `n` DLPack elements, `nk` storage elements.
+/// One case in progress: the dtype, the context, the communicator, how the collective is
+/// called, this rank `r` of `p`, and the length: `n` DLPack elements, `nk` storage
+/// elements.
 struct At<'a, S> {
     kind: &'a Kind<S>,
     cx: &'a CaseContext<'a>,
     dc: &'a Comm<'a>,
+    call: Call,
     r: i32,
     p: i32,
     n: i64,
@@ -86,7 +97,8 @@ impl VBlocks {
 }
 
 impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
-    /// Runs the case of `op`.
+    /// Runs the case of `op` (a blocking operation; [`At::call`] says whether its
+    /// nonblocking form runs).
     fn case(&self, op: Op) -> Res<Verdict> {
         match op {
             Op::SendRecv => self.send_recv(),
@@ -113,6 +125,8 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             Op::Allgatherv => self.allgatherv(),
             Op::Alltoall => self.alltoall(),
             Op::Alltoallv => self.alltoallv(),
+            // The nonblocking collectives arrive here as their blocking ones (`Runner::run`).
+            nonblocking => Err(format!("{} has no case body", nonblocking.name())),
         }
     }
 
@@ -224,7 +238,10 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         } else {
             vec![(self.kind.value)(-1, -1); self.nk]
         };
-        let got = self.in_place(init, |t| self.dc.broadcast_tensor(t, root))?;
+        let got = self.in_place(init, |t| match self.call {
+            Call::Blocking => self.dc.broadcast_tensor(t, root),
+            Call::Nonblocking(c) => c.post(|sc| self.dc.immediate_broadcast_tensor(sc, t, root)),
+        })?;
         self.compare("broadcast", &self.values(root, n, 0), &got)
     }
 
@@ -232,7 +249,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let (r, n, p) = (self.r, self.n, self.p);
         let got = self.pair(self.values(r, n, 0), p as usize * self.nk, |s, d| {
             let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
-            self.dc.gather_tensor(s, recv, 0)
+            match self.call {
+                Call::Blocking => self.dc.gather_tensor(s, recv, 0),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_gather_tensor(sc, s, recv, 0))
+                }
+            }
         })?;
         if r != 0 {
             return Ok(Verdict::Pass);
@@ -246,12 +268,18 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let mine = v.counts[r as usize];
         let k = self.kind.per_elem;
         let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
-            let recv = if r == 0 {
+            // Annotated: the tensor's trait object may then live shorter than `d`'s.
+            let recv: Option<(&mut dyn Tensor, Blocks<'_>)> = if r == 0 {
                 Some((d, Blocks::new(&v.counts, &v.displs)))
             } else {
                 None
             };
-            self.dc.gatherv_tensor(s, recv, 0)
+            match self.call {
+                Call::Blocking => self.dc.gatherv_tensor(s, recv, 0),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_gatherv_tensor(sc, s, recv, 0))
+                }
+            }
         })?;
         if r != 0 {
             return Ok(Verdict::Pass);
@@ -264,7 +292,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let (r, n, pn) = (self.r, self.n, i64::from(self.p) * self.n);
         let got = self.pair(self.values(0, pn, 0), self.nk, |s, d| {
             let send: Option<&dyn Tensor> = if r == 0 { Some(s) } else { None };
-            self.dc.scatter_tensor(send, d, 0)
+            match self.call {
+                Call::Blocking => self.dc.scatter_tensor(send, d, 0),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_scatter_tensor(sc, send, d, 0))
+                }
+            }
         })?;
         self.compare("scattered", &self.values(0, n, i64::from(r) * n), &got)
     }
@@ -280,7 +313,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             } else {
                 None
             };
-            self.dc.scatterv_tensor(send, d, 0)
+            match self.call {
+                Call::Blocking => self.dc.scatterv_tensor(send, d, 0),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_scatterv_tensor(sc, send, d, 0))
+                }
+            }
         })?;
         let expect = self.values(0, mine, v.displs[r as usize]);
         self.compare("scattered", &expect, &got)
@@ -288,9 +326,14 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
 
     fn allgather(&self) -> Res<Verdict> {
         let (r, n, p) = (self.r, self.n, self.p);
-        let got = self.pair(self.values(r, n, 0), p as usize * self.nk, |s, d| {
-            self.dc.all_gather_tensor(s, d)
-        })?;
+        let got = self.pair(
+            self.values(r, n, 0),
+            p as usize * self.nk,
+            |s, d| match self.call {
+                Call::Blocking => self.dc.all_gather_tensor(s, d),
+                Call::Nonblocking(c) => c.post(|sc| self.dc.immediate_all_gather_tensor(sc, s, d)),
+            },
+        )?;
         self.compare("gathered", &self.all_ranks(|_| n, |_| 0), &got)
     }
 
@@ -300,8 +343,13 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let mine = v.counts[r as usize];
         let k = self.kind.per_elem;
         let got = self.pair(self.values(r, mine, 0), v.total as usize * k, |s, d| {
-            self.dc
-                .all_gatherv_tensor(s, d, Blocks::new(&v.counts, &v.displs))
+            let blocks = Blocks::new(&v.counts, &v.displs);
+            match self.call {
+                Call::Blocking => self.dc.all_gatherv_tensor(s, d, blocks),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_all_gatherv_tensor(sc, s, d, blocks))
+                }
+            }
         })?;
         let expect = self.all_ranks(|i| v.counts[i as usize], |_| 0);
         self.compare("gathered", &expect, &got)
@@ -311,9 +359,14 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         // Rank r's block j holds values(r, n, j n).
         let (r, n, p) = (self.r, self.n, self.p);
         let pn = i64::from(p) * n;
-        let got = self.pair(self.values(r, pn, 0), p as usize * self.nk, |s, d| {
-            self.dc.all_to_all_tensor(s, d)
-        })?;
+        let got = self.pair(
+            self.values(r, pn, 0),
+            p as usize * self.nk,
+            |s, d| match self.call {
+                Call::Blocking => self.dc.all_to_all_tensor(s, d),
+                Call::Nonblocking(c) => c.post(|sc| self.dc.immediate_all_to_all_tensor(sc, s, d)),
+            },
+        )?;
         let expect = self.all_ranks(|_| n, |_| i64::from(r) * n);
         self.compare("exchanged", &expect, &got)
     }
@@ -327,12 +380,14 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
         let recv_displs: Vec<i64> = (0..i64::from(p)).map(|i| i * mine).collect();
         let recv_len = (mine * i64::from(p)) as usize * self.kind.per_elem;
         let got = self.pair(self.values(r, v.total, 0), recv_len, |s, d| {
-            self.dc.all_to_allv_tensor(
-                s,
-                Blocks::new(&v.counts, &v.displs),
-                d,
-                Blocks::new(&recv_counts, &recv_displs),
-            )
+            let send = (s, Blocks::new(&v.counts, &v.displs));
+            let recv: (&mut dyn Tensor, _) = (d, Blocks::new(&recv_counts, &recv_displs));
+            match self.call {
+                Call::Blocking => self.dc.all_to_allv_tensor(send.0, send.1, recv.0, recv.1),
+                Call::Nonblocking(c) => {
+                    c.post(|sc| self.dc.immediate_all_to_allv_tensor(sc, send, recv))
+                }
+            }
         })?;
         let expect = self.all_ranks(|_| mine, |_| v.displs[r as usize]);
         self.compare("exchanged", &expect, &got)
@@ -348,7 +403,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
                 let expect = folded(n);
                 let got = self.pair(self.values(r, n, 0), nk, |s, d| {
                     let recv: Option<&mut dyn Tensor> = if r == 0 { Some(d) } else { None };
-                    dc.reduce_tensor(s, recv, rop, 0)
+                    match self.call {
+                        Call::Blocking => dc.reduce_tensor(s, recv, rop, 0),
+                        Call::Nonblocking(c) => {
+                            c.post(|sc| dc.immediate_reduce_tensor(sc, s, recv, rop, 0))
+                        }
+                    }
                 })?;
                 if r != 0 {
                     return Ok(Verdict::Pass);
@@ -357,23 +417,32 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             }
             Op::Allreduce => {
                 let expect = folded(n);
-                let got = self.pair(self.values(r, n, 0), nk, |s, d| {
-                    dc.all_reduce_tensor(s, d, rop)
+                let got = self.pair(self.values(r, n, 0), nk, |s, d| match self.call {
+                    Call::Blocking => dc.all_reduce_tensor(s, d, rop),
+                    Call::Nonblocking(c) => {
+                        c.post(|sc| dc.immediate_all_reduce_tensor(sc, s, d, rop))
+                    }
                 })?;
                 self.compare_reduced(&expect, &got, n, 0..nk)
             }
             Op::AllreduceInplace => {
                 let expect = folded(n);
-                let got = self.in_place(self.values(r, n, 0), |t| {
-                    dc.all_reduce_tensor_in_place(t, rop)
+                let got = self.in_place(self.values(r, n, 0), |t| match self.call {
+                    Call::Blocking => dc.all_reduce_tensor_in_place(t, rop),
+                    Call::Nonblocking(c) => {
+                        c.post(|sc| dc.immediate_all_reduce_tensor_in_place(sc, t, rop))
+                    }
                 })?;
                 self.compare_reduced(&expect, &got, n, 0..nk)
             }
             _ => {
                 let pn = i64::from(p) * n;
                 let full = folded(pn);
-                let got = self.pair(self.values(r, pn, 0), nk, |s, d| {
-                    dc.reduce_scatter_block_tensor(s, d, rop)
+                let got = self.pair(self.values(r, pn, 0), nk, |s, d| match self.call {
+                    Call::Blocking => dc.reduce_scatter_block_tensor(s, d, rop),
+                    Call::Nonblocking(c) => {
+                        c.post(|sc| dc.immediate_reduce_scatter_block_tensor(sc, s, d, rop))
+                    }
                 })?;
                 let part = r as usize * nk..(r as usize + 1) * nk;
                 self.compare_reduced(&full[part.clone()], &got, pn, part)

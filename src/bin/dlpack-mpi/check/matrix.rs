@@ -28,11 +28,26 @@ pub(super) enum Op {
     Alltoall,
     Alltoallv,
     ReduceScatterBlock,
+    Ibcast,
+    Ireduce,
+    Iallreduce,
+    IallreduceInplace,
+    Igather,
+    Igatherv,
+    Iscatter,
+    Iscatterv,
+    Iallgather,
+    Iallgatherv,
+    Ialltoall,
+    Ialltoallv,
+    IreduceScatterBlock,
 }
 
 impl Op {
-    /// Every operation, in the order the matrix runs them.
-    pub(super) const ALL: [Op; 16] = [
+    /// Every operation, in the order the matrix runs them: the blocking ones, then the
+    /// nonblocking collectives in the same order (so that the blocking ones keep their
+    /// matrix columns).
+    pub(super) const ALL: [Op; 29] = [
         Op::SendRecv,
         Op::Sendrecv,
         Op::IsendIrecv,
@@ -49,6 +64,19 @@ impl Op {
         Op::Alltoall,
         Op::Alltoallv,
         Op::ReduceScatterBlock,
+        Op::Ibcast,
+        Op::Ireduce,
+        Op::Iallreduce,
+        Op::IallreduceInplace,
+        Op::Igather,
+        Op::Igatherv,
+        Op::Iscatter,
+        Op::Iscatterv,
+        Op::Iallgather,
+        Op::Iallgatherv,
+        Op::Ialltoall,
+        Op::Ialltoallv,
+        Op::IreduceScatterBlock,
     ];
 
     /// The name of `--op` and of case names.
@@ -70,7 +98,43 @@ impl Op {
             Op::Alltoall => "alltoall",
             Op::Alltoallv => "alltoallv",
             Op::ReduceScatterBlock => "reduce-scatter-block",
+            Op::Ibcast => "ibcast",
+            Op::Ireduce => "ireduce",
+            Op::Iallreduce => "iallreduce",
+            Op::IallreduceInplace => "iallreduce-inplace",
+            Op::Igather => "igather",
+            Op::Igatherv => "igatherv",
+            Op::Iscatter => "iscatter",
+            Op::Iscatterv => "iscatterv",
+            Op::Iallgather => "iallgather",
+            Op::Iallgatherv => "iallgatherv",
+            Op::Ialltoall => "ialltoall",
+            Op::Ialltoallv => "ialltoallv",
+            Op::IreduceScatterBlock => "ireduce-scatter-block",
         }
+    }
+
+    /// The blocking collective whose nonblocking form this is (`iallreduce` →
+    /// `allreduce`): the case posts it in an rsmpi scope, completes it, and checks what
+    /// the blocking case checks. `None` for the blocking operations and for `isend-irecv`
+    /// (a point-to-point case of its own).
+    pub(super) fn posts(self) -> Option<Op> {
+        Some(match self {
+            Op::Ibcast => Op::Bcast,
+            Op::Ireduce => Op::Reduce,
+            Op::Iallreduce => Op::Allreduce,
+            Op::IallreduceInplace => Op::AllreduceInplace,
+            Op::Igather => Op::Gather,
+            Op::Igatherv => Op::Gatherv,
+            Op::Iscatter => Op::Scatter,
+            Op::Iscatterv => Op::Scatterv,
+            Op::Iallgather => Op::Allgather,
+            Op::Iallgatherv => Op::Allgatherv,
+            Op::Ialltoall => Op::Alltoall,
+            Op::Ialltoallv => Op::Alltoallv,
+            Op::IreduceScatterBlock => Op::ReduceScatterBlock,
+            _ => return None,
+        })
     }
 }
 
@@ -196,5 +260,29 @@ impl Layout {
                 (vec![a, b, c], vec![1, a, a * b], nu, pos)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every blocking collective has one nonblocking form, named with an `i` in front.
+    #[test]
+    fn nonblocking_collectives_pair_with_blocking_ones() {
+        let posted: Vec<Op> = Op::ALL.iter().filter_map(|o| o.posts()).collect();
+        assert_eq!(posted.len(), 13);
+        for op in Op::ALL {
+            if let Some(blocking) = op.posts() {
+                assert_eq!(op.name(), format!("i{}", blocking.name()));
+                assert_eq!(blocking.posts(), None);
+                assert_eq!(posted.iter().filter(|b| **b == blocking).count(), 1);
+            }
+        }
+        let collectives = Op::ALL.iter().filter(|o| {
+            o.posts().is_none() && !matches!(o, Op::SendRecv | Op::Sendrecv | Op::IsendIrecv)
+        });
+        assert!(collectives.clone().all(|o| posted.contains(o)));
+        assert_eq!(collectives.count(), 13);
     }
 }

@@ -21,7 +21,9 @@
 //!
 //! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport` values).
 //! 2. `matrix`: operations ([`matrix::Op`]), layouts, case names.
-//! 3. `context`: the run's and the case's context, passed explicitly; verdicts.
+//! 3. `context`: the run's and the case's context, passed explicitly; verdicts;
+//!    `nonblocking`: how a case calls its operation (blocking, or posted in an rsmpi scope
+//!    and completed by `wait` or a `test` loop).
 //! 4. `store`: tensor storage by producer (`Owned`, NumPy, JAX, Paddle, cudarc);
 //!    `producers`: which producer makes each dtype (`--producer auto`), JAX/Paddle tensors.
 //! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
@@ -47,6 +49,7 @@ mod dtypes;
 mod kind;
 mod matrix;
 mod mismatch;
+mod nonblocking;
 mod producers;
 mod report;
 mod run;

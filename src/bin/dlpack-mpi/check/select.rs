@@ -4,7 +4,7 @@
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
-use super::args::{CheckArgs, Producer};
+use super::args::{CheckArgs, Producer, DEFAULT_LENS, NONBLOCKING_DEFAULT_LENS};
 use super::kind::Runner;
 use super::matrix::{case_name, Layout, Op, LAYOUTS};
 use super::store::resolve_producer;
@@ -139,6 +139,16 @@ fn check_names(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<(), String
     Ok(())
 }
 
+/// The lengths of `op`'s cases: `--len`, but [`NONBLOCKING_DEFAULT_LENS`] for a
+/// nonblocking collective when `--len` is the default.
+fn lengths(op: Op, args: &CheckArgs) -> &[i64] {
+    if op.posts().is_some() && args.len == DEFAULT_LENS {
+        &NONBLOCKING_DEFAULT_LENS
+    } else {
+        &args.len
+    }
+}
+
 /// Every case of the matrix that `--op`, `--dtype`, `--layout` and `--len` name, in order,
 /// with its name.
 fn matrix(
@@ -153,7 +163,7 @@ fn matrix(
         for (o, op) in Op::ALL.iter().enumerate() {
             for (k, kind) in kinds.iter().enumerate() {
                 for (l, layout) in LAYOUTS.iter().enumerate() {
-                    for &len in &args.len {
+                    for &len in lengths(*op, args) {
                         // A 0-d tensor has exactly one element.
                         if *layout == Layout::Scalar && len != 1 {
                             continue;

@@ -168,7 +168,7 @@ impl Summary {
         for (i, op) in self.ops.iter().enumerate() {
             let c = self.op_counts(i);
             out.push(format!(
-                "  {} {:<20} {:>6} passed {:>4} failed {:>4} skipped {:>3} known bugs {:>4} not applicable",
+                "  {} {:<21} {:>6} passed {:>4} failed {:>4} skipped {:>3} known bugs {:>4} not applicable",
                 column(i),
                 op.name(),
                 c.passed,
