@@ -208,14 +208,23 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
     }
 
     fn isend_irecv(&self) -> Res<Verdict> {
-        if self.cx.dev.needs_runtime() {
-            return Ok(Verdict::Skip(
-                "DeviceComm has no nonblocking operations (GPU tensors go through the \
-                 blocking ones)"
-                    .into(),
-            ));
-        }
         let (r, p, w) = (self.r, self.p, self.dc.comm());
+        if self.cx.dev.needs_runtime() {
+            // Device memory: the tensor forms on the DeviceComm (the requests own the
+            // staged copies; a receive copies back to the device at wait).
+            let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
+            let dc = self.dc;
+            let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {
+                mpi::request::scope(|scope| -> Result<(), Error> {
+                    let rr = dc.immediate_recv_tensor(scope, d, prev, 13)?;
+                    let sr = dc.immediate_send_tensor(scope, s, next, 13)?;
+                    sr.wait()?;
+                    rr.wait()?;
+                    Ok(())
+                })
+            })?;
+            return self.got_from_previous(&got);
+        }
         let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
         let got = self.pair(self.values(r, self.n, 0), self.nk, |s, d| {
             let send = SendSpec::new(s)?;
