@@ -13,6 +13,12 @@ const MIN_ITERS: u64 = 4;
 /// `--max-size` when not given (host memory).
 pub const DEFAULT_MAX_SIZE: u64 = 64 << 20;
 
+/// `--overlap-work` when not given: units of the computation of `--op overlap` per f32
+/// element of the all-reduced tensor. Chosen so that at 16 MiB (4 Mi elements) the
+/// computation alone takes about as long as the blocking all-reduce of 16 MiB at 2 ranks on
+/// the 2-core test machine (docs/PERFORMANCE.md).
+pub const OVERLAP_UNITS_PER_ELEM: u64 = 1;
+
 /// Which benchmark to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Op {
@@ -34,6 +40,11 @@ pub enum Op {
     /// block; a transpose; a 3-D permutation; a reversed axis) from rank 0 to rank 1:
     /// contiguous send of the same bytes vs derived datatype vs pack kernels vs Auto.
     Strided,
+    /// A nonblocking all-reduce (sum of f32, 16 MiB unless --sizes) posted, then a
+    /// computation testing it between slices (--overlap-slices), then its wait; against the
+    /// blocking all-reduce and the computation alone. Also the cost of posting an 8-byte
+    /// nonblocking all-reduce, next to raw rsmpi's post. Not part of `all`.
+    Overlap,
     /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
     /// --max-size is below 64 MiB).
     All,
@@ -49,6 +60,7 @@ impl Op {
             Op::Allgatherv => "allgatherv",
             Op::Alltoall => "alltoall",
             Op::Strided => "strided",
+            Op::Overlap => "overlap",
             Op::All => "all",
         }
     }
@@ -65,6 +77,7 @@ impl Op {
             Op::Latency => sizes(8, max),
             Op::Bandwidth => sizes(8, max.min(16 << 20)),
             Op::Allreduce => sizes(1 << 10, max.min(16 << 20)),
+            Op::Overlap => vec![max.min(16 << 20) / ELEM * ELEM],
             _ => sizes(8, max.min(4 << 20)),
         }
     }
@@ -199,13 +212,23 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
     /// `--op strided`: write one JSON object per (case, path) to FILE (rank 0), as an array
-    /// of {"case", "block_elems", "path", "median_us", "best_us"}.
+    /// of {"case", "block_elems", "path", "median_us", "best_us"}; `--op overlap`: of
+    /// {"case", "path", "median_us"}.
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
     /// `--op strided`: bytes of the storage the views come from, a power of two from 32 KiB
     /// to 64 MiB (default 64 MiB; smaller for quick runs: every case shrinks with it).
     #[arg(long, value_parser = parse_strided_storage, default_value = "64M")]
     pub strided_storage: usize,
+    /// `--op overlap`: slices of the computation, with a test() of the pending all-reduce
+    /// after each (more slices: more MPI progress, more test calls).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub overlap_slices: u32,
+    /// `--op overlap`: units of arithmetic per element of the tensor (a unit: 8 independent
+    /// f64 multiply-adds in registers); the default makes the computation about as long as
+    /// the blocking all-reduce of 16 MiB at 2 ranks on the 2-core test machine.
+    #[arg(long, default_value_t = OVERLAP_UNITS_PER_ELEM, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub overlap_work: u64,
 }
 
 /// Reads `--strided-storage`: a size (as `--sizes`) that is a power of two in

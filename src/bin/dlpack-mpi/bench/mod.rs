@@ -34,6 +34,14 @@
 //! checks element by element the first message of every (case, path) and the last message
 //! of every timed loop (untimed). `--json` writes one object per (case, path).
 //!
+//! `--op overlap` posts a nonblocking all-reduce of 16 MiB
+//! ([`TensorComm::immediate_all_reduce_tensor`]) and runs a fixed computation in slices,
+//! testing the request between slices, then waits; timed next to the blocking all-reduce of
+//! the same tensor, the computation alone, and rsmpi's own nonblocking all-reduce overlapped
+//! the same way. It also times the posting call alone at 8 B, ours next to rsmpi's
+//! `immediate_all_reduce_into` on the same buffers. `--json` writes one object per (case,
+//! path).
+//!
 //! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
 //! copy of the same bytes and to host-memory MPI.
 //!
@@ -44,20 +52,26 @@
 //! 1. `common`: the element type, aligned buffers, the values sent, samples, the timing
 //!    driver (warm-up, rotated rounds), ping-pong legs, size formatting;
 //! 2. `args`: the options, sizes and iteration counts;
-//! 3. `strided_report`: the strided rows, table, summary and `--json`;
+//! 3. `strided_report`, `overlap_report`: the strided and overlap rows, tables, summaries
+//!    and `--json`;
 //! 4. `report`: the result rows and their text tables, `--csv` and `--plot`;
-//! 5. `host`, `strided`, `gpu`: the measurements (they print through the reports);
+//! 5. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
+//!    reports);
 //! 6. this file: [`run`], which refuses what cannot be done and dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
 //! [`RecvSpec`]: dlpack_mpi::spec::RecvSpec
 //! [`TensorComm`]: dlpack_mpi::comm::TensorComm
 //! [`TensorComm::send_tensor`]: dlpack_mpi::comm::TensorComm::send_tensor
+//! [`TensorComm::immediate_all_reduce_tensor`]:
+//!     dlpack_mpi::comm::TensorComm::immediate_all_reduce_tensor
 
 mod args;
 mod common;
 mod gpu;
 mod host;
+mod overlap;
+mod overlap_report;
 mod report;
 mod strided;
 mod strided_report;
@@ -111,8 +125,18 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
                 .into(),
         );
     }
-    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::All) {
-        return Some("--json writes the strided rows: use it with --op strided (or all)".into());
+    if args.op == Op::Overlap && args.layout != BenchLayout::Contiguous {
+        return Some("--op overlap all-reduces contiguous tensors only (no --layout step)".into());
+    }
+    if args.op == Op::Overlap && (args.csv.is_some() || args.plot.is_some()) {
+        return Some("--op overlap writes --json, not --csv or --plot".into());
+    }
+    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::Overlap | Op::All) {
+        return Some(
+            "--json writes the strided rows (--op strided or all) or the overlap rows (--op \
+             overlap)"
+                .into(),
+        );
     }
     None
 }
@@ -142,10 +166,10 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
     if root {
         report::print_host_intro(world.size(), &library_line(), args);
     }
-    let (rows, strided_rows, ok) = run_ops(world, args);
+    let (measured, ok) = run_ops(world, args);
     let mut status = i32::from(!ok);
     if root {
-        if let Err(why) = write_files(world.size(), args, &rows, &strided_rows) {
+        if let Err(why) = write_files(world.size(), args, &measured) {
             eprintln!("dlpack-mpi bench: cannot write: {why}");
             status = 2;
         }
@@ -166,13 +190,20 @@ fn all_skips_strided(args: &BenchArgs) -> bool {
         || args.layout != BenchLayout::Contiguous
 }
 
-/// Runs every operation `--op` names on the host: the rows of the sweeps, those of the
-/// strided bench, and whether every path delivered the expected values. A failure to
-/// measure aborts the job.
-fn run_ops(
-    world: &SimpleCommunicator,
-    args: &BenchArgs,
-) -> (Vec<report::Row>, Vec<strided_report::StridedRow>, bool) {
+/// The rows of a host run, by the bench that measured them.
+#[derive(Default)]
+struct Measured {
+    /// The sweeps'.
+    rows: Vec<report::Row>,
+    /// The strided bench's.
+    strided: Vec<strided_report::StridedRow>,
+    /// `--op overlap`'s.
+    overlap: Vec<overlap_report::OverlapRow>,
+}
+
+/// Runs every operation `--op` names on the host: the rows, and whether every path
+/// delivered the expected values. A failure to measure aborts the job.
+fn run_ops(world: &SimpleCommunicator, args: &BenchArgs) -> (Measured, bool) {
     let ops: &[Op] = match args.op {
         Op::All => &[
             Op::Latency,
@@ -184,26 +215,30 @@ fn run_ops(
         ],
         _ => std::slice::from_ref(&args.op),
     };
-    let mut rows = Vec::new();
-    let mut strided_rows = Vec::new();
+    let mut m = Measured::default();
     let mut ok = true;
     for &op in ops {
-        let result = if op == Op::Strided {
-            if args.op == Op::All && all_skips_strided(args) {
-                if world.rank() == 0 {
-                    println!("strided: skipped (it needs --max-size ≥ --strided-storage, no --sizes, contiguous --layout)\n");
+        let result = match op {
+            Op::Strided => {
+                if args.op == Op::All && all_skips_strided(args) {
+                    if world.rank() == 0 {
+                        println!("strided: skipped (it needs --max-size ≥ --strided-storage, no --sizes, contiguous --layout)\n");
+                    }
+                    continue;
                 }
-                continue;
+                strided::strided(world, args).map(|(r, good)| {
+                    m.strided = r;
+                    good
+                })
             }
-            strided::strided(world, args).map(|(r, good)| {
-                strided_rows = r;
+            Op::Overlap => overlap::overlap(world, args).map(|(r, good)| {
+                m.overlap = r;
                 good
-            })
-        } else {
-            host::sweep(world, args, op).map(|(mut r, good)| {
-                rows.append(&mut r);
+            }),
+            _ => host::sweep(world, args, op).map(|(mut r, good)| {
+                m.rows.append(&mut r);
                 good
-            })
+            }),
         };
         match result {
             Ok(good) => ok &= good,
@@ -213,21 +248,21 @@ fn run_ops(
             }
         }
     }
-    (rows, strided_rows, ok)
+    (m, ok)
 }
 
-/// Writes `--csv` and `--plot` (rank 0), stopping at the first that fails.
-fn write_files(
-    ranks: i32,
-    args: &BenchArgs,
-    rows: &[report::Row],
-    strided_rows: &[strided_report::StridedRow],
-) -> Result<(), String> {
+/// Writes `--csv`, `--json` and `--plot` (rank 0), stopping at the first that fails.
+fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String> {
+    let rows = &m.rows;
     if let Some(path) = &args.csv {
-        report::write_csv(path, args, ranks, rows, strided_rows)?;
+        report::write_csv(path, args, ranks, rows, &m.strided)?;
     }
     if let Some(path) = &args.json {
-        strided_report::write_json(path, strided_rows)?;
+        if args.op == Op::Overlap {
+            overlap_report::write_overlap_json(path, &m.overlap)?;
+        } else {
+            strided_report::write_json(path, &m.strided)?;
+        }
     }
     if let Some(path) = &args.plot {
         let library = library_line();
