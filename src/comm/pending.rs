@@ -706,6 +706,24 @@ where
         held,
         signature,
     }));
+    enqueue(&state, shadow);
+    let request = TensorRequest::collective(state);
+    if request.refused_here() {
+        // This rank refused: learn the outcome now and return it from the post.
+        return match request.wait() {
+            Ok(_) => Err(Error::PeerRefused {
+                rank: comm.rank(),
+                reason: "refused".into(),
+            }),
+            Err(e) => Err(e),
+        };
+    }
+    Ok(request)
+}
+
+/// Puts `state` in the queue of `shadow`, in posting order, and posts its agreement (and
+/// every other held one) when the shadow is ready.
+fn enqueue<'a, Sc: Scope<'a> + Copy>(state: &Rc<RefCell<Collective<'a, Sc>>>, shadow: Shadow) {
     let erased: Rc<RefCell<dyn Resolve + '_>> = state.clone();
     // SAFETY: only the lifetime changes. The queue holds this entry only while its agreement
     // is pending: the entry is removed when resolved, and its request resolves it before it
@@ -730,18 +748,6 @@ where
             }
         });
     }
-    let request = TensorRequest::collective(state);
-    if request.refused_here() {
-        // This rank refused: learn the outcome now and return it from the post.
-        return match request.wait() {
-            Ok(_) => Err(Error::PeerRefused {
-                rank: comm.rank(),
-                reason: "refused".into(),
-            }),
-            Err(e) => Err(e),
-        };
-    }
-    Ok(request)
 }
 
 /// A generalized request registered with `scope`, completed by [`Resolve::release`].

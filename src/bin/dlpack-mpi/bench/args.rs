@@ -45,6 +45,11 @@ pub enum Op {
     /// blocking all-reduce and the computation alone. Also the cost of posting an 8-byte
     /// nonblocking all-reduce, next to raw rsmpi's post. Not part of `all`.
     Overlap,
+    /// The all-reduce (sum of f32, in place) of a list of tensors: the gradients of
+    /// ResNet-50 and BERT-base (../shared/data, divided by --fused-scale) and 256 tensors of
+    /// 1 KiB; one all_reduce_tensor_in_place per member vs one fused all_reduce_tensors vs
+    /// one tensor of the same total elements. Not part of `all`.
+    Fused,
     /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
     /// --max-size is below 64 MiB).
     All,
@@ -61,6 +66,7 @@ impl Op {
             Op::Alltoall => "alltoall",
             Op::Strided => "strided",
             Op::Overlap => "overlap",
+            Op::Fused => "fused",
             Op::All => "all",
         }
     }
@@ -229,6 +235,11 @@ pub struct BenchArgs {
     /// the blocking all-reduce of 16 MiB at 2 ranks on the 2-core test machine.
     #[arg(long, default_value_t = OVERLAP_UNITS_PER_ELEM, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub overlap_work: u64,
+    /// `--op fused`: divide the element count of every member of the model lists
+    /// (ResNet-50, BERT-base) by this (rounded up; members become 1-D), for quick runs or
+    /// small machines; 1 = full size.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub fused_scale: u64,
 }
 
 /// Reads `--strided-storage`: a size (as `--sizes`) that is a power of two in

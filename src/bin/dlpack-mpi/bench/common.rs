@@ -210,3 +210,36 @@ impl Aligned {
         &mut self.owned.as_mut_slice()[off..off + n]
     }
 }
+
+/// One object of a `--json` report of medians: `{case, path, median_us}`.
+#[derive(Debug, serde::Serialize)]
+struct MedianJson<'a> {
+    /// The case's name.
+    case: &'a str,
+    /// The path's name.
+    path: &'static str,
+    /// Median over rounds, µs.
+    median_us: f64,
+}
+
+/// Writes `rows` (case, path, median in µs) to `path` as a JSON array of
+/// `{case, path, median_us}` objects.
+pub fn write_median_json<'a>(
+    path: &std::path::Path,
+    rows: impl IntoIterator<Item = (&'a str, &'static str, f64)>,
+) -> Result<(), String> {
+    use std::io::Write as _;
+    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let objects: Vec<MedianJson> = rows
+        .into_iter()
+        .map(|(case, path, median_us)| MedianJson {
+            case,
+            path,
+            median_us,
+        })
+        .collect();
+    let file = std::fs::File::create(path).map_err(|e| fail(&e))?;
+    let mut w = std::io::BufWriter::new(file);
+    serde_json::to_writer_pretty(&mut w, &objects).map_err(|e| fail(&e))?;
+    writeln!(w).and_then(|()| w.flush()).map_err(|e| fail(&e))
+}

@@ -42,6 +42,11 @@
 //! `immediate_all_reduce_into` on the same buffers. `--json` writes one object per (case,
 //! path).
 //!
+//! `--op fused` all-reduces lists of tensors (the gradients of ResNet-50 and BERT-base from
+//! ../shared/data, and 256 tensors of 1 KiB): one `all_reduce_tensor_in_place` per member,
+//! one fused `all_reduce_tensors` over the list, and one tensor of the same total elements
+//! (the limit). `--json` writes one object per (case, path).
+//!
 //! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
 //! copy of the same bytes and to host-memory MPI.
 //!
@@ -56,7 +61,7 @@
 //!    and `--json`;
 //! 4. `report`: the result rows and their text tables, `--csv` and `--plot`;
 //! 5. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
-//!    reports);
+//!    reports); `fused`, which uses only `common` and `args` and prints its own table;
 //! 6. this file: [`run`], which refuses what cannot be done and dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
@@ -68,6 +73,7 @@
 
 mod args;
 mod common;
+mod fused;
 mod gpu;
 mod host;
 mod overlap;
@@ -125,16 +131,28 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
                 .into(),
         );
     }
+    if args.op == Op::Fused
+        && (args.layout != BenchLayout::Contiguous
+            || args.sizes.is_some()
+            || args.csv.is_some()
+            || args.plot.is_some())
+    {
+        return Some(
+            "--op fused has fixed lists of contiguous tensors and writes --json only: --layout, \
+             --sizes, --csv and --plot do not apply"
+                .into(),
+        );
+    }
     if args.op == Op::Overlap && args.layout != BenchLayout::Contiguous {
         return Some("--op overlap all-reduces contiguous tensors only (no --layout step)".into());
     }
     if args.op == Op::Overlap && (args.csv.is_some() || args.plot.is_some()) {
         return Some("--op overlap writes --json, not --csv or --plot".into());
     }
-    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::Overlap | Op::All) {
+    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::Overlap | Op::Fused | Op::All) {
         return Some(
-            "--json writes the strided rows (--op strided or all) or the overlap rows (--op \
-             overlap)"
+            "--json writes the strided rows (--op strided or all), the overlap rows (--op \
+             overlap) or the fused rows (--op fused)"
                 .into(),
         );
     }
@@ -199,6 +217,8 @@ struct Measured {
     strided: Vec<strided_report::StridedRow>,
     /// `--op overlap`'s.
     overlap: Vec<overlap_report::OverlapRow>,
+    /// `--op fused`'s.
+    fused: Vec<fused::FusedRow>,
 }
 
 /// Runs every operation `--op` names on the host: the rows, and whether every path
@@ -235,6 +255,10 @@ fn run_ops(world: &SimpleCommunicator, args: &BenchArgs) -> (Measured, bool) {
                 m.overlap = r;
                 good
             }),
+            Op::Fused => fused::fused(world, args).map(|(r, good)| {
+                m.fused = r;
+                good
+            }),
             _ => host::sweep(world, args, op).map(|(mut r, good)| {
                 m.rows.append(&mut r);
                 good
@@ -260,6 +284,8 @@ fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String>
     if let Some(path) = &args.json {
         if args.op == Op::Overlap {
             overlap_report::write_overlap_json(path, &m.overlap)?;
+        } else if args.op == Op::Fused {
+            fused::write_fused_json(path, &m.fused)?;
         } else {
             strided_report::write_json(path, &m.strided)?;
         }

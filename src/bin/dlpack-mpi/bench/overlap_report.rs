@@ -207,32 +207,15 @@ pub fn print_overlap_verdict(ok: bool) {
     );
 }
 
-/// One object of `--json`.
-#[derive(Debug, serde::Serialize)]
-struct JsonRow<'a> {
-    /// The case's name.
-    case: &'a str,
-    /// The path's name.
-    path: &'static str,
-    /// Median over rounds, µs per iteration (per post for the posting case).
-    median_us: f64,
-}
-
-/// Writes one object per (case, path) of `rows` to `path` as a JSON array.
+/// Writes one `{case, path, median_us}` object per (case, path) of `rows` to `path` as a
+/// JSON array.
 pub fn write_overlap_json(path: &std::path::Path, rows: &[OverlapRow]) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let objects: Vec<JsonRow> = rows
-        .iter()
-        .flat_map(|r| {
-            r.paths.iter().map(move |(p, s)| JsonRow {
-                case: &r.case,
-                path: p.name(),
-                median_us: s.median(),
-            })
-        })
-        .collect();
-    let file = std::fs::File::create(path).map_err(|e| fail(&e))?;
-    let mut w = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut w, &objects).map_err(|e| fail(&e))?;
-    writeln!(w).and_then(|()| w.flush()).map_err(|e| fail(&e))
+    super::common::write_median_json(
+        path,
+        rows.iter().flat_map(|r| {
+            r.paths
+                .iter()
+                .map(move |(p, s)| (r.case.as_str(), p.name(), s.median()))
+        }),
+    )
 }

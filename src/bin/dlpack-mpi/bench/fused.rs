@@ -1,0 +1,424 @@
+//! `--op fused`: the fused all-reduce of a list of tensors
+//! ([`TensorComm::all_reduce_tensors`], in place, sum of f32) next to one
+//! `all_reduce_tensor_in_place` per member and to one `all_reduce_tensor_in_place` of a single
+//! tensor of the same total elements (the limit). Uses `common` and `args`; prints its own
+//! table. Not part of `all`.
+//!
+//! Cases: the gradient lists of ResNet-50 (161 tensors, 25.6 M f32) and BERT-base (199,
+//! 109.5 M), read at run time from `../shared/data/gradients-*.txt` relative to
+//! `CARGO_MANIFEST_DIR` (one tensor a line: a name, then its dimensions; `#` comments; a case
+//! whose file is missing is skipped with a line), every member's element count divided by
+//! `--fused-scale` (rounded up); and 256 tensors of 256 f32 (1 KiB each, never scaled).
+//!
+//! Timing runs on zeros (sums stay zeros, no overflow to infinities over the iterations);
+//! after the timing every path runs once more on distinct values per rank, and every element
+//! is checked.
+//!
+//! [`TensorComm::all_reduce_tensors`]: dlpack_mpi::comm::TensorComm::all_reduce_tensors
+
+use std::io::Write;
+
+use dlpack_mpi::comm::TensorComm;
+use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Tensor};
+use dlpack_mpi::dtype::ReduceOp;
+use mpi::collective::SystemOperation;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::*;
+
+use super::args::{iters_for, BenchArgs};
+use super::common::{
+    all_ranks, fmt_size, measure_rounds, met, timed, value, Aligned, Samples, ELEM,
+};
+
+type Res<T> = dlpack_mpi::Result<T>;
+
+/// Target: fused within this factor of contiguous (medians) for the model lists.
+pub const TARGET_FUSED_VS_CONTIGUOUS: f64 = 1.15;
+/// Target: one-by-one at least this many times fused (medians) for `256x1KiB`.
+pub const TARGET_SMALL_SPEEDUP: f64 = 10.0;
+/// The many-small-tensors case.
+const SMALL_CASE: &str = "256x1KiB";
+
+/// A path of `--op fused`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedPath {
+    /// One `all_reduce_tensor_in_place` per member.
+    OneByOne,
+    /// One `all_reduce_tensors` over the list.
+    Fused,
+    /// One `all_reduce_tensor_in_place` of one tensor of the list's total elements.
+    Contiguous,
+}
+
+/// The paths, in measuring and column order.
+pub const FUSED_PATHS: [FusedPath; 3] =
+    [FusedPath::OneByOne, FusedPath::Fused, FusedPath::Contiguous];
+
+impl FusedPath {
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            FusedPath::OneByOne => "one-by-one",
+            FusedPath::Fused => "fused",
+            FusedPath::Contiguous => "contiguous",
+        }
+    }
+}
+
+/// Results of one case.
+#[derive(Debug)]
+pub struct FusedRow {
+    /// `resnet50`, `bert-base`, `256x1KiB`.
+    pub case: String,
+    /// Members of the list.
+    pub tensors: usize,
+    /// Total elements of the list.
+    pub elems: usize,
+    /// Iterations per round.
+    pub iters: u64,
+    /// µs per iteration (one all-reduce of the whole list) of every round, slowest rank.
+    pub paths: Vec<(FusedPath, Samples)>,
+}
+
+impl FusedRow {
+    /// The median of `p` (NaN when it did not run).
+    pub fn median(&self, p: FusedPath) -> f64 {
+        self.paths
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map_or(f64::NAN, |(_, s)| s.median())
+    }
+
+    /// Median of `a` over median of `b`.
+    pub fn ratio(&self, a: FusedPath, b: FusedPath) -> f64 {
+        self.median(a) / self.median(b)
+    }
+}
+
+/// A list of tensors: its name and every member's shape.
+struct List {
+    name: String,
+    shapes: Vec<Vec<i64>>,
+}
+
+/// Reads a shape list: one tensor a line, a name then its dimensions; `#` starts a comment.
+fn parse_shapes(text: &str) -> Result<Vec<Vec<i64>>, String> {
+    let mut out = Vec::new();
+    for (k, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let mut words = line.split_whitespace();
+        if words.next().is_none() {
+            continue;
+        }
+        let dims = words
+            .map(|w| w.parse::<i64>().ok().filter(|&d| d > 0))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| format!("line {}: dimensions are not positive integers", k + 1))?;
+        out.push(if dims.is_empty() { vec![1] } else { dims });
+    }
+    Ok(out)
+}
+
+/// The model list `file` (in ../shared/data), every member's elements divided by `scale`
+/// (rounded up; the member becomes 1-D); `Err` says why it cannot be read.
+fn model_list(name: &str, file: &str, scale: u64) -> Result<List, String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shapes = parse_shapes(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shapes = if scale == 1 {
+        shapes
+    } else {
+        let scaled = |s: Vec<i64>| vec![(s.iter().product::<i64>() as u64).div_ceil(scale) as i64];
+        shapes.into_iter().map(scaled).collect()
+    };
+    Ok(List {
+        name: name.into(),
+        shapes,
+    })
+}
+
+/// The cases: the two model lists (those that can be read) and `256x1KiB`.
+fn lists(scale: u64, root: bool) -> Vec<List> {
+    let mut out = Vec::new();
+    for (name, file) in [
+        ("resnet50", "gradients-resnet50.txt"),
+        ("bert-base", "gradients-bert-base-uncased.txt"),
+    ] {
+        match model_list(name, file, scale) {
+            Ok(l) => out.push(l),
+            Err(why) if root => println!("{name}: skipped ({why})"),
+            Err(_) => {}
+        }
+    }
+    out.push(List {
+        name: SMALL_CASE.into(),
+        shapes: vec![vec![256]; 256],
+    });
+    out
+}
+
+/// The buffers of one case: every member's, and the one contiguous tensor of the total.
+struct Bufs {
+    members: Vec<(Aligned, usize)>,
+    contig: Aligned,
+    total: usize,
+}
+
+impl Bufs {
+    fn new(list: &List) -> Res<Self> {
+        let mut members = Vec::with_capacity(list.shapes.len());
+        for s in &list.shapes {
+            let n = s.iter().product::<i64>() as usize;
+            members.push((Aligned::new(n, 0.0).set_layout(s, None)?, n));
+        }
+        let total = members.iter().map(|m| m.1).sum();
+        let contig = Aligned::new(total, 0.0).set_layout(&[total as i64], None)?;
+        Ok(Bufs {
+            members,
+            contig,
+            total,
+        })
+    }
+
+    /// Every element of `path`'s buffers: rank `rank`'s values (`Some`), or zeros.
+    fn fill(&mut self, path: FusedPath, rank: Option<i32>) {
+        let at = |k: usize| rank.map_or(0.0, |r| value(r, k));
+        if path == FusedPath::Contiguous {
+            let n = self.total;
+            for (k, x) in self.contig.raw(n).iter_mut().enumerate() {
+                *x = at(k);
+            }
+            return;
+        }
+        let mut k = 0;
+        for (buf, n) in &mut self.members {
+            for x in buf.raw(*n) {
+                *x = at(k);
+                k += 1;
+            }
+        }
+    }
+
+    /// Whether `path`'s buffers hold the sum over `p` ranks of [`value`] (the first wrong
+    /// element, if any).
+    fn check(&mut self, path: FusedPath, p: i32) -> Option<(usize, f32)> {
+        let want = |k: usize| (0..p).map(|r| value(r, k)).sum::<f32>();
+        if path == FusedPath::Contiguous {
+            let n = self.total;
+            let got = self.contig.raw(n);
+            return (0..n).find(|&k| got[k] != want(k)).map(|k| (k, got[k]));
+        }
+        let mut base = 0;
+        for (buf, n) in &mut self.members {
+            let got = buf.raw(*n);
+            if let Some(i) = (0..*n).find(|&i| got[i] != want(base + i)) {
+                return Some((base + i, got[i]));
+            }
+            base += *n;
+        }
+        None
+    }
+}
+
+fn acquired(buf: &Aligned) -> Res<ManagedTensor<'_>> {
+    acquire(&buf.owned, &AcquireOptions::default())
+}
+
+/// One timed run of `iters` iterations of `path`; seconds per iteration of the slowest rank.
+/// The tensors are acquired before the timing.
+fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) -> Res<f64> {
+    let sum = ReduceOp::Sum;
+    let elapsed = match path {
+        FusedPath::OneByOne => {
+            let mut ts: Vec<_> = bufs
+                .members
+                .iter()
+                .map(|m| acquired(&m.0))
+                .collect::<Res<_>>()?;
+            timed(world, || {
+                for _ in 0..iters {
+                    for t in ts.iter_mut() {
+                        world.all_reduce_tensor_in_place(t, sum)?;
+                    }
+                }
+                Ok::<(), dlpack_mpi::Error>(())
+            })?
+        }
+        FusedPath::Fused => {
+            let mut ts: Vec<_> = bufs
+                .members
+                .iter()
+                .map(|m| acquired(&m.0))
+                .collect::<Res<_>>()?;
+            let mut refs: Vec<&mut dyn Tensor> =
+                ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+            timed(world, || {
+                (0..iters).try_for_each(|_| world.all_reduce_tensors(&mut refs, sum))
+            })?
+        }
+        FusedPath::Contiguous => {
+            let mut t = acquired(&bufs.contig)?;
+            timed(world, || {
+                (0..iters).try_for_each(|_| world.all_reduce_tensor_in_place(&mut t, sum))
+            })?
+        }
+    };
+    let local = elapsed / iters as f64;
+    let mut out = 0.0f64;
+    world.all_reduce_into(&local, &mut out, SystemOperation::max());
+    Ok(out)
+}
+
+/// One more call of every path on distinct values per rank; whether every element of every
+/// path holds the sum (on this rank; a message on stderr for the first wrong one).
+fn verify(world: &SimpleCommunicator, case: &str, bufs: &mut Bufs) -> Res<bool> {
+    let mut ok = true;
+    for p in FUSED_PATHS {
+        bufs.fill(p, Some(world.rank()));
+        once(world, p, bufs, 1)?;
+        if let Some((k, got)) = bufs.check(p, world.size()) {
+            eprintln!(
+                "dlpack-mpi bench: rank {}: {case}, {}: element {k} of the list is {got}",
+                world.rank(),
+                p.name()
+            );
+            ok = false;
+        }
+        bufs.fill(p, None);
+    }
+    Ok(ok)
+}
+
+/// One case: its row, and whether every path delivered the sum.
+fn case(world: &SimpleCommunicator, args: &BenchArgs, list: &List) -> Res<(FusedRow, bool)> {
+    let mut bufs = Bufs::new(list)?;
+    let iters = iters_for(args.iters, bufs.total * ELEM);
+    let samples = measure_rounds(world, args.rounds, iters, &FUSED_PATHS, |p, it| {
+        once(world, p, &bufs, it)
+    })?;
+    let ok = verify(world, &list.name, &mut bufs)?;
+    let row = FusedRow {
+        case: list.name.clone(),
+        tensors: list.shapes.len(),
+        elems: bufs.total,
+        iters,
+        paths: FUSED_PATHS.iter().copied().zip(samples).collect(),
+    };
+    Ok((row, ok))
+}
+
+/// What `--op fused` measures and the column headers.
+fn print_header(ranks: i32, args: &BenchArgs) {
+    println!(
+        "# fused: all-reduce (sum of f32, in place) of a list of tensors over {ranks} ranks, µs \
+         per all-reduce of the whole list, slowest rank; rounds: {}; buckets {} (first {}); \
+         model lists' members divided by --fused-scale {}",
+        args.rounds,
+        fmt_size(dlpack_mpi::settings::bucket_bytes().unwrap_or(0)),
+        fmt_size(dlpack_mpi::settings::first_bucket_bytes().unwrap_or(0)),
+        args.fused_scale
+    );
+    println!(
+        "paths: one-by-one = all_reduce_tensor_in_place per member; fused = all_reduce_tensors \
+         over the list; contiguous = all_reduce_tensor_in_place of one tensor of the same \
+         total elements (the limit)"
+    );
+    let mut line = format!(
+        "{:>10} {:>7} {:>10} {:>6}",
+        "case", "tensors", "MiB", "iters"
+    );
+    for p in FUSED_PATHS {
+        line += &format!(" | {:>16} {:>10}", format!("{} med", p.name()), "best");
+    }
+    line += &format!(" | {:>10} {:>10}", "fus/contig", "1by1/fus");
+    println!("{line}");
+}
+
+/// One line of the table, flushed at once.
+fn print_row(r: &FusedRow) {
+    let mut line = format!(
+        "{:>10} {:>7} {:>10.2} {:>6}",
+        r.case,
+        r.tensors,
+        (r.elems * ELEM) as f64 / f64::from(1 << 20),
+        r.iters
+    );
+    for (_, s) in &r.paths {
+        line += &format!(" | {:>16.1} {:>10.1}", s.median(), s.best());
+    }
+    line += &format!(
+        " | {:>10.3} {:>10.2}",
+        r.ratio(FusedPath::Fused, FusedPath::Contiguous),
+        r.ratio(FusedPath::OneByOne, FusedPath::Fused)
+    );
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+}
+
+/// The ratios against the targets, and the verdict of the checks.
+fn print_summary(rows: &[FusedRow], ok: bool) {
+    for r in rows {
+        let (fc, of) = (
+            r.ratio(FusedPath::Fused, FusedPath::Contiguous),
+            r.ratio(FusedPath::OneByOne, FusedPath::Fused),
+        );
+        if r.case == SMALL_CASE {
+            println!(
+                "{}: one-by-one / fused = {of:.2} (medians; target ≥ {TARGET_SMALL_SPEEDUP:.0}: \
+                 {}); fused / contiguous = {fc:.3}",
+                r.case,
+                met(of >= TARGET_SMALL_SPEEDUP)
+            );
+        } else {
+            println!(
+                "{}: fused / contiguous = {fc:.3} (medians; target ≤ \
+                 {TARGET_FUSED_VS_CONTIGUOUS:.2}: {}); one-by-one / fused = {of:.2}",
+                r.case,
+                met(fc <= TARGET_FUSED_VS_CONTIGUOUS)
+            );
+        }
+    }
+    println!(
+        "verification (one call per case and path after the timing, every element checked): \
+         {}\n",
+        if ok { "passed" } else { "FAILED" }
+    );
+}
+
+/// Runs `--op fused`: the rows, and whether every checked call delivered the sum.
+pub fn fused(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<FusedRow>, bool)> {
+    let root = world.rank() == 0;
+    if root {
+        print_header(world.size(), args);
+    }
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for list in lists(args.fused_scale, root) {
+        let (row, good) = case(world, args, &list)?;
+        if root {
+            print_row(&row);
+        }
+        ok &= good;
+        rows.push(row);
+    }
+    let all_ok = all_ranks(world, ok);
+    if root {
+        print_summary(&rows, all_ok);
+    }
+    Ok((rows, all_ok))
+}
+
+/// Writes one `{case, path, median_us}` object per (case, path) of `rows` to `path` as a
+/// JSON array.
+pub fn write_fused_json(path: &std::path::Path, rows: &[FusedRow]) -> Result<(), String> {
+    super::common::write_median_json(
+        path,
+        rows.iter().flat_map(|r| {
+            r.paths
+                .iter()
+                .map(move |(p, s)| (r.case.as_str(), p.name(), s.median()))
+        }),
+    )
+}
