@@ -598,6 +598,10 @@ fn progress_key(key: usize, target: *const (), block: bool) -> bool {
 /// of this thread (posting those data operations), so that testing any request progresses
 /// the collectives posted before it.
 pub(super) fn progress_all() {
+    // Every request's `test` comes here: nothing queued is the common case.
+    if !active() {
+        return;
+    }
     let shadows: Vec<usize> = QUEUES
         .try_with(|q| {
             q.borrow()
