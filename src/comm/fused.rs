@@ -34,7 +34,9 @@
 //! scratch pool and handed back at completion. Members are host memory (device members:
 //! [`Error::TransportUnavailable`] on a `DeviceComm`).
 
-use mpi::ffi::{MPI_Comm, MPI_Op, MPI_Request};
+use std::ffi::c_void;
+
+use mpi::ffi::{MPI_Comm, MPI_Request};
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 use mpi::Count;
@@ -76,6 +78,8 @@ pub(super) enum FusedKind {
 struct Member {
     pack: Option<Facts>,
     unpack: Option<Facts>,
+    /// Whether `pack` and `unpack` are the same tensor (an in-place all-reduce).
+    in_place: bool,
     /// First byte in its bucket.
     at: usize,
     bytes: usize,
@@ -86,6 +90,15 @@ impl Member {
     fn facts(&self) -> Option<&Facts> {
         self.pack.as_ref().or(self.unpack.as_ref())
     }
+
+    /// Whether every side this rank touches is one run in logical order (then a bucket of
+    /// this member alone is its own memory: nothing is copied).
+    fn is_direct(&self) -> bool {
+        self.pack
+            .iter()
+            .chain(&self.unpack)
+            .all(Facts::is_contiguous)
+    }
 }
 
 /// One bucket: a buffer of its members' elements and the calls on it.
@@ -93,8 +106,10 @@ impl Member {
 struct Bucket {
     /// Its members' indices, in list order.
     members: Vec<usize>,
-    /// Its members' elements (a reduce-scatter's: every rank's blocks, rank by rank).
-    buf: Scratch,
+    /// Its members' elements (a reduce-scatter's: every rank's blocks, rank by rank);
+    /// `None` for a direct bucket (one member whose sides are contiguous: the calls are on
+    /// the member's own memory, nothing is packed or unpacked).
+    buf: Option<Scratch>,
     /// A reduce-scatter's receive buffer: this rank's block of every member.
     recv: Option<Scratch>,
     calls: Vec<Call>,
@@ -221,9 +236,15 @@ fn check_disjoint(members: &[Member]) -> Result<()> {
     Ok(())
 }
 
+/// A member of at least this many bytes (256 KiB) has a bucket of its own, reduced or
+/// broadcast on its own memory when it is contiguous: copying it into a bucket and back
+/// costs more than the latency of one more collective (measured: `docs/PERFORMANCE.md`,
+/// "Fused collectives"). A constant, so that every rank buckets a list alike.
+pub const ALONE_BYTES: usize = 256 << 10;
+
 /// The buckets of `members`: lists of member indices, by dtype in order of first
-/// appearance, each at most `first` bytes (a dtype's first bucket) or `rest` bytes, or one
-/// member larger than that.
+/// appearance, each at most `first` bytes (a dtype's first bucket) or `rest` bytes; a
+/// member larger than that, or of at least [`ALONE_BYTES`], alone.
 fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usize>> {
     let dtype = |m: &Member| m.facts().map(|f| f.element.dtype);
     let mut order: Vec<DType> = Vec::new();
@@ -239,12 +260,17 @@ fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usiz
             if dtype(m) != Some(d) {
                 continue;
             }
-            if !current.is_empty() && bytes.saturating_add(m.bytes) > cap {
+            let alone = m.bytes >= ALONE_BYTES;
+            if !current.is_empty() && (alone || bytes.saturating_add(m.bytes) > cap) {
                 out.push(std::mem::take(&mut current));
                 (bytes, cap) = (0, rest);
             }
             current.push(i);
             bytes = bytes.saturating_add(m.bytes);
+            if alone {
+                out.push(std::mem::take(&mut current));
+                (bytes, cap) = (0, rest);
+            }
         }
         if !current.is_empty() {
             out.push(current);
@@ -253,37 +279,60 @@ fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usiz
     out
 }
 
-/// The calls of `kind` on a bucket of `units` units of `datatype` at `ptr` (chunks of at
-/// most 2^30 units; one call with count 0 for an empty bucket).
-fn calls_on(
+/// The calls of `kind` on a bucket of `bytes` bytes of `element`s: `send` (a
+/// reduce-scatter's send, all ranks' blocks; an all-reduce's send or `MPI_IN_PLACE`; unused
+/// by a broadcast) into `recv` (the bucket; a reduce-scatter's: this rank's block).
+/// Broadcasts go in chunks of at most 2^30 units (`Call::Reduce` chunks itself); an empty
+/// bucket is one call with count 0 and NULL buffers.
+///
+/// # Errors
+/// [`Error::CountTooLarge`] for a reduce-scatter block beyond `int` units; the reduction's
+/// errors ([`op_handle`]).
+fn calls_for(
     kind: FusedKind,
-    ptr: *mut u8,
-    (units, unit_bytes): (usize, usize),
-    datatype: mpi::ffi::MPI_Datatype,
-    op: Option<MPI_Op>,
-) -> Vec<Call> {
-    let ptr = if units == 0 {
-        std::ptr::null_mut()
+    element: crate::dtype::ElementType,
+    send: *const c_void,
+    recv: *mut u8,
+    bytes: usize,
+) -> Result<Vec<Call>> {
+    let unit = element.row.unit;
+    let unit_bytes = unit.size_bytes().max(1);
+    let units = bytes / unit_bytes;
+    let datatype = unit.datatype().as_raw();
+    let (send, recv) = if units == 0 {
+        let null = std::ptr::null_mut::<c_void>();
+        let send = if send == raw::in_place().cast_const() {
+            send
+        } else {
+            null.cast_const()
+        };
+        (send, null.cast::<u8>())
     } else {
-        ptr
+        (send, recv)
     };
-    match (kind, op) {
-        (FusedKind::AllReduce(_), Some(op)) => vec![Call::Reduce {
+    match kind {
+        FusedKind::AllReduce(op) => Ok(vec![Call::Reduce {
             buffers: Reduced {
-                send: raw::in_place().cast_const(),
-                recv: ptr.cast(),
+                send,
+                recv: recv.cast(),
                 units,
                 unit_bytes,
                 datatype,
-                op,
+                op: op_handle(op, element.dtype)?,
             },
             root: None,
-        }],
-        (_, _) => {
-            let root = match kind {
-                FusedKind::Broadcast(root) => root,
-                _ => 0,
-            };
+        }]),
+        FusedKind::ReduceScatter(op, _) => {
+            let count = Count::try_from(units).map_err(|_| Error::CountTooLarge {
+                count: units as u64,
+            })?;
+            Ok(vec![Call::ReduceScatterBlock {
+                send,
+                recv: Buf::raw(recv.cast(), count, datatype),
+                op: op_handle(op, element.dtype)?,
+            }])
+        }
+        FusedKind::Broadcast(root) => {
             let mut calls = Vec::new();
             let mut done = 0usize;
             loop {
@@ -292,9 +341,9 @@ fn calls_on(
                 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
                 let count = n as Count;
                 let at = if n == 0 {
-                    ptr
+                    recv
                 } else {
-                    ptr.wrapping_add(done * unit_bytes)
+                    recv.wrapping_add(done * unit_bytes)
                 };
                 calls.push(Call::Bcast {
                     buf: Buf::raw(at.cast(), count, datatype),
@@ -305,7 +354,7 @@ fn calls_on(
                     break;
                 }
             }
-            calls
+            Ok(calls)
         }
     }
 }
@@ -359,6 +408,7 @@ impl Fused {
             members.push(Member {
                 pack: Some(pf),
                 unpack: Some(wf),
+                in_place: send.is_none(),
                 at: 0,
                 bytes,
             });
@@ -402,6 +452,7 @@ impl Fused {
             members.push(Member {
                 pack: Some(sf),
                 unpack: Some(rf),
+                in_place: false,
                 at: 0,
                 bytes,
             });
@@ -432,6 +483,7 @@ impl Fused {
             members.push(Member {
                 pack,
                 unpack,
+                in_place: false,
                 at: 0,
                 bytes,
             });
@@ -455,11 +507,18 @@ impl Fused {
                 members[i].at = bytes;
                 bytes += members[i].bytes;
             }
-            let element = members[list[0]]
-                .facts()
-                .map(|f| f.element)
-                .ok_or_else(|| super::checks::missing("fused member facts"))?;
-            let (buf, recv, calls) = bucket_buffers(kind, element, bytes, ranks)?;
+            let bucket = match list[..] {
+                [i] if members[i].is_direct() => (None, None, direct_calls(kind, &members[i])?),
+                _ => {
+                    let element = members[list[0]]
+                        .facts()
+                        .map(|f| f.element)
+                        .ok_or_else(|| super::checks::missing("fused member facts"))?;
+                    let (buf, recv, calls) = bucket_buffers(kind, element, bytes, ranks)?;
+                    (Some(buf), recv, calls)
+                }
+            };
+            let (buf, recv, calls) = bucket;
             buckets.push(Bucket {
                 members: list,
                 buf,
@@ -478,17 +537,14 @@ impl Fused {
     }
 }
 
-/// A bucket's buffers and calls: `bytes` of `element`s (a reduce-scatter's: per rank, and
-/// the send buffer `ranks` times that, with a receive buffer of `bytes`).
+/// A packed bucket's buffers and calls: `bytes` of `element`s (a reduce-scatter's: per
+/// rank, and the send buffer `ranks` times that, with a receive buffer of `bytes`).
 fn bucket_buffers(
     kind: FusedKind,
     element: crate::dtype::ElementType,
     bytes: usize,
     ranks: usize,
 ) -> Result<(Scratch, Option<Scratch>, Vec<Call>)> {
-    let unit = element.row.unit;
-    let units = bytes / unit.size_bytes().max(1);
-    let datatype = unit.datatype().as_raw();
     let start = |s: &mut Scratch| {
         if s.is_empty() {
             std::ptr::null_mut()
@@ -497,11 +553,7 @@ fn bucket_buffers(
         }
     };
     match kind {
-        FusedKind::ReduceScatter(op, _) => {
-            let op = op_handle(op, element.dtype)?;
-            let count = Count::try_from(units).map_err(|_| Error::CountTooLarge {
-                count: units as u64,
-            })?;
+        FusedKind::ReduceScatter(..) => {
             let total = bytes.checked_mul(ranks).ok_or(Error::Overflow {
                 quantity: "fused reduce-scatter bucket bytes",
                 lhs: bytes as i128,
@@ -510,37 +562,37 @@ fn bucket_buffers(
             })?;
             let mut buf = Scratch::take(total)?;
             let mut recv = Scratch::take(bytes)?;
-            let calls = vec![Call::ReduceScatterBlock {
-                send: start(&mut buf).cast_const().cast(),
-                recv: Buf::raw(start(&mut recv).cast(), count, datatype),
-                op,
-            }];
+            let send = start(&mut buf).cast_const().cast();
+            let calls = calls_for(kind, element, send, start(&mut recv), bytes)?;
             Ok((buf, Some(recv), calls))
         }
-        FusedKind::AllReduce(op) => {
-            let op = op_handle(op, element.dtype)?;
+        FusedKind::AllReduce(_) | FusedKind::Broadcast(_) => {
             let mut buf = Scratch::take(bytes)?;
-            let calls = calls_on(
-                kind,
-                start(&mut buf),
-                (units, unit.size_bytes()),
-                datatype,
-                Some(op),
-            );
-            Ok((buf, None, calls))
-        }
-        FusedKind::Broadcast(_) => {
-            let mut buf = Scratch::take(bytes)?;
-            let calls = calls_on(
-                kind,
-                start(&mut buf),
-                (units, unit.size_bytes()),
-                datatype,
-                None,
-            );
+            let send = raw::in_place().cast_const();
+            let calls = calls_for(kind, element, send, start(&mut buf), bytes)?;
             Ok((buf, None, calls))
         }
     }
+}
+
+/// The calls of a direct bucket: member `m` alone, on its own memory (its sides are
+/// contiguous: [`Member::is_direct`]).
+fn direct_calls(kind: FusedKind, m: &Member) -> Result<Vec<Call>> {
+    let f = m
+        .facts()
+        .ok_or_else(|| super::checks::missing("fused member facts"))?;
+    let first = |side: &Option<Facts>| side.as_ref().map(|f| f.first.cast::<u8>());
+    let null = std::ptr::null_mut::<u8>();
+    let (send, recv) = match kind {
+        // The root's member is only read: MPI_Bcast does not write the root's buffer.
+        FusedKind::Broadcast(_) => (null, first(&m.unpack).or(first(&m.pack)).unwrap_or(null)),
+        _ if m.in_place => (raw::in_place().cast(), first(&m.unpack).unwrap_or(null)),
+        _ => (
+            first(&m.pack).unwrap_or(null),
+            first(&m.unpack).unwrap_or(null),
+        ),
+    };
+    calls_for(kind, f.element, send.cast_const().cast(), recv, m.bytes)
 }
 
 /// Copies the elements `f` describes into `out` in logical order (`out` holds exactly
@@ -587,22 +639,25 @@ impl Fused {
     /// reduce-scatter, block `r` of each member into rank `r`'s segment).
     fn pack(&mut self, b: usize) {
         let bucket = &mut self.buckets[b];
+        let Some(buf) = bucket.buf.as_mut() else {
+            return; // direct: the calls are on the member itself
+        };
         let seg: usize = bucket.members.iter().map(|&i| self.members[i].bytes).sum();
         for &i in &bucket.members {
             let m = &self.members[i];
             let Some(f) = &m.pack else { continue };
             match self.kind {
                 FusedKind::ReduceScatter(..) => {
-                    let ranks = bucket.buf.len().checked_div(seg).unwrap_or(0);
+                    let ranks = buf.len().checked_div(seg).unwrap_or(0);
                     let mut whole = vec![0u8; m.bytes * ranks];
                     copy_in(f, &mut whole);
                     for r in 0..ranks {
                         let to = r * seg + m.at;
-                        bucket.buf[to..to + m.bytes]
+                        buf[to..to + m.bytes]
                             .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
                     }
                 }
-                _ => copy_in(f, &mut bucket.buf[m.at..m.at + m.bytes]),
+                _ => copy_in(f, &mut buf[m.at..m.at + m.bytes]),
             }
         }
     }
@@ -611,7 +666,9 @@ impl Fused {
     /// (those this rank unpacks).
     fn unpack(&mut self, b: usize) {
         let bucket = &self.buckets[b];
-        let data = bucket.recv.as_ref().unwrap_or(&bucket.buf);
+        let Some(data) = bucket.recv.as_ref().or(bucket.buf.as_ref()) else {
+            return; // direct: the calls wrote the member itself
+        };
         for &i in &bucket.members {
             let m = &self.members[i];
             if let Some(f) = &m.unpack {
@@ -654,24 +711,37 @@ impl Fused {
         }
     }
 
-    /// Runs blocking on `comm`: packs and posts every bucket, then waits for them in order,
-    /// unpacking each as it lands.
+    /// Runs blocking on `comm`: each bucket in turn packed, reduced or broadcast by the
+    /// blocking collective, and unpacked. (Posting every bucket's nonblocking collective
+    /// and waiting was 1.6–2.5× slower here: Open MPI's nonblocking collectives take other
+    /// algorithms than its blocking ones, and without a progress thread nothing moves
+    /// between the posts anyway; `docs/PERFORMANCE.md`, "Fused collectives".) While
+    /// nonblocking collectives wait for their agreements, the buckets are posted and
+    /// polled instead (`pending::wait_raw`), so that this rank resolves those meanwhile.
     ///
     /// # Safety
     /// As [`Fused::post`].
     pub(super) unsafe fn run(&mut self, comm: MPI_Comm) {
-        let mut requests = Vec::with_capacity(self.buckets.len());
-        // SAFETY: the caller's contract; `self` outlives the waits below.
-        unsafe { self.post(comm, &mut requests) };
-        for r in requests {
-            super::pending::wait_raw(&mut [r]);
-            self.completed_one();
+        if super::pending::active() {
+            let mut requests = Vec::with_capacity(self.buckets.len());
+            // SAFETY: the caller's contract; `self` outlives the waits below.
+            unsafe { self.post(comm, &mut requests) };
+            for r in requests {
+                super::pending::wait_raw(&mut [r]);
+                self.completed_one();
+            }
+            return;
         }
-        // Buckets that posted nothing (none do: every bucket has a call) are unpacked too.
-        while self.landed < self.buckets.len() {
-            self.unpack(self.landed);
-            self.landed += 1;
+        for b in 0..self.buckets.len() {
+            self.pack(b);
+            for call in &self.buckets[b].calls {
+                // SAFETY: the calls are over the bucket's own buffer (or its one member's
+                // memory), alive as long as `self`; the caller's contract on `comm`.
+                unsafe { call.run(comm) };
+            }
+            self.unpack(b);
         }
+        self.landed = self.buckets.len();
     }
 
     /// Whether any member is strided (packed by the kernels).

@@ -103,18 +103,40 @@ impl Scratch {
                 b
             })
         };
-        let mut buf = reused.unwrap_or_default();
+        let refused = || Error::Allocation {
+            bytes: u64::try_from(len).unwrap_or(u64::MAX),
+            purpose: "the packed copy of a strided tensor",
+        };
+        let Some(mut buf) = reused else {
+            return zeroed(len).map(Scratch).ok_or_else(refused);
+        };
         // A failed reservation (a broadcast view of 2^31 elements asks for its full packed
         // size) is an error, not the allocator's abort.
         if let Some(more) = len.checked_sub(buf.len()).filter(|&m| m > 0) {
-            buf.try_reserve_exact(more).map_err(|_| Error::Allocation {
-                bytes: u64::try_from(len).unwrap_or(u64::MAX),
-                purpose: "the packed copy of a strided tensor",
-            })?;
+            buf.try_reserve_exact(more).map_err(|_| refused())?;
         }
         buf.resize(len, 0);
         Ok(Scratch(buf))
     }
+}
+
+/// A new zeroed buffer of `len` bytes, or `None` when the system refuses it. Zeroed by the
+/// allocator (`calloc`: fresh pages from the system are zero already, so a large buffer is
+/// not written twice before its first use).
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; len]`
+    // (size `len`, alignment 1, as `Vec<u8>` allocates), and its `len` bytes are
+    // initialized (zero); length and capacity are `len`.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
 impl Drop for Scratch {

@@ -152,10 +152,35 @@ enum Form {
     Nonblocking,
 }
 
-/// The in-place fused all-reduce of a list of `T` members, checked member by member.
+/// The in-place fused all-reduce of a list of `T` members of [`SHAPES`], checked member by
+/// member.
 fn in_place<T: Val>(w: &SimpleCommunicator, form: Form, offset: usize) -> Outcome {
+    in_place_of::<T>(w, form, offset, SHAPES)
+}
+
+/// Members of at least `ALONE_BYTES` (256 KiB) in float32 among small ones: each has a
+/// bucket of its own, reduced on its own memory when contiguous (nothing copied), packed
+/// alone when strided.
+const LARGE: &[(usize, bool)] = &[
+    (3, false),
+    (65_536, false),
+    (7, true),
+    (70_001, true),
+    (65_535, false),
+    (100_000, false),
+    (0, false),
+    (11, false),
+];
+
+/// The in-place fused all-reduce of a list of `T` members of `shapes`.
+fn in_place_of<T: Val>(
+    w: &SimpleCommunicator,
+    form: Form,
+    offset: usize,
+    shapes: &[(usize, bool)],
+) -> Outcome {
     let (me, p) = (w.rank(), w.size());
-    let mut ms: Vec<Member<T>> = SHAPES
+    let mut ms: Vec<Member<T>> = shapes
         .iter()
         .enumerate()
         .map(|(m, &(n, st))| Member::new(n, st, |i| value(me, m + offset, i)))
@@ -262,13 +287,69 @@ fn mixed_into(w: &SimpleCommunicator, form: Form) -> Outcome {
     Ok(())
 }
 
+/// `all_reduce_tensors_into` with members alone (≥ 256 KiB): contiguous to contiguous (on
+/// the members' own memory), strided to contiguous and contiguous to strided (packed alone),
+/// among small members.
+fn into_alone(w: &SimpleCommunicator, form: Form) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let shapes: &[(usize, bool, bool)] = &[
+        (70_000, false, false),
+        (5, false, true),
+        (66_000, true, false),
+        (65_537, false, true),
+        (2, true, true),
+    ];
+    let mut send: Vec<Member<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st, _))| Member::new(n, st, |i| value(me, 40 + m, i)))
+        .collect::<Result<_, _>>()?;
+    let mut recv: Vec<Member<f32>> = shapes
+        .iter()
+        .map(|&(n, _, rt)| Member::new(n, rt, |_| -1))
+        .collect::<Result<_, _>>()?;
+    {
+        let st = acquired(&send)?;
+        let mut rt = acquired(&recv)?;
+        let sends: Vec<&dyn Tensor> = st.iter().map(|t| t as &dyn Tensor).collect();
+        let mut recvs: Vec<&mut dyn Tensor> = rt.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        match form {
+            Form::Blocking => w
+                .all_reduce_tensors_into(&sends, &mut recvs, ReduceOp::Sum)
+                .map_err(s)?,
+            Form::Nonblocking => {
+                let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+                    w.immediate_all_reduce_tensors_into(scope, &sends, &mut recvs, ReduceOp::Sum)?
+                        .wait()
+                        .map(drop)
+                });
+                done.map_err(s)?;
+            }
+        }
+    }
+    for (m, r) in recv.iter_mut().enumerate() {
+        let want: Vec<f32> = (0..r.n).map(|i| summed(p, 40 + m, i) as f32).collect();
+        ensure_eq!(r.values()?, want);
+    }
+    for (m, sm) in send.iter_mut().enumerate() {
+        let want: Vec<f32> = (0..sm.n).map(|i| value(me, 40 + m, i) as f32).collect();
+        ensure_eq!(sm.values()?, want);
+    }
+    Ok(())
+}
+
 /// `reduce_scatter_tensors`: member `m` sends `p` × `n_m` elements (strided for some),
 /// rank `r` receives the sum of every rank's block `r`, into strided and contiguous
 /// receivers.
 fn reduce_scatter(w: &SimpleCommunicator, form: Form) -> Outcome {
+    let shapes: &[(usize, bool)] = &[(3, false), (0, false), (50, true), (1, true), (700, false)];
+    reduce_scatter_of(w, form, shapes)
+}
+
+/// As [`reduce_scatter`] over members of `shapes` (receivers strided where senders are not).
+fn reduce_scatter_of(w: &SimpleCommunicator, form: Form, shapes: &[(usize, bool)]) -> Outcome {
     let (me, p) = (w.rank(), w.size());
     let pu = p as usize;
-    let shapes: &[(usize, bool)] = &[(3, false), (0, false), (50, true), (1, true), (700, false)];
     let sends: Vec<Member<f32>> = shapes
         .iter()
         .enumerate()
@@ -309,9 +390,14 @@ fn reduce_scatter(w: &SimpleCommunicator, form: Form) -> Outcome {
 
 /// `broadcast_tensors` from the last rank, whose members are `READ_ONLY`.
 fn broadcast(w: &SimpleCommunicator, form: Form) -> Outcome {
+    broadcast_of(w, form, SHAPES)
+}
+
+/// As [`broadcast`] over members of `shapes`.
+fn broadcast_of(w: &SimpleCommunicator, form: Form, shapes: &[(usize, bool)]) -> Outcome {
     let (me, p) = (w.rank(), w.size());
     let root = p - 1;
-    let mut ms: Vec<Member<f32>> = SHAPES
+    let mut ms: Vec<Member<f32>> = shapes
         .iter()
         .enumerate()
         .map(|(m, &(n, st))| {
@@ -561,6 +647,18 @@ const CASES: &[(&str, Whole)] = &[
     ("in place f32, default buckets", |w| {
         in_place::<f32>(w, Form::Blocking, 0)
     }),
+    (
+        "in place f32, members alone (>= 256 KiB), default buckets",
+        |w| in_place_of::<f32>(w, Form::Blocking, 6, LARGE),
+    ),
+    ("in place f64, members alone, nonblocking", |w| {
+        in_place_of::<f64>(w, Form::Nonblocking, 7, LARGE)
+    }),
+    ("in place bf16, large members, small first bucket", |w| {
+        with_buckets(100, 1 << 20, || {
+            in_place_of::<bf16>(w, Form::Blocking, 8, LARGE)
+        })
+    }),
     ("in place f32, tiny buckets", |w| {
         with_buckets(64, 256, || in_place::<f32>(w, Form::Blocking, 1))
     }),
@@ -584,6 +682,26 @@ const CASES: &[(&str, Whole)] = &[
     }),
     ("reduce-scatter, default buckets", |w| {
         reduce_scatter(w, Form::Blocking)
+    }),
+    ("reduce-scatter, members alone", |w| {
+        reduce_scatter_of(
+            w,
+            Form::Blocking,
+            &[(70_000, false), (9, false), (65_536, true)],
+        )
+    }),
+    ("broadcast, members alone, nonblocking", |w| {
+        broadcast_of(w, Form::Nonblocking, LARGE)
+    }),
+    ("broadcast, members alone", |w| {
+        broadcast_of(w, Form::Blocking, LARGE)
+    }),
+    (
+        "into, members alone: contiguous, strided send, strided receive",
+        |w| into_alone(w, Form::Blocking),
+    ),
+    ("into, members alone, nonblocking", |w| {
+        into_alone(w, Form::Nonblocking)
     }),
     ("reduce-scatter, tiny buckets, nonblocking", |w| {
         with_buckets(64, 512, || reduce_scatter(w, Form::Nonblocking))
