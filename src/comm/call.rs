@@ -576,6 +576,9 @@ impl Operation<'_> {
     /// # Errors
     /// As [`Side::finish`].
     pub(super) fn finish(self) -> Result<()> {
+        if let Call::Fused(f) = self.call {
+            return f.outcome();
+        }
         match self.recv {
             Some(r) => r.finish(),
             None => Ok(()),

@@ -42,7 +42,7 @@ pub use packing::{
 };
 pub use reduce::halfops;
 #[doc(hidden)]
-pub use stager::{Operand, StagedTensor, Stager, Staging};
+pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
 
 use mode::{Blocking, Immediate};
 

@@ -65,6 +65,57 @@ pub trait Stager {
     /// # Errors
     /// The stager's refusals (devices, aliasing, allocation, copies).
     fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>>;
+
+    /// Makes one bucket of a fused collective over device tensors: a buffer of `bytes`
+    /// bytes (the members' elements, in list order, each in logical row-major order at
+    /// its [`BucketMember::at`]) that MPI works on, with the members this rank packs
+    /// already packed into it (copies on the device, then one copy of the whole bucket to
+    /// a pinned host buffer when the bucket is staged). `reduce`: the dtype of the
+    /// reduction (half precision is reduced on the host). Every refusal comes before any
+    /// copy. The default refuses ([`crate::Error::TransportUnavailable`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::Member`] around a member's refusal (placement, a layout the device
+    /// copies cannot express); allocation and copy errors.
+    fn stage_bucket(
+        &self,
+        members: &[BucketMember<'_>],
+        bytes: usize,
+        reduce: Option<DType>,
+    ) -> Result<Box<dyn StagedBucket + '_>> {
+        let _ = (members, bytes, reduce);
+        Err(crate::Error::TransportUnavailable {
+            transport: "fused",
+            reason: "this communicator's stager makes no device buckets".into(),
+        })
+    }
+}
+
+/// One member of a device bucket ([`Stager::stage_bucket`]).
+#[derive(Clone, Copy)]
+pub struct BucketMember<'a> {
+    /// The member's index in its list (named by its errors).
+    pub index: usize,
+    /// The tensor this rank packs into the bucket (read), if any.
+    pub pack: Option<&'a dyn Tensor>,
+    /// The tensor this rank unpacks the bucket into (written; the same tensor as `pack`
+    /// for an in-place reduction), if any.
+    pub unpack: Option<&'a dyn Tensor>,
+    /// Its first byte in the bucket.
+    pub at: usize,
+}
+
+/// A device bucket made by [`Stager::stage_bucket`].
+pub trait StagedBucket {
+    /// The bucket's first byte as MPI takes it (a pinned host buffer, or device memory
+    /// only a CUDA-aware MPI may take: [`Reach::MpiOnly`]); NULL for an empty bucket.
+    fn buffer(&self) -> (*mut u8, Reach);
+    /// After MPI wrote the bucket: copies it back to the device (when staged) and unpacks
+    /// it into the members this rank unpacks (copies on the device).
+    ///
+    /// # Errors
+    /// The runtime's copy errors.
+    fn unpack(&self) -> Result<()>;
 }
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as

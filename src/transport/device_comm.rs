@@ -9,6 +9,7 @@ use mpi::point_to_point::Status;
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
+use super::bucket::{bucket_route, DeviceBucket, PlacedMember};
 use super::pipeline::{
     Pipe, DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES, MIN_PIPELINE_CHUNK_BYTES,
 };
@@ -16,7 +17,8 @@ use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_rank, check_tag, p2p, Stager, TensorComm};
+use crate::comm::{check_rank, check_tag, p2p, BucketMember, Stager, TensorComm};
+use crate::device::Device;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -200,6 +202,74 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         access: Access,
     ) -> Result<Option<Placement>> {
         Placement::of(t, reduce, access, self.direct, self.runtime)
+    }
+
+    /// Places the members of a fused bucket and packs them into one device bucket
+    /// ([`Stager::stage_bucket`]): every member placed (an in-place member once, for
+    /// [`Access::Update`]) and on one device before anything is allocated or copied.
+    pub(super) fn bucket(
+        &self,
+        members: &[BucketMember<'_>],
+        bytes: usize,
+        reduce: Option<DType>,
+    ) -> Result<DeviceBucket<'_, 'c>> {
+        let same = |a: &dyn Tensor, b: &dyn Tensor| {
+            std::ptr::eq(
+                std::ptr::from_ref(a).cast::<u8>(),
+                std::ptr::from_ref(b).cast::<u8>(),
+            )
+        };
+        let mut placed = Vec::with_capacity(members.len());
+        let mut device = None;
+        for m in members {
+            let wrap = |e| Error::Member {
+                index: m.index,
+                source: Box::new(e),
+            };
+            let place = |t: &dyn Tensor, access| match self.place(t, reduce, access) {
+                Ok(Some(p)) => Ok(p),
+                Ok(None) => Err(wrap(Error::MixedDevices {
+                    index: m.index,
+                    device: t.device().to_string(),
+                    first: "device memory".into(),
+                })),
+                Err(e) => Err(wrap(e)),
+            };
+            let (pack, unpack) = match (m.pack, m.unpack) {
+                (Some(p), Some(u)) if same(p, u) => {
+                    let x = place(u, Access::Update)?;
+                    (Some(x.clone()), Some(x))
+                }
+                (p, u) => (
+                    p.map(|t| place(t, Access::Read)).transpose()?,
+                    u.map(|t| place(t, Access::Write)).transpose()?,
+                ),
+            };
+            for d in pack.iter().chain(&unpack).map(|p| p.device) {
+                match device {
+                    None => device = Some(d),
+                    Some(first) if first != d => {
+                        return Err(wrap(Error::MixedDevices {
+                            index: m.index,
+                            device: d.to_string(),
+                            first: first.to_string(),
+                        }))
+                    }
+                    Some(_) => {}
+                }
+            }
+            placed.push(PlacedMember {
+                index: m.index,
+                pack,
+                unpack,
+                at: m.at,
+            });
+        }
+        let route = bucket_route(&placed);
+        let device = device.unwrap_or(Device::CPU);
+        let bucket = DeviceBucket::new(&placed, (bytes, device, route), &self.pool, self.runtime)?;
+        self.note(route);
+        Ok(bucket)
     }
 
     /// Places `send` (read) and `recv` (`access`), checks that placed spans are disjoint,

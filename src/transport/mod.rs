@@ -24,6 +24,7 @@ use crate::error::Result;
 // reader under the name it has always had here.
 pub use crate::settings::{parse_cuda_aware as parse_override, CUDA_AWARE_ENV};
 
+mod bucket;
 mod device_comm;
 mod gpu_select;
 mod parted;

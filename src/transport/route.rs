@@ -52,8 +52,7 @@ impl std::fmt::Display for Transport {
 ///
 /// **Direct exceptions.** float16/bfloat16
 /// reductions are staged because their MPI operation is a host function (`halfops`) that
-/// cannot read device memory. `DeviceComm` offers no nonblocking collectives, so Open MPI's
-/// unreliable nonblocking reductions on device memory are never reached.
+/// cannot read device memory.
 ///
 /// The variants are ordered by how telling they are (host < managed < direct < staged), the
 /// order [`super::DeviceComm::last_route`] reports the most telling one of an operation in.

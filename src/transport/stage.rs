@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use super::pool::{PinnedBuf, PinnedPool};
 use super::route::{no_runtime, no_runtime_error, Route};
 use super::DeviceComm;
-use crate::comm::{Operand, StagedTensor, Stager, Staging};
+use crate::comm::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
 use crate::device::{Device, MemoryKind};
 use crate::dlpack::{DLTensor, Tensor, TensorView};
 use crate::dtype::DType;
@@ -370,5 +370,14 @@ impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
             send: boxed(s, declared_s),
             recv: boxed(r, declared_r),
         })
+    }
+
+    fn stage_bucket(
+        &self,
+        members: &[BucketMember<'_>],
+        bytes: usize,
+        reduce: Option<DType>,
+    ) -> Result<Box<dyn StagedBucket + '_>> {
+        Ok(Box::new(self.bucket(members, bytes, reduce)?))
     }
 }

@@ -47,6 +47,8 @@ mod forms;
 
 mod nonblocking;
 
+mod fused;
+
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
 }
@@ -886,6 +888,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             .chain(agreement::CASES)
             .chain(forms::CASES)
             .chain(nonblocking::CASES)
+            .chain(fused::CASES)
             .copied(),
         filter,
         |case| case(w),

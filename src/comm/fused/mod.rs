@@ -30,33 +30,47 @@
 //! `pending`, all in one go so that no other collective comes between them) and unpacks
 //! each one as `test`/`wait` sees it land.
 //!
-//! Memory: the buckets hold the list's bytes once (as DDP's buckets do), taken from the
-//! scratch pool and handed back at completion. Members are host memory (device members:
-//! [`Error::TransportUnavailable`] on a `DeviceComm`).
-
-use std::ffi::c_void;
+//! **Members alone.** A member of at least [`ALONE_BYTES`] (256 KiB) has a bucket of its
+//! own; when its sides are contiguous the collective runs on the member's own memory (in
+//! place, or from its send tensor into its receive tensor) and nothing is copied. Copying a
+//! large member into a bucket and back costs more than one more collective's latency.
+//!
+//! **The blocking form** runs each bucket's blocking collective in turn (pack, collective,
+//! unpack); only while nonblocking collectives of `pending` wait does it post and poll.
+//!
+//! **Device lists** (`kDLCUDA` or `kDLCUDAManaged` members on a `DeviceComm`): the stager
+//! packs each bucket's members on the device into one device buffer and hands MPI that
+//! buffer (direct) or one pinned host copy of it (staged): one crossing per bucket, not per
+//! member ([`super::Stager::stage_bucket`]); this happens before the agreement, so that a
+//! placement refusal or a copy error joins it. After MPI, each bucket is copied back once
+//! and unpacked on the device. The fused reduce-scatter takes host lists only
+//! ([`Error::TransportUnavailable`] for a device list, on every rank alike).
+//!
+//! Memory: the packed buckets hold their members' bytes once (as DDP's buckets do), taken
+//! from the scratch pool (or the `DeviceComm`'s pinned and device pools) and handed back at
+//! completion.
 
 use mpi::ffi::{MPI_Comm, MPI_Request};
-use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
-use mpi::Count;
 
-use super::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
+use super::call::{Call, Operation};
 use super::checks::{check_count, check_intra, check_pair, check_rank};
 use super::mode::Mode;
-use super::reduce::op_handle;
+mod buckets;
+
 use super::signature::Signature;
+use super::stager::{StagedBucket, Stager};
 use super::TensorComm;
 use crate::device::MemoryKind;
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::raw;
 use crate::settings::{bucket_bytes, first_bucket_bytes};
 use crate::spec::facts::Facts;
 use crate::spec::kernels;
 use crate::spec::scratch::Scratch;
-use crate::spec::Access;
+use crate::spec::{Access, Reach};
+use buckets::{bucket_buffers, copy_in, copy_out, device_bucket, direct_calls};
 
 /// What a fused collective does with each bucket.
 #[derive(Debug, Clone, Copy)]
@@ -102,7 +116,6 @@ impl Member {
 }
 
 /// One bucket: a buffer of its members' elements and the calls on it.
-#[derive(Debug)]
 struct Bucket {
     /// Its members' indices, in list order.
     members: Vec<usize>,
@@ -112,9 +125,26 @@ struct Bucket {
     buf: Option<Scratch>,
     /// A reduce-scatter's receive buffer: this rank's block of every member.
     recv: Option<Scratch>,
+    /// A device list's bucket, packed and staged by the stager before the agreement.
+    /// Its lifetime is erased: it borrows the stager (the `DeviceComm`) for the `'t` of
+    /// the [`Operation<'t>`] this `Fused` is made in and never leaves (see
+    /// [`Fused::build`]).
+    staged: Option<Box<dyn StagedBucket + 'static>>,
     calls: Vec<Call>,
     /// How many requests its calls posted.
     posted: usize,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket")
+            .field("members", &self.members)
+            .field("packed_bytes", &self.buf.as_ref().map(|b| b.len()))
+            .field("staged", &self.staged.is_some())
+            .field("calls", &self.calls)
+            .field("posted", &self.posted)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A fused collective's data operation: the members, the buckets and what is done with
@@ -128,6 +158,8 @@ pub(super) struct Fused {
     /// Buckets unpacked so far, and requests that completed so far.
     landed: usize,
     completed: usize,
+    /// The first error of unpacking a device bucket (returned at completion).
+    failed: Option<Error>,
 }
 
 /// The signature of the fused collective `name` over `tensors` (in list order).
@@ -152,9 +184,12 @@ fn member(index: usize) -> impl Fn(Error) -> Error {
     }
 }
 
-/// The facts of member `index` for `access`, in host memory, in a layout the pack kernels
-/// take.
-fn facts_of(index: usize, t: &dyn Tensor, access: Access) -> Result<Facts> {
+/// The facts of member `index` for `access`: in host memory, in a layout the pack kernels
+/// take; or (`on_device`) in device memory a stager places and copies.
+fn facts_of(index: usize, t: &dyn Tensor, access: Access, on_device: bool) -> Result<Facts> {
+    if on_device {
+        return Facts::of(t, access, Some(Reach::MpiOnly)).map_err(member(index));
+    }
     let f = Facts::of(t, access, None).map_err(member(index))?;
     if let Some(plan) = &f.plan {
         let bytes = f.packed_bytes().map_err(member(index))?;
@@ -167,14 +202,16 @@ fn facts_of(index: usize, t: &dyn Tensor, access: Access) -> Result<Facts> {
     Ok(f)
 }
 
-/// Refuses a list whose members are not all one kind of memory ([`Error::MixedDevices`]),
-/// and device members on a device communicator (`staged`).
+/// Refuses a list whose members are not all one kind of memory ([`Error::MixedDevices`]);
+/// whether the list is in CUDA device or managed memory on a communicator with a stager
+/// (`staged`), which then packs and stages its buckets. Device members without a stager
+/// are refused by their facts ([`Error::UnsupportedDevice`]).
 pub(super) fn check_devices<'l>(
     mut tensors: impl Iterator<Item = &'l dyn Tensor>,
     staged: bool,
-) -> Result<()> {
+) -> Result<bool> {
     let Some(first) = tensors.next() else {
-        return Ok(());
+        return Ok(false);
     };
     let kind = first.device().memory_kind();
     for (i, t) in tensors.enumerate() {
@@ -186,16 +223,18 @@ pub(super) fn check_devices<'l>(
             });
         }
     }
-    if staged && !matches!(kind, MemoryKind::Host | MemoryKind::PinnedHost) {
-        return Err(Error::TransportUnavailable {
-            transport: "fused",
-            reason: format!(
-                "the fused collectives take host tensors; the list is on {}",
-                first.device()
-            ),
-        });
-    }
-    Ok(())
+    Ok(staged && matches!(kind, MemoryKind::Cuda | MemoryKind::CudaManaged))
+}
+
+/// The tensors this rank packs a member from and unpacks it into (`None`: not here).
+type Sides<'l> = (Option<&'l dyn Tensor>, Option<&'l dyn Tensor>);
+
+/// A device list's stager and, per member, its [`Sides`] ([`Fused::build`] stages each
+/// bucket with it).
+struct OnDevice<'l, 't> {
+    stager: &'t dyn Stager,
+    tensors: Vec<Sides<'l>>,
+    reduce: Option<DType>,
 }
 
 /// Refuses a member written through memory another member also uses
@@ -279,86 +318,6 @@ fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usiz
     out
 }
 
-/// The calls of `kind` on a bucket of `bytes` bytes of `element`s: `send` (a
-/// reduce-scatter's send, all ranks' blocks; an all-reduce's send or `MPI_IN_PLACE`; unused
-/// by a broadcast) into `recv` (the bucket; a reduce-scatter's: this rank's block).
-/// Broadcasts go in chunks of at most 2^30 units (`Call::Reduce` chunks itself); an empty
-/// bucket is one call with count 0 and NULL buffers.
-///
-/// # Errors
-/// [`Error::CountTooLarge`] for a reduce-scatter block beyond `int` units; the reduction's
-/// errors ([`op_handle`]).
-fn calls_for(
-    kind: FusedKind,
-    element: crate::dtype::ElementType,
-    send: *const c_void,
-    recv: *mut u8,
-    bytes: usize,
-) -> Result<Vec<Call>> {
-    let unit = element.row.unit;
-    let unit_bytes = unit.size_bytes().max(1);
-    let units = bytes / unit_bytes;
-    let datatype = unit.datatype().as_raw();
-    let (send, recv) = if units == 0 {
-        let null = std::ptr::null_mut::<c_void>();
-        let send = if send == raw::in_place().cast_const() {
-            send
-        } else {
-            null.cast_const()
-        };
-        (send, null.cast::<u8>())
-    } else {
-        (send, recv)
-    };
-    match kind {
-        FusedKind::AllReduce(op) => Ok(vec![Call::Reduce {
-            buffers: Reduced {
-                send,
-                recv: recv.cast(),
-                units,
-                unit_bytes,
-                datatype,
-                op: op_handle(op, element.dtype)?,
-            },
-            root: None,
-        }]),
-        FusedKind::ReduceScatter(op, _) => {
-            let count = Count::try_from(units).map_err(|_| Error::CountTooLarge {
-                count: units as u64,
-            })?;
-            Ok(vec![Call::ReduceScatterBlock {
-                send,
-                recv: Buf::raw(recv.cast(), count, datatype),
-                op: op_handle(op, element.dtype)?,
-            }])
-        }
-        FusedKind::Broadcast(root) => {
-            let mut calls = Vec::new();
-            let mut done = 0usize;
-            loop {
-                let n = (units - done).min(REDUCE_CHUNK_UNITS);
-                // n ≤ 2^30 < i32::MAX.
-                #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
-                let count = n as Count;
-                let at = if n == 0 {
-                    recv
-                } else {
-                    recv.wrapping_add(done * unit_bytes)
-                };
-                calls.push(Call::Bcast {
-                    buf: Buf::raw(at.cast(), count, datatype),
-                    root,
-                });
-                done += n;
-                if done >= units {
-                    break;
-                }
-            }
-            Ok(calls)
-        }
-    }
-}
-
 impl Fused {
     /// A fused all-reduce of `recv`'s members, from `send`'s (`None`: in place).
     ///
@@ -371,6 +330,7 @@ impl Fused {
         send: Option<&'t [&'c dyn Tensor]>,
         recv: &'t mut [&'b mut dyn Tensor],
         op: ReduceOp,
+        stager: Option<&'t dyn Stager>,
     ) -> Result<Operation<'t>> {
         if let Some(s) = send {
             if s.len() != recv.len() {
@@ -388,11 +348,11 @@ impl Fused {
             } else {
                 Access::Update
             };
-            let wf = facts_of(i, &**r, access)?;
+            let wf = facts_of(i, &**r, access, stager.is_some())?;
             wf.element.check_reduction(op).map_err(member(i))?;
             let pf = match send {
                 Some(s) => {
-                    let sf = facts_of(i, s[i], Access::Read)?;
+                    let sf = facts_of(i, s[i], Access::Read, stager.is_some())?;
                     check_pair("fused all-reduce send vs receive", &sf, &wf).map_err(member(i))?;
                     check_count(
                         || "fused all-reduce receive".into(),
@@ -413,7 +373,20 @@ impl Fused {
                 bytes,
             });
         }
-        Fused::build(FusedKind::AllReduce(op), members).map(Operation::fused)
+        let on_device = stager.map(|stager| OnDevice {
+            stager,
+            tensors: (0..recv.len())
+                .map(|i| {
+                    let r: &dyn Tensor = &*recv[i];
+                    (Some(send.map_or(r, |s| s[i])), Some(r))
+                })
+                .collect(),
+            reduce: members
+                .first()
+                .and_then(Member::facts)
+                .map(|f| f.element.dtype),
+        });
+        Fused::build(FusedKind::AllReduce(op), members, on_device).map(Operation::fused)
     }
 
     /// A fused reduce-scatter: member `i` of `send` (`ranks` × its receive's elements)
@@ -438,9 +411,9 @@ impl Fused {
         }
         let mut members = Vec::with_capacity(recv.len());
         for (i, (s, r)) in send.iter().zip(recv.iter()).enumerate() {
-            let sf = facts_of(i, *s, Access::Read)?;
+            let sf = facts_of(i, *s, Access::Read, false)?;
             sf.element.check_reduction(op).map_err(member(i))?;
-            let rf = facts_of(i, &**r, Access::Write)?;
+            let rf = facts_of(i, &**r, Access::Write, false)?;
             check_pair("fused reduce-scatter send vs receive", &sf, &rf).map_err(member(i))?;
             check_count(
                 || format!("fused reduce-scatter send (= receive count × {ranks} ranks)"),
@@ -457,7 +430,7 @@ impl Fused {
                 bytes,
             });
         }
-        Fused::build(FusedKind::ReduceScatter(op, ranks), members).map(Operation::fused)
+        Fused::build(FusedKind::ReduceScatter(op, ranks), members, None).map(Operation::fused)
     }
 
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
@@ -469,11 +442,12 @@ impl Fused {
         tensors: &'t mut [&'b mut dyn Tensor],
         root: Rank,
         is_root: bool,
+        stager: Option<&'t dyn Stager>,
     ) -> Result<Operation<'t>> {
         let mut members = Vec::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
             let access = if is_root { Access::Read } else { Access::Write };
-            let f = facts_of(i, &**t, access)?;
+            let f = facts_of(i, &**t, access, stager.is_some())?;
             let bytes = f.packed_bytes().map_err(member(i))?;
             let (pack, unpack) = if is_root {
                 (Some(f), None)
@@ -488,11 +462,32 @@ impl Fused {
                 bytes,
             });
         }
-        Fused::build(FusedKind::Broadcast(root), members).map(Operation::fused)
+        let on_device = stager.map(|stager| OnDevice {
+            stager,
+            tensors: tensors
+                .iter()
+                .map(|t| {
+                    let t: &dyn Tensor = &**t;
+                    if is_root {
+                        (Some(t), None)
+                    } else {
+                        (None, Some(t))
+                    }
+                })
+                .collect(),
+            reduce: None,
+        });
+        Fused::build(FusedKind::Broadcast(root), members, on_device).map(Operation::fused)
     }
 
-    /// Places the members in buckets and takes the buckets' buffers.
-    fn build(kind: FusedKind, mut members: Vec<Member>) -> Result<Fused> {
+    /// Places the members in buckets and takes the buckets' buffers; for a device list,
+    /// has the stager pack and stage each bucket (before the agreement, so that its
+    /// refusals and copy errors join it).
+    fn build(
+        kind: FusedKind,
+        mut members: Vec<Member>,
+        on_device: Option<OnDevice<'_, '_>>,
+    ) -> Result<Fused> {
         check_disjoint(&members)?;
         // A reduce-scatter's bucket holds every rank's block of each member.
         let ranks = match kind {
@@ -507,7 +502,13 @@ impl Fused {
                 members[i].at = bytes;
                 bytes += members[i].bytes;
             }
+            let (mut staged, on) = (None, on_device.as_ref());
             let bucket = match list[..] {
+                _ if on.is_some() => {
+                    let (b, calls) = device_bucket(kind, &members, &list, bytes, on)?;
+                    staged = Some(b);
+                    (None, None, calls)
+                }
                 [i] if members[i].is_direct() => (None, None, direct_calls(kind, &members[i])?),
                 _ => {
                     let element = members[list[0]]
@@ -523,6 +524,7 @@ impl Fused {
                 members: list,
                 buf,
                 recv,
+                staged,
                 calls,
                 posted: 0,
             });
@@ -533,104 +535,8 @@ impl Fused {
             buckets,
             landed: 0,
             completed: 0,
+            failed: None,
         })
-    }
-}
-
-/// A packed bucket's buffers and calls: `bytes` of `element`s (a reduce-scatter's: per
-/// rank, and the send buffer `ranks` times that, with a receive buffer of `bytes`).
-fn bucket_buffers(
-    kind: FusedKind,
-    element: crate::dtype::ElementType,
-    bytes: usize,
-    ranks: usize,
-) -> Result<(Scratch, Option<Scratch>, Vec<Call>)> {
-    let start = |s: &mut Scratch| {
-        if s.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            s.as_mut_ptr()
-        }
-    };
-    match kind {
-        FusedKind::ReduceScatter(..) => {
-            let total = bytes.checked_mul(ranks).ok_or(Error::Overflow {
-                quantity: "fused reduce-scatter bucket bytes",
-                lhs: bytes as i128,
-                operator: "*",
-                rhs: ranks as i128,
-            })?;
-            let mut buf = Scratch::take(total)?;
-            let mut recv = Scratch::take(bytes)?;
-            let send = start(&mut buf).cast_const().cast();
-            let calls = calls_for(kind, element, send, start(&mut recv), bytes)?;
-            Ok((buf, Some(recv), calls))
-        }
-        FusedKind::AllReduce(_) | FusedKind::Broadcast(_) => {
-            let mut buf = Scratch::take(bytes)?;
-            let send = raw::in_place().cast_const();
-            let calls = calls_for(kind, element, send, start(&mut buf), bytes)?;
-            Ok((buf, None, calls))
-        }
-    }
-}
-
-/// The calls of a direct bucket: member `m` alone, on its own memory (its sides are
-/// contiguous: [`Member::is_direct`]).
-fn direct_calls(kind: FusedKind, m: &Member) -> Result<Vec<Call>> {
-    let f = m
-        .facts()
-        .ok_or_else(|| super::checks::missing("fused member facts"))?;
-    let first = |side: &Option<Facts>| side.as_ref().map(|f| f.first.cast::<u8>());
-    let null = std::ptr::null_mut::<u8>();
-    let (send, recv) = match kind {
-        // The root's member is only read: MPI_Bcast does not write the root's buffer.
-        FusedKind::Broadcast(_) => (null, first(&m.unpack).or(first(&m.pack)).unwrap_or(null)),
-        _ if m.in_place => (raw::in_place().cast(), first(&m.unpack).unwrap_or(null)),
-        _ => (
-            first(&m.pack).unwrap_or(null),
-            first(&m.unpack).unwrap_or(null),
-        ),
-    };
-    calls_for(kind, f.element, send.cast_const().cast(), recv, m.bytes)
-}
-
-/// Copies the elements `f` describes into `out` in logical order (`out` holds exactly
-/// them).
-fn copy_in(f: &Facts, out: &mut [u8]) {
-    if out.is_empty() {
-        return;
-    }
-    let base = f.first.cast::<u8>().cast_const();
-    match &f.plan {
-        // SAFETY: the member's facts checked its elements in range and host-readable; `out`
-        // is a buffer of ours of exactly the member's bytes.
-        None => unsafe { std::ptr::copy_nonoverlapping(base, out.as_mut_ptr(), out.len()) },
-        Some(plan) => {
-            // SAFETY: as above; the kernels accept the layout (checked when the facts were
-            // taken), so this copies every element.
-            let done = unsafe { kernels::pack(base, &plan.axes, f.element.size_bytes(), out) };
-            debug_assert!(done);
-        }
-    }
-}
-
-/// Copies `data` (logical order, exactly the elements) into the elements `f` describes.
-fn copy_out(f: &Facts, data: &[u8]) {
-    if data.is_empty() {
-        return;
-    }
-    let base = f.first.cast::<u8>();
-    match &f.plan {
-        // SAFETY: the member's facts checked its elements in range, host-writable and free
-        // of overlap (`Access::Write`/`Update`), and no written member overlaps another
-        // (`check_disjoint`); `data` is a buffer of ours.
-        None => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base, data.len()) },
-        Some(plan) => {
-            // SAFETY: as above.
-            let done = unsafe { kernels::unpack(data, base, &plan.axes, f.element.size_bytes()) };
-            debug_assert!(done);
-        }
     }
 }
 
@@ -666,6 +572,12 @@ impl Fused {
     /// (those this rank unpacks).
     fn unpack(&mut self, b: usize) {
         let bucket = &self.buckets[b];
+        if let Some(staged) = &bucket.staged {
+            if let Err(e) = staged.unpack() {
+                self.failed.get_or_insert(e);
+            }
+            return;
+        }
         let Some(data) = bucket.recv.as_ref().or(bucket.buf.as_ref()) else {
             return; // direct: the calls wrote the member itself
         };
@@ -744,6 +656,14 @@ impl Fused {
         self.landed = self.buckets.len();
     }
 
+    /// After every bucket landed: the first error of unpacking a device bucket, if any.
+    ///
+    /// # Errors
+    /// The stager's copy errors ([`StagedBucket::unpack`]).
+    pub(super) fn outcome(self) -> Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+
     /// Whether any member is strided (packed by the kernels).
     pub(super) fn is_packed(&self) -> bool {
         self.members
@@ -770,9 +690,23 @@ pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: 
     };
     let sig = signature(name, recv.iter().map(|t| &**t as &dyn Tensor)).reduce(op);
     let staged = tc.stager().is_some();
-    let devices = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)
-        .and_then(|()| send.map_or(Ok(()), |s| check_devices(s.iter().copied(), staged)));
-    let prepared = devices.and_then(|()| Fused::all_reduce(send, recv, op));
+    let on_device = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged);
+    let devices = on_device.and_then(|on| match send {
+        Some(s) if !s.is_empty() && !recv.is_empty() => {
+            let (a, b) = (s[0].device(), recv[0].device());
+            if a.memory_kind() != b.memory_kind() {
+                return Err(Error::MixedDevices {
+                    index: 0,
+                    device: a.to_string(),
+                    first: b.to_string(),
+                });
+            }
+            check_devices(s.iter().copied(), staged)
+        }
+        _ => Ok(on),
+    });
+    let prepared =
+        devices.and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
 }
 
@@ -794,7 +728,7 @@ pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>
     let is_root = comm.rank() == root;
     let prepared = check_rank(root, comm.size())
         .and_then(|()| check_devices(tensors.iter().map(|t| &**t as &dyn Tensor), staged))
-        .and_then(|()| Fused::broadcast(tensors, root, is_root));
+        .and_then(|on| Fused::broadcast(tensors, root, is_root, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
 }
 
@@ -814,8 +748,13 @@ pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized,
     )
     .reduce(op);
     let staged = tc.stager().is_some();
+    let device_list = || Error::TransportUnavailable {
+        transport: "fused",
+        reason: "the fused reduce-scatter takes host tensors; this list is in device memory".into(),
+    };
     let prepared = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)
-        .and_then(|()| check_devices(send.iter().copied(), staged))
+        .and_then(|a| Ok(a || check_devices(send.iter().copied(), staged)?))
+        .and_then(|on| if on { Err(device_list()) } else { Ok(()) })
         .and_then(|()| Fused::reduce_scatter(send, recv, op, comm.size()));
     mode.prepared(tc, sig, prepared)
 }

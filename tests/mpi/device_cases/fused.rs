@@ -1,0 +1,300 @@
+//! Fused collectives on `DeviceComm` (issue 25, item 1) on the simulated device: the
+//! members of a bucket are packed on the device (one batch of device-to-device 2-D copies)
+//! and the bucket crosses to the host once (staged) or goes to MPI as it is (direct), not
+//! once per member. Copy counts and bytes are exact; values are checked element by
+//! element, and the gaps of strided members keep theirs.
+
+use super::*;
+use dlpack_mpi::runtime::CopyKind;
+
+/// (copies to the host, their bytes, copies to the device, their bytes).
+fn crossings(rt: &SimulatedRuntime) -> (usize, usize, usize, usize) {
+    rt.calls()
+        .iter()
+        .fold((0, 0, 0, 0), |(h, hb, d, db), c| match c {
+            RuntimeCall::CopyToHost { bytes, .. } => (h + 1, hb + bytes, d, db),
+            RuntimeCall::CopyToDevice { bytes, .. } => (h, hb, d + 1, db + bytes),
+            _ => (h, hb, d, db),
+        })
+}
+
+/// What one call copied: [`crossings`] and [`on_device`].
+type Copied = ((usize, usize, usize, usize), (usize, usize));
+
+/// Device-to-device 2-D copy batches (runtime calls) and their bytes.
+fn on_device(rt: &SimulatedRuntime) -> (usize, usize) {
+    rt.calls().iter().fold((0, 0), |(n, b), c| match c {
+        RuntimeCall::Copy2d {
+            kind: CopyKind::DeviceToDevice,
+            bytes,
+            ..
+        } => (n + 1, b + bytes),
+        _ => (n, b),
+    })
+}
+
+/// Rank `r`'s value of element `i` of member `m`.
+fn val(r: i32, m: usize, i: usize) -> f32 {
+    (r + 1) as f32 * ((m + i) % 5 + 1) as f32
+}
+
+fn summed(p: i32, m: usize, i: usize) -> f32 {
+    (0..p).map(|r| val(r, m, i)).sum()
+}
+
+/// Member `m` of `n` f32 on `device`, step 2 when `strided` (gaps hold −7).
+fn member(device: Device, m: usize, n: usize, strided: bool, r: i32) -> Result<Owned<f32>, String> {
+    if !strided {
+        return Ok(on(device, (0..n).map(|i| val(r, m, i)).collect()));
+    }
+    let mut v = vec![-7.0f32; 2 * n.max(1)];
+    for i in 0..n {
+        v[2 * i] = val(r, m, i);
+    }
+    Owned::new(v)
+        .labelled(device)
+        .with_layout(&[n as i64], Some(&[2]), 0)
+        .map_err(|e| e.to_string())
+}
+
+/// The logical values of a member made by [`member`], after checking its gaps.
+fn logical(o: &mut Owned<f32>, n: usize, strided: bool) -> Result<Vec<f32>, String> {
+    let all = o.as_slice();
+    if !strided {
+        return Ok(all.to_vec());
+    }
+    ensure!(
+        all.iter().skip(1).step_by(2).all(|&g| g == -7.0),
+        "a gap was written: {all:?}"
+    );
+    Ok(all.iter().step_by(2).take(n).copied().collect())
+}
+
+/// The shapes of the lists: (elements, strided), a zero-size member among them.
+const SHAPES: &[(usize, bool)] = &[(5, false), (6, true), (0, false), (3, false), (9, true)];
+
+/// The in-place fused all-reduce of [`SHAPES`] on `dc`, blocking or nonblocking; returns
+/// the runtime's (crossings, device copies) of the call.
+fn in_place(
+    w: &SimpleCommunicator,
+    rt: &SimulatedRuntime,
+    dc: &DeviceComm<'_, SimpleCommunicator>,
+    nonblocking: bool,
+) -> Result<Copied, String> {
+    let (me, p) = (w.rank(), w.size());
+    let mut ms: Vec<Owned<f32>> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st))| member(CUDA0, m, n, st, me))
+        .collect::<Result<_, _>>()?;
+    let seen;
+    {
+        let mut ts: Vec<ManagedTensor<'_>> =
+            ms.iter().map(|o| take(o, rt)).collect::<Result<_, _>>()?;
+        let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        rt.clear_calls();
+        if nonblocking {
+            let done: Result<(), Error> = mpi::request::scope(|scope| {
+                dc.immediate_all_reduce_tensors(scope, &mut refs, ReduceOp::Sum)?
+                    .wait()
+                    .map(drop)
+            });
+            call!(done);
+        } else {
+            call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+        }
+        seen = (crossings(rt), on_device(rt));
+    }
+    for (m, (o, &(n, st))) in ms.iter_mut().zip(SHAPES).enumerate() {
+        let want: Vec<f32> = (0..n).map(|i| summed(p, m, i)).collect();
+        ensure_eq!(logical(o, n, st)?, want);
+    }
+    Ok(seen)
+}
+
+/// Staged: the list's 23 f32 (92 bytes, one bucket) are packed on the device (one batch),
+/// cross to the host once and back once, and are unpacked by one more batch.
+fn staged_in_place(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    for nonblocking in [false, true] {
+        let (cross, dev) = in_place(w, &rt, &dc, nonblocking)?;
+        ensure_eq!(cross, (1, 92, 1, 92));
+        ensure_eq!(dev, (2, 184));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    Ok(())
+}
+
+/// Direct (a CUDA-aware MPI): MPI reduces the device bucket; nothing crosses to the host.
+fn direct_in_place(w: &SimpleCommunicator) -> Outcome {
+    let rt = SimulatedRuntime::new();
+    std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
+    let dc = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Auto);
+    std::env::remove_var("DLPACK_MPI_CUDA_AWARE");
+    let dc = call!(dc);
+    for nonblocking in [false, true] {
+        let (cross, dev) = in_place(w, &rt, &dc, nonblocking)?;
+        ensure_eq!(cross, (0, 0, 0, 0));
+        ensure_eq!(dev, (2, 184));
+        ensure_eq!(dc.last_route(), Some(Route::Direct));
+    }
+    Ok(())
+}
+
+/// Forty members of 10 f32 and three of float16: two buckets (one per dtype), so two
+/// crossings each way, not forty-three; the float16 sums are exact (host reduction).
+fn many_members_two_buckets(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    let mut fs: Vec<Owned<f32>> = (0..40)
+        .map(|m| member(CUDA0, m, 10, m % 3 == 0, me))
+        .collect::<Result<_, _>>()?;
+    let mut hs: Vec<Owned<f16>> = (0..3).map(|m| on_half(m, me)).collect::<Vec<_>>();
+    {
+        let mut ft: Vec<ManagedTensor<'_>> =
+            fs.iter().map(|o| take(o, &rt)).collect::<Result<_, _>>()?;
+        let mut ht: Vec<ManagedTensor<'_>> =
+            hs.iter().map(|o| take(o, &rt)).collect::<Result<_, _>>()?;
+        let (a, b) = ft.split_at_mut(20);
+        let mut refs: Vec<&mut dyn Tensor> = a.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        refs.extend(ht.iter_mut().map(|t| t as &mut dyn Tensor));
+        refs.extend(b.iter_mut().map(|t| t as &mut dyn Tensor));
+        rt.clear_calls();
+        call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+        ensure_eq!(crossings(&rt), (2, 1600 + 24, 2, 1600 + 24));
+    }
+    for (m, o) in fs.iter_mut().enumerate() {
+        let want: Vec<f32> = (0..10).map(|i| summed(p, m, i)).collect();
+        ensure_eq!(logical(o, 10, m % 3 == 0)?, want);
+    }
+    for (m, o) in hs.iter_mut().enumerate() {
+        let want: Vec<f16> = (0..4)
+            .map(|i| f16::from_f32(summed(p, 50 + m, i)))
+            .collect();
+        ensure_eq!(o.as_slice(), &want[..]);
+    }
+    Ok(())
+}
+
+fn on_half(m: usize, r: i32) -> Owned<f16> {
+    Owned::new(
+        (0..4)
+            .map(|i| f16::from_f32(val(r, 50 + m, i)))
+            .collect::<Vec<_>>(),
+    )
+    .labelled(CUDA0)
+}
+
+/// A staged fused broadcast from rank 0, nonblocking: the root packs and crosses to the
+/// host once; every other rank crosses back once and unpacks; values land, gaps keep theirs.
+fn staged_broadcast(w: &SimpleCommunicator) -> Outcome {
+    let me = w.rank();
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    let mut ms: Vec<Owned<f32>> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st))| member(CUDA0, m, n, st, if me == 0 { 0 } else { 9 }))
+        .collect::<Result<_, _>>()?;
+    {
+        let mut ts: Vec<ManagedTensor<'_>> =
+            ms.iter().map(|o| take(o, &rt)).collect::<Result<_, _>>()?;
+        let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        rt.clear_calls();
+        let done: Result<(), Error> = mpi::request::scope(|scope| {
+            dc.immediate_broadcast_tensors(scope, &mut refs, 0)?
+                .wait()
+                .map(drop)
+        });
+        call!(done);
+        let want = if me == 0 {
+            (1, 92, 0, 0)
+        } else {
+            (0, 0, 1, 92)
+        };
+        ensure_eq!(crossings(&rt), want);
+    }
+    for (m, (o, &(n, st))) in ms.iter_mut().zip(SHAPES).enumerate() {
+        let want: Vec<f32> = (0..n).map(|i| val(0, m, i)).collect();
+        ensure_eq!(logical(o, n, st)?, want);
+    }
+    Ok(())
+}
+
+/// Refusals: a `READ_ONLY` member on the last rank only (refused before any copy there; its
+/// error names the member, every other rank returns `PeerRefused`, nothing changes); a list of host and
+/// device members (`MixedDevices`); a device reduce-scatter (`TransportUnavailable`).
+fn refusals(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    let mut a = member(CUDA0, 0, 4, false, me)?;
+    let mut b = member(CUDA0, 1, 4, false, me)?;
+    if me == p - 1 {
+        b = b.read_only();
+    }
+    {
+        let mut ta = take(&a, &rt)?;
+        let mut tb = take(&b, &rt)?;
+        rt.clear_calls();
+        let mut refs: Vec<&mut dyn Tensor> = vec![&mut ta, &mut tb];
+        let got = dc.all_reduce_tensors(&mut refs, ReduceOp::Sum);
+        match got {
+            Err(Error::Member { index: 1, source }) if me == p - 1 => {
+                ensure!(
+                    matches!(*source, Error::ReadOnly | Error::Immutable { .. }),
+                    "member 1: {source:?}"
+                );
+            }
+            Err(Error::PeerRefused { .. }) if me != p - 1 => {}
+            Ok(()) if p == 1 => return Err("a read-only member was reduced".into()),
+            other => return Err(format!("rank {me}: {other:?}")),
+        }
+        // The refusing rank copies nothing; its peers staged their bucket before the
+        // agreement (as every staged collective does) but copy nothing back.
+        let (_, _, back, _) = crossings(&rt);
+        ensure_eq!(back, 0);
+        if me == p - 1 {
+            ensure_eq!(crossings(&rt), (0, 0, 0, 0));
+        }
+    }
+    ensure_eq!(
+        a.as_slice(),
+        &(0..4).map(|i| val(me, 0, i)).collect::<Vec<_>>()[..]
+    );
+    let host = Owned::new(vec![1.0f32; 3]);
+    let dev = on(CUDA0, vec![1.0; 3]);
+    {
+        let mut th = take(&host, &rt)?;
+        let mut td = take(&dev, &rt)?;
+        let mut refs: Vec<&mut dyn Tensor> = vec![&mut td, &mut th];
+        match dc.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+            Err(Error::MixedDevices { index: 1, .. }) => {}
+            other => return Err(format!("expected MixedDevices, got {other:?}")),
+        }
+    }
+    let send = on(CUDA0, vec![1.0; 2 * p as usize]);
+    let mut recv = on(CUDA0, vec![0.0; 2]);
+    {
+        let ts = take(&send, &rt)?;
+        let mut tr = take(&recv, &rt)?;
+        let sends: Vec<&dyn Tensor> = vec![&ts];
+        let mut recvs: Vec<&mut dyn Tensor> = vec![&mut tr];
+        match dc.reduce_scatter_tensors(&sends, &mut recvs, ReduceOp::Sum) {
+            Err(Error::TransportUnavailable { .. }) => {}
+            other => return Err(format!("expected TransportUnavailable, got {other:?}")),
+        }
+    }
+    ensure_eq!(recv.as_slice(), &[0.0, 0.0][..]);
+    Ok(())
+}
+
+pub(super) const CASES: &[(&str, Case)] = &[
+    ("fused_staged_in_place", staged_in_place),
+    ("fused_direct_in_place", direct_in_place),
+    ("fused_many_members_two_buckets", many_members_two_buckets),
+    ("fused_staged_broadcast", staged_broadcast),
+    ("fused_refusals", refusals),
+];
