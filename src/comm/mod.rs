@@ -42,6 +42,7 @@ pub use packing::{
 };
 pub use reduce::halfops;
 #[doc(hidden)]
+pub use fused::ALONE_BYTES;
 pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
 
 use mode::{Blocking, Immediate};
