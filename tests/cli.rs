@@ -946,6 +946,22 @@ fn bench_overlap_json() {
     }
 }
 
+/// `--op fused`, small: every path in `--json`, mpi4py's two unless a line says why not.
+#[test]
+fn bench_fused_json_and_mpi4py_paths() {
+    let json = scratch("fused.json").display().to_string();
+    let cmd = "bench --op fused --fused-scale 4096 --iters 9 --rounds 1 --json ".to_owned() + &json;
+    let out = mpirun(2, &cmd.split(' ').collect::<Vec<_>>(), &[]);
+    let stdout = text(&out.stdout);
+    let has = |s: &str| stdout.contains(s);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let skipped = has("mpi4py-loop, mpi4py-concat: skipped (");
+    assert_ne!(skipped, has("faster way on every list: "), "{stdout}");
+    let rows = std::fs::read_to_string(&json).unwrap();
+    let n = rows.matches("\"mpi4py-").count();
+    assert_eq!(n, 6 * usize::from(!skipped), "{rows}");
+}
+
 #[test]
 fn info_reports_cuda_awareness_and_its_source() {
     let out = mpirun(2, &["info"], &[]);

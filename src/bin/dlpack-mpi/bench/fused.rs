@@ -1,8 +1,10 @@
 //! `--op fused`: the fused all-reduce of a list of tensors
 //! ([`TensorComm::all_reduce_tensors`], in place, sum of f32) next to one
 //! `all_reduce_tensor_in_place` per member and to one `all_reduce_tensor_in_place` of a single
-//! tensor of the same total elements (the limit). Uses `common` and `args`; prints its own
-//! table. Not part of `all`.
+//! tensor of the same total elements (the limit), and to mpi4py's two ways on NumPy arrays of
+//! the same shapes (`mpi4py-loop`, `mpi4py-concat`: [`super::fused_mpi4py`]; skipped with a
+//! line when this build has no Python or NumPy or mpi4py cannot be used). Uses `common`,
+//! `args` and `fused_mpi4py`; prints its own table. Not part of `all`.
 //!
 //! Cases: the gradient lists of ResNet-50 (161 tensors, 25.6 M f32) and BERT-base (199,
 //! 109.5 M), read at run time from `../shared/data/gradients-*.txt` relative to
@@ -12,7 +14,8 @@
 //!
 //! Timing runs on zeros (sums stay zeros, no overflow to infinities over the iterations);
 //! after the timing every path runs once more on distinct values per rank, and every element
-//! is checked.
+//! is checked. Every path has the same rounds and iterations; a round's time is the slowest
+//! rank's.
 //!
 //! [`TensorComm::all_reduce_tensors`]: dlpack_mpi::comm::TensorComm::all_reduce_tensors
 
@@ -29,6 +32,7 @@ use super::args::{iters_for, BenchArgs};
 use super::common::{
     all_ranks, fmt_size, measure_rounds, met, timed, value, Aligned, Samples, ELEM,
 };
+use super::fused_mpi4py::{Members, Mpi4py, Way};
 
 type Res<T> = dlpack_mpi::Result<T>;
 
@@ -48,11 +52,18 @@ pub enum FusedPath {
     Fused,
     /// One `all_reduce_tensor_in_place` of one tensor of the list's total elements.
     Contiguous,
+    /// mpi4py: `comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)` per NumPy member, a Python loop.
+    Mpi4pyLoop,
+    /// mpi4py: `np.concatenate` of the members, one `Allreduce`, copied back.
+    Mpi4pyConcat,
 }
 
-/// The paths, in measuring and column order.
-pub const FUSED_PATHS: [FusedPath; 3] =
+/// The Rust paths, in measuring and column order.
+pub const RUST_PATHS: [FusedPath; 3] =
     [FusedPath::OneByOne, FusedPath::Fused, FusedPath::Contiguous];
+/// The mpi4py paths, columns after the Rust paths (measured in the same rotated rounds) when
+/// NumPy and mpi4py load.
+pub const MPI4PY_PATHS: [FusedPath; 2] = [FusedPath::Mpi4pyLoop, FusedPath::Mpi4pyConcat];
 
 impl FusedPath {
     /// The name in tables and JSON.
@@ -61,6 +72,17 @@ impl FusedPath {
             FusedPath::OneByOne => "one-by-one",
             FusedPath::Fused => "fused",
             FusedPath::Contiguous => "contiguous",
+            FusedPath::Mpi4pyLoop => "mpi4py-loop",
+            FusedPath::Mpi4pyConcat => "mpi4py-concat",
+        }
+    }
+
+    /// mpi4py's way, for the mpi4py paths.
+    fn way(self) -> Option<Way> {
+        match self {
+            FusedPath::Mpi4pyLoop => Some(Way::Loop),
+            FusedPath::Mpi4pyConcat => Some(Way::Concat),
+            _ => None,
         }
     }
 }
@@ -92,6 +114,15 @@ impl FusedRow {
     /// Median of `a` over median of `b`.
     pub fn ratio(&self, a: FusedPath, b: FusedPath) -> f64 {
         self.median(a) / self.median(b)
+    }
+
+    /// mpi4py's faster path (by median), when the mpi4py paths ran.
+    pub fn mpi4py_best(&self) -> Option<FusedPath> {
+        let ran = |p: &FusedPath| self.median(*p).is_finite();
+        MPI4PY_PATHS
+            .into_iter()
+            .filter(ran)
+            .min_by(|a, b| self.median(*a).total_cmp(&self.median(*b)))
     }
 }
 
@@ -159,15 +190,17 @@ fn lists(scale: u64, root: bool) -> Vec<List> {
     out
 }
 
-/// The buffers of one case: every member's, and the one contiguous tensor of the total.
+/// The buffers of one case: every member's, the one contiguous tensor of the total, and the
+/// NumPy members of the mpi4py paths (when they run).
 struct Bufs {
     members: Vec<(Aligned, usize)>,
     contig: Aligned,
     total: usize,
+    py: Option<Members>,
 }
 
 impl Bufs {
-    fn new(list: &List) -> Res<Self> {
+    fn new(list: &List, mpi4py: Option<&Mpi4py>) -> Res<Self> {
         let mut members = Vec::with_capacity(list.shapes.len());
         for s in &list.shapes {
             let n = s.iter().product::<i64>() as usize;
@@ -175,22 +208,38 @@ impl Bufs {
         }
         let total = members.iter().map(|m| m.1).sum();
         let contig = Aligned::new(total, 0.0).set_layout(&[total as i64], None)?;
+        let py = mpi4py.map(|m| m.members(&list.shapes)).transpose()?;
         Ok(Bufs {
             members,
             contig,
             total,
+            py,
         })
     }
 
+    /// The NumPy members, for mpi4py's `way`.
+    fn numpy(&self, path: FusedPath) -> Res<(&Members, Way)> {
+        match (&self.py, path.way()) {
+            (Some(m), Some(way)) => Ok((m, way)),
+            _ => Err(dlpack_mpi::Error::Python {
+                call: format!("--op fused, path {}", path.name()),
+                exception: "NumPy and mpi4py are not loaded".into(),
+            }),
+        }
+    }
+
     /// Every element of `path`'s buffers: rank `rank`'s values (`Some`), or zeros.
-    fn fill(&mut self, path: FusedPath, rank: Option<i32>) {
+    fn fill(&mut self, path: FusedPath, rank: Option<i32>) -> Res<()> {
         let at = |k: usize| rank.map_or(0.0, |r| value(r, k));
+        if path.way().is_some() {
+            return self.numpy(path)?.0.fill(rank);
+        }
         if path == FusedPath::Contiguous {
             let n = self.total;
             for (k, x) in self.contig.raw(n).iter_mut().enumerate() {
                 *x = at(k);
             }
-            return;
+            return Ok(());
         }
         let mut k = 0;
         for (buf, n) in &mut self.members {
@@ -199,26 +248,30 @@ impl Bufs {
                 k += 1;
             }
         }
+        Ok(())
     }
 
     /// Whether `path`'s buffers hold the sum over `p` ranks of [`value`] (the first wrong
     /// element, if any).
-    fn check(&mut self, path: FusedPath, p: i32) -> Option<(usize, f32)> {
+    fn check(&mut self, path: FusedPath, p: i32) -> Res<Option<(usize, f32)>> {
         let want = |k: usize| (0..p).map(|r| value(r, k)).sum::<f32>();
+        if path.way().is_some() {
+            return self.numpy(path)?.0.check(p);
+        }
         if path == FusedPath::Contiguous {
             let n = self.total;
             let got = self.contig.raw(n);
-            return (0..n).find(|&k| got[k] != want(k)).map(|k| (k, got[k]));
+            return Ok((0..n).find(|&k| got[k] != want(k)).map(|k| (k, got[k])));
         }
         let mut base = 0;
         for (buf, n) in &mut self.members {
             let got = buf.raw(*n);
             if let Some(i) = (0..*n).find(|&i| got[i] != want(base + i)) {
-                return Some((base + i, got[i]));
+                return Ok(Some((base + i, got[i])));
             }
             base += *n;
         }
-        None
+        Ok(None)
     }
 }
 
@@ -227,7 +280,8 @@ fn acquired(buf: &Aligned) -> Res<ManagedTensor<'_>> {
 }
 
 /// One timed run of `iters` iterations of `path`; seconds per iteration of the slowest rank.
-/// The tensors are acquired before the timing.
+/// The tensors are acquired before the timing; the mpi4py paths are timed in Python (a
+/// barrier, then `perf_counter` around the iterations, in one call).
 fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) -> Res<f64> {
     let sum = ReduceOp::Sum;
     let elapsed = match path {
@@ -264,6 +318,10 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
                 (0..iters).try_for_each(|_| world.all_reduce_tensor_in_place(&mut t, sum))
             })?
         }
+        FusedPath::Mpi4pyLoop | FusedPath::Mpi4pyConcat => {
+            let (members, way) = bufs.numpy(path)?;
+            members.elapsed(way, iters)?
+        }
     };
     let local = elapsed / iters as f64;
     let mut out = 0.0f64;
@@ -273,12 +331,17 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
 
 /// One more call of every path on distinct values per rank; whether every element of every
 /// path holds the sum (on this rank; a message on stderr for the first wrong one).
-fn verify(world: &SimpleCommunicator, case: &str, bufs: &mut Bufs) -> Res<bool> {
+fn verify(
+    world: &SimpleCommunicator,
+    paths: &[FusedPath],
+    case: &str,
+    bufs: &mut Bufs,
+) -> Res<bool> {
     let mut ok = true;
-    for p in FUSED_PATHS {
-        bufs.fill(p, Some(world.rank()));
+    for &p in paths {
+        bufs.fill(p, Some(world.rank()))?;
         once(world, p, bufs, 1)?;
-        if let Some((k, got)) = bufs.check(p, world.size()) {
+        if let Some((k, got)) = bufs.check(p, world.size())? {
             eprintln!(
                 "dlpack-mpi bench: rank {}: {case}, {}: element {k} of the list is {got}",
                 world.rank(),
@@ -286,31 +349,41 @@ fn verify(world: &SimpleCommunicator, case: &str, bufs: &mut Bufs) -> Res<bool> 
             );
             ok = false;
         }
-        bufs.fill(p, None);
+        bufs.fill(p, None)?;
     }
     Ok(ok)
 }
 
 /// One case: its row, and whether every path delivered the sum.
-fn case(world: &SimpleCommunicator, args: &BenchArgs, list: &List) -> Res<(FusedRow, bool)> {
-    let mut bufs = Bufs::new(list)?;
+fn case(
+    world: &SimpleCommunicator,
+    args: &BenchArgs,
+    mpi4py: Option<&Mpi4py>,
+    list: &List,
+) -> Res<(FusedRow, bool)> {
+    let paths: Vec<FusedPath> = RUST_PATHS
+        .into_iter()
+        .chain(mpi4py.into_iter().flat_map(|_| MPI4PY_PATHS))
+        .collect();
+    let mut bufs = Bufs::new(list, mpi4py)?;
     let iters = iters_for(args.iters, bufs.total * ELEM);
-    let samples = measure_rounds(world, args.rounds, iters, &FUSED_PATHS, |p, it| {
+    let samples = measure_rounds(world, args.rounds, iters, &paths, |p, it| {
         once(world, p, &bufs, it)
     })?;
-    let ok = verify(world, &list.name, &mut bufs)?;
+    let ok = verify(world, &paths, &list.name, &mut bufs)?;
     let row = FusedRow {
         case: list.name.clone(),
         tensors: list.shapes.len(),
         elems: bufs.total,
         iters,
-        paths: FUSED_PATHS.iter().copied().zip(samples).collect(),
+        paths: paths.into_iter().zip(samples).collect(),
     };
     Ok((row, ok))
 }
 
-/// What `--op fused` measures and the column headers.
-fn print_header(ranks: i32, args: &BenchArgs) {
+/// What `--op fused` measures (and why the mpi4py paths are skipped, if they are) and the
+/// column headers.
+fn print_header(ranks: i32, args: &BenchArgs, mpi4py: &Result<Mpi4py, String>) {
     println!(
         "# fused: all-reduce (sum of f32, in place) of a list of tensors over {ranks} ranks, µs \
          per all-reduce of the whole list, slowest rank; rounds: {}; buckets {} (first {}); \
@@ -325,14 +398,32 @@ fn print_header(ranks: i32, args: &BenchArgs) {
          over the list; contiguous = all_reduce_tensor_in_place of one tensor of the same \
          total elements (the limit)"
     );
+    let mut paths = RUST_PATHS.to_vec();
+    match mpi4py {
+        Ok(m) => {
+            println!(
+                "mpi4py paths ({}, attached to this MPI_COMM_WORLD; NumPy float32 arrays of \
+                 the members' shapes; timed in Python, perf_counter around the iterations): \
+                 mpi4py-loop = comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM) per member in a \
+                 Python loop; mpi4py-concat = np.concatenate of the flattened members, one \
+                 Allreduce, np.copyto of the slices back into the members",
+                m.about()
+            );
+            paths.extend(MPI4PY_PATHS);
+        }
+        Err(why) => println!("mpi4py-loop, mpi4py-concat: skipped ({why})"),
+    }
     let mut line = format!(
         "{:>10} {:>7} {:>10} {:>6}",
         "case", "tensors", "MiB", "iters"
     );
-    for p in FUSED_PATHS {
-        line += &format!(" | {:>16} {:>10}", format!("{} med", p.name()), "best");
+    for p in &paths {
+        line += &format!(" | {:>17} {:>10}", format!("{} med", p.name()), "best");
     }
     line += &format!(" | {:>10} {:>10}", "fus/contig", "1by1/fus");
+    if mpi4py.is_ok() {
+        line += &format!(" {:>10}", "fus/mpi4py");
+    }
     println!("{line}");
 }
 
@@ -346,19 +437,23 @@ fn print_row(r: &FusedRow) {
         r.iters
     );
     for (_, s) in &r.paths {
-        line += &format!(" | {:>16.1} {:>10.1}", s.median(), s.best());
+        line += &format!(" | {:>17.1} {:>10.1}", s.median(), s.best());
     }
     line += &format!(
         " | {:>10.3} {:>10.2}",
         r.ratio(FusedPath::Fused, FusedPath::Contiguous),
         r.ratio(FusedPath::OneByOne, FusedPath::Fused)
     );
+    if let Some(best) = r.mpi4py_best() {
+        line += &format!(" {:>10.3}", r.ratio(FusedPath::Fused, best));
+    }
     println!("{line}");
     let _ = std::io::stdout().flush();
 }
 
 /// The ratios against the targets, and the verdict of the checks.
 fn print_summary(rows: &[FusedRow], ok: bool) {
+    let mut beats_mpi4py = true;
     for r in rows {
         let (fc, of) = (
             r.ratio(FusedPath::Fused, FusedPath::Contiguous),
@@ -379,6 +474,23 @@ fn print_summary(rows: &[FusedRow], ok: bool) {
                 met(fc <= TARGET_FUSED_VS_CONTIGUOUS)
             );
         }
+        if let Some(best) = r.mpi4py_best() {
+            let fm = r.ratio(FusedPath::Fused, best);
+            beats_mpi4py &= fm < 1.0;
+            println!(
+                "{}: fused / min(mpi4py-loop, mpi4py-concat) = {fm:.3} (medians; mpi4py's \
+                 faster way: {}; target < 1: {})",
+                r.case,
+                best.name(),
+                met(fm < 1.0)
+            );
+        }
+    }
+    if rows.iter().any(|r| r.mpi4py_best().is_some()) {
+        println!(
+            "fused faster than mpi4py's faster way on every list: {}",
+            met(beats_mpi4py)
+        );
     }
     println!(
         "verification (one call per case and path after the timing, every element checked): \
@@ -387,16 +499,30 @@ fn print_summary(rows: &[FusedRow], ok: bool) {
     );
 }
 
+/// NumPy and mpi4py when they load on every rank; else why not (rank 0's reason when it
+/// has one).
+fn load_mpi4py(world: &SimpleCommunicator) -> Result<Mpi4py, String> {
+    let local = Mpi4py::load(world);
+    if all_ranks(world, local.is_ok()) {
+        return local;
+    }
+    match local {
+        Err(why) => Err(why),
+        Ok(_) => Err("NumPy and mpi4py did not load on every rank".into()),
+    }
+}
+
 /// Runs `--op fused`: the rows, and whether every checked call delivered the sum.
 pub fn fused(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<FusedRow>, bool)> {
     let root = world.rank() == 0;
+    let mpi4py = load_mpi4py(world);
     if root {
-        print_header(world.size(), args);
+        print_header(world.size(), args, &mpi4py);
     }
     let mut rows = Vec::new();
     let mut ok = true;
     for list in lists(args.fused_scale, root) {
-        let (row, good) = case(world, args, &list)?;
+        let (row, good) = case(world, args, mpi4py.as_ref().ok(), &list)?;
         if root {
             print_row(&row);
         }

@@ -45,7 +45,10 @@
 //! `--op fused` all-reduces lists of tensors (the gradients of ResNet-50 and BERT-base from
 //! ../shared/data, and 256 tensors of 1 KiB): one `all_reduce_tensor_in_place` per member,
 //! one fused `all_reduce_tensors` over the list, and one tensor of the same total elements
-//! (the limit). `--json` writes one object per (case, path).
+//! (the limit); next to them, with feature `python`, mpi4py's two ways on NumPy arrays of the
+//! same shapes (`mpi4py-loop`: one `Allreduce` per member; `mpi4py-concat`: `np.concatenate`,
+//! one `Allreduce`, copied back), timed in Python. `--json` writes one object per (case,
+//! path).
 //!
 //! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
 //! copy of the same bytes and to host-memory MPI.
@@ -61,7 +64,8 @@
 //!    and `--json`;
 //! 4. `report`: the result rows and their text tables, `--csv` and `--plot`;
 //! 5. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
-//!    reports); `fused`, which uses only `common` and `args` and prints its own table;
+//!    reports); `fused_mpi4py`, the mpi4py paths of `fused` (uses `common` only), and
+//!    `fused`, which uses only `common`, `args` and `fused_mpi4py` and prints its own table;
 //! 6. this file: [`run`], which refuses what cannot be done and dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
@@ -74,6 +78,7 @@
 mod args;
 mod common;
 mod fused;
+mod fused_mpi4py;
 mod gpu;
 mod host;
 mod overlap;
