@@ -85,7 +85,7 @@ gpu-sim | GPU transport on a simulated device (C51, C53, C60-C65, staging) at 3 
 gpu-sim | cuda: clippy -D warnings with features cuda and python (cudarc loads the driver at run time) | - | cargo clippy --all-targets --features cli,cuda,python -- -D warnings
 gpu-sim | cuda: GPU cases build, and skip without a GPU | - | suite_at gpu 1 --features cli,cuda
 gpu-sim | cuda: gpu-check.sh end to end against fake CUDA drivers (stub, one-rank failure, no driver, budget) | - | timeout 300 scripts/gpu-check-test.sh
-python  | cli, python: unit tests, Python-producer cases at 1 rank, the DLPack C exchange API (hostile tables, Paddle), the CLI (tests/cli.rs) with NumPy | - | python_1_rank
+python  | cli, python: unit tests, Python-producer cases at 1 rank, the DLPack C exchange API (hostile tables, Paddle), the CLI (tests/cli.rs, and check --timeout with a hung rank: tests/cli_timeout.rs) with NumPy | - | python_1_rank
 python  | python: doc tests of the python module | - | timeout 600 cargo test --features cli,python --doc python
 python  | python: Python-producer cases at 2 ranks | - | suite_at python_cases 2 --features cli,python
 python  | python: Python-producer cases at 3 ranks | - | suite_at python_cases 3 --features cli,python
@@ -215,7 +215,7 @@ mismatch_at() {
 # The library's unit tests and the CLI's with features cli, python; the Python suites of
 # tests/mpi at 1 rank.
 python_1_rank() {
-    timeout 600 cargo test --features cli,python --lib --test cli &&
+    timeout 600 cargo test --features cli,python --lib --test cli --test cli_timeout &&
         timeout 600 cargo test --features cli,python --test mpi -- --suite python_cases,python_exchange
 }
 

@@ -86,10 +86,36 @@ pub struct CheckArgs {
     /// Write a JSON report to FILE (rank 0).
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    /// Per-case time limit in seconds (decimals allowed); `0` turns it off. A case (or the
+    /// mismatch probes before the cases) still running after it ends the run: rank 0 prints
+    /// `TIMEOUT` with the case and the ranks still inside it, the counts of the cases before
+    /// it and writes `--json`/`--junit`; exit status 3.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_TIMEOUT_S,
+          allow_hyphen_values = true, value_parser = parse_timeout)]
+    pub timeout: f64,
     /// Testing the runner itself: corrupt what the last rank received in cases matching
     /// PATTERN (operations that receive into a fresh tensor), so that they fail.
     #[arg(long, value_name = "PATTERN", hide = true)]
     pub inject_fault: Option<String>,
+    /// Testing `--timeout`: rank RANK (default: the last) sleeps for ever at the start of
+    /// the cases matching PATTERN (same rules as `-k`; `probes`: the mismatch probes).
+    #[arg(long, value_name = "PATTERN[:RANK]", hide = true)]
+    pub inject_hang: Option<String>,
+}
+
+/// The default `--timeout`, in seconds: about a hundred times the slowest case measured on
+/// the project's loaded 2-core machine (0.66 s at 4 oversubscribed ranks; docs/CLI.md).
+pub(super) const DEFAULT_TIMEOUT_S: f64 = 60.0;
+
+/// `--timeout SECONDS`: a finite number, 0 or more (0: no limit), at most a day (a
+/// `Duration` of any such value exists).
+pub(super) fn parse_timeout(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "`{value}` is not a number of seconds from 0 (no limit) to 86400"
+        )),
+    }
 }
 
 /// The default `--len`.

@@ -28,7 +28,8 @@
 //!    `producers`: which producer makes each dtype (`--producer auto`), JAX/Paddle tensors.
 //! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
 //! 6. `cases`: the case body of each operation.
-//! 7. `dtypes`: the table of dtypes.
+//! 7. `dtypes`: the table of dtypes; `fused`: the case of the fused collectives over lists
+//!    of tensors (`cases` calls it; its mixed lists take float32 and int32 from `dtypes`).
 //! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
 //! 9. `setup`: devices, GPU runtime and each rank's GPU, and communicator, agreed by every
 //!    rank; `mismatch`: the probes of mismatched arguments across ranks (the agreement's
@@ -36,8 +37,10 @@
 //! 10. `summary`: the verdict people read: a line per operation, the operation × dtype
 //!     matrix, skips by reason, known MPI-library bugs by matrix cell.
 //! 11. `report`: header, lines, closing counts, JSON and JUnit reports.
-//! 12. `run`: running the cases, verdicts combined across ranks.
-//! 13. this file: [`run`], the entry point.
+//! 12. `watchdog`: `--timeout`, a thread per rank that knows where the rank is and ends a
+//!     run that overruns, with the report of the cases before.
+//! 13. `run`: running the cases, verdicts combined across ranks.
+//! 14. this file: [`run`], the entry point.
 
 // `check` needs no `unsafe` (main.rs denies it crate-wide; only bench's GPU baseline allows it).
 #![forbid(unsafe_code)]
@@ -46,6 +49,7 @@ mod args;
 mod cases;
 mod context;
 mod dtypes;
+mod fused;
 mod kind;
 mod matrix;
 mod mismatch;
@@ -57,6 +61,7 @@ mod select;
 mod setup;
 mod store;
 mod summary;
+mod watchdog;
 
 use std::process::ExitCode;
 
@@ -68,10 +73,13 @@ pub use args::CheckArgs;
 #[cfg(test)]
 pub use args::Producer;
 use context::RunContext;
-use select::Pattern;
+use report::Tally;
+use watchdog::{Reports, Stage, Watch};
 
 /// Runs the check matrix. Exit status: 0 when no case failed, 1 when one did, 2 when the
-/// options were refused (one line on standard error) or a report could not be written.
+/// options were refused (one line on standard error) or a report could not be written, 3
+/// (`report::TIMED_OUT_STATUS`) when a case ran past `--timeout` (the watchdog ends the
+/// process).
 pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     let refuse = |why: &str| {
         if w.rank() == 0 {
@@ -103,17 +111,28 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         let gpu = (dc, setup.gpu);
         report::header(w, args, &cases, gpu, &producer_line, &library);
     }
-    let inject = match args.inject_fault.as_deref().map(Pattern::new).transpose() {
-        Ok(p) => p,
-        Err(why) => return refuse(&format!("--inject-fault: {why}")),
+    let faults = match run::Faults::new(args, w.size()) {
+        Ok(f) => f,
+        Err(why) => return refuse(&why),
     };
     let started = std::time::Instant::now();
+    let reports = Reports {
+        args: args.clone(),
+        library: library.clone(),
+        started,
+        cases: cases.len(),
+    };
+    let watch = Watch::start(w, Tally::new(run.ordinal, &cases), reports);
+    watch.enter(Stage::Probes);
+    faults.hang_in(report::PROBES, w.rank());
     let probed = mismatch::run(w, dc, args.quiet);
-    let tally = run::run_cases(w, args, (&run, dc), &cases, inject.as_ref());
+    watch.leave();
+    run::run_cases(w, args, (&run, dc), &cases, (&faults, &watch));
+    let mut tally = watch.finish();
     let mut status = i32::from(tally.any_failed() || !probed);
     if root {
         let seconds = started.elapsed().as_secs_f64();
-        if let Err(why) = tally.finish(w, args, library, seconds) {
+        if let Err(why) = tally.finish((w.size(), args), library, seconds, None) {
             eprintln!("dlpack-mpi check: cannot write the report: {why}");
             status = 2;
         }

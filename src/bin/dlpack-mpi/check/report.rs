@@ -1,5 +1,5 @@
 //! What rank 0 shows and writes: the header, a line per case, the closing counts, and the
-//! JSON and JUnit reports.
+//! JSON and JUnit reports; also after a `--timeout` ([`TimedOut`]), with the cases before it.
 
 use std::io::Write;
 
@@ -104,6 +104,10 @@ pub(super) fn header(
     }
 }
 
+/// The exit status of a run that a case ended by running past `--timeout` (0: every case
+/// passed, 1: a case failed, 2: options refused or a report not written).
+pub(super) const TIMED_OUT_STATUS: u8 = 3;
+
 /// The counts and records of the cases run so far (rank 0).
 pub(super) struct Tally {
     /// Rank 0's CUDA device ordinal, shown in `cuda` case lines (`[cuda:0 staged]`).
@@ -111,6 +115,80 @@ pub(super) struct Tally {
     counts: Counts,
     summary: Summary,
     records: Vec<Record>,
+    /// The record of the case being run ([`Tally::begin`]), for a `--timeout` report.
+    pending: Option<Record>,
+}
+
+/// A case (or the mismatch probes) that ran past `--timeout`, as rank 0 reports it.
+#[derive(Debug, serde::Serialize)]
+pub(super) struct TimedOut {
+    /// The case's name, or [`PROBES`].
+    pub case: String,
+    /// Its place among the run's cases, from 1 (absent: the mismatch probes, before them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub number: Option<usize>,
+    /// How many cases the run had.
+    pub cases: usize,
+    /// `--timeout`.
+    pub limit_seconds: f64,
+    /// How long rank 0 had been in it.
+    pub elapsed_seconds: f64,
+    /// The ranks that had not left it.
+    pub ranks_inside: Vec<i32>,
+    /// Where each rank was, in words (`ranks 0, 1 (running it)`).
+    pub message: String,
+}
+
+/// The name of the mismatch probes' stage in `--timeout` reports.
+pub(super) const PROBES: &str = "the mismatched-argument probes";
+
+/// `3.0 s`, or `0.012 s` under a second.
+pub(super) fn seconds_text(s: f64) -> String {
+    if s < 1.0 {
+        format!("{s:.3} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// `rank 1` or `ranks 0, 1`.
+pub(super) fn ranks_text(ranks: &[i32]) -> String {
+    let list: Vec<String> = ranks.iter().map(i32::to_string).collect();
+    match list.len() {
+        1 => format!("rank {}", list[0]),
+        _ => format!("ranks {}", list.join(", ")),
+    }
+}
+
+impl TimedOut {
+    /// The first line: `TIMEOUT name: still running after … s (--timeout …); where`.
+    pub(super) fn line(&self) -> String {
+        format!(
+            "TIMEOUT {}: not done after {} (--timeout {}); {}",
+            self.case,
+            seconds_text(self.elapsed_seconds),
+            self.limit_seconds,
+            self.message
+        )
+    }
+
+    /// The last line, after the counts of the cases before it.
+    pub(super) fn closing(&self) -> String {
+        let (place, before) = match self.number {
+            Some(n) => (format!("case {n} of {}, {}", self.cases, self.case), n - 1),
+            None => (format!("{}, before the first case", self.case), 0),
+        };
+        let not_run = self.cases - before - usize::from(self.number.is_some());
+        format!(
+            "TIMEOUT: the run stopped in {place} ({} still inside after {}); the counts \
+             above are the {before} case{} before it; {not_run} case{} not run; exit status \
+             {TIMED_OUT_STATUS}",
+            ranks_text(&self.ranks_inside),
+            seconds_text(self.elapsed_seconds),
+            if before == 1 { "" } else { "s" },
+            if not_run == 1 { "" } else { "s" },
+        )
+    }
 }
 
 impl Tally {
@@ -133,7 +211,23 @@ impl Tally {
             counts: Counts::default(),
             summary: Summary::new(ops, dtypes),
             records: Vec::new(),
+            pending: None,
         }
+    }
+
+    /// `case` begins: its record stands ready for a `--timeout` report.
+    pub(super) fn begin(&mut self, case: &Case<'_>) {
+        let producer = case_producer(case);
+        let record = Record::new(case, producer, None, Outcome::Fail, None, 0.0);
+        self.pending = Some(Record {
+            status: "timeout",
+            ..record
+        });
+    }
+
+    /// The name of the case being run (begun and not yet added).
+    pub(super) fn current(&self) -> Option<&str> {
+        self.pending.as_ref().map(|r| r.name.as_str())
     }
 
     /// Counts and records the agreed verdict `v` of `case`, and returns the line to print,
@@ -158,6 +252,7 @@ impl Tally {
         if args.verbose >= 2 {
             took.push_str(&format!(" [{:.2} ms]", seconds * 1e3));
         }
+        self.pending = None;
         let cell = format!("{}/{}", case.op.name(), case.kind.name());
         let (outcome, message, line) = match v {
             Verdict::Pass => (Outcome::Pass, None, format!("PASS {name}{took}")),
@@ -221,20 +316,64 @@ impl Tally {
 
     /// The verdict (without `-q`: a line per operation, the matrix, the skips by reason;
     /// always: the known MPI-library bugs), the closing lines, and the reports of `--junit`
-    /// and `--json` (rank 0), after `seconds`.
+    /// and `--json` (rank 0, run of `ranks`), after `seconds`. After a `--timeout`, the
+    /// `TIMEOUT` line first and last, and the reports hold the case that timed out.
     ///
     /// # Errors
     /// A report that cannot be written, in words.
     pub(super) fn finish(
-        &self,
-        w: &SimpleCommunicator,
-        args: &CheckArgs,
+        &mut self,
+        (ranks, args): (i32, &CheckArgs),
         library: String,
         seconds: f64,
+        timeout: Option<&TimedOut>,
     ) -> Result<(), String> {
+        let lines = self.closing_lines(args, timeout);
+        {
+            // A closed pipe (`check | head`) ends the output quietly.
+            let mut out = std::io::stdout().lock();
+            for l in &lines {
+                if writeln!(out, "{l}").is_err() {
+                    break;
+                }
+            }
+            let _ = out.flush();
+        }
+        if let Some(t) = timeout {
+            if let Some(mut r) = self.pending.take() {
+                r.message = Some(t.message.clone());
+                r.seconds = t.elapsed_seconds;
+                self.records.push(r);
+            }
+        }
+        if let Some(path) = &args.junit {
+            write_junit(path, &self.records, seconds)?;
+        }
+        if let Some(path) = &args.json {
+            let c = self.counts;
+            let report = Report {
+                tool: format!("dlpack-mpi {}", env!("CARGO_PKG_VERSION")),
+                mpi_library: library,
+                ranks,
+                passed: c.passed,
+                failed: c.failed,
+                skipped: c.skipped,
+                known_bugs: c.known,
+                not_applicable: c.not_applicable,
+                timed_out: timeout,
+                cases: &self.records,
+            };
+            write_json(path, &report)?;
+        }
+        Ok(())
+    }
+
+    /// The lines [`Tally::finish`] prints.
+    fn closing_lines(&self, args: &CheckArgs, timeout: Option<&TimedOut>) -> Vec<String> {
         let c = self.counts;
-        let mut lines = Vec::new();
-        if !args.quiet {
+        let mut lines: Vec<String> = timeout.iter().map(|t| t.line()).collect();
+        // No summary of no case (a `--timeout` in the mismatch probes).
+        if !args.quiet && !self.records.is_empty() {
             lines.push(String::new());
             lines.extend(self.summary.per_operation());
             lines.push(String::new());
@@ -256,33 +395,8 @@ impl Tally {
             "{} passed, {} failed, {} skipped, {} not applicable",
             c.passed, c.failed, c.skipped, c.not_applicable
         ));
-        {
-            // A closed pipe (`check | head`) ends the output quietly.
-            let mut out = std::io::stdout().lock();
-            for l in &lines {
-                if writeln!(out, "{l}").is_err() {
-                    break;
-                }
-            }
-        }
-        if let Some(path) = &args.junit {
-            write_junit(path, &self.records, seconds)?;
-        }
-        if let Some(path) = &args.json {
-            let report = Report {
-                tool: format!("dlpack-mpi {}", env!("CARGO_PKG_VERSION")),
-                mpi_library: library,
-                ranks: w.size(),
-                passed: c.passed,
-                failed: c.failed,
-                skipped: c.skipped,
-                known_bugs: c.known,
-                not_applicable: c.not_applicable,
-                cases: &self.records,
-            };
-            write_json(path, &report)?;
-        }
-        Ok(())
+        lines.extend(timeout.map(TimedOut::closing));
+        lines
     }
 }
 
@@ -322,7 +436,8 @@ pub(super) struct Record {
     route: Option<String>,
     /// Logical elements per tensor.
     len: i64,
-    /// `pass`, `fail`, `skip`, `known-bug` or `not-applicable`.
+    /// `pass`, `fail`, `skip`, `known-bug`, `not-applicable` or `timeout` (ran past
+    /// `--timeout`: the run stopped there).
     status: &'static str,
     /// Why it failed, was skipped, hit a known bug or does not apply.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -376,6 +491,9 @@ struct Report<'r> {
     /// Cases of combinations that MPI or DLPack rules out (status `not-applicable`):
     /// counted in none of the other totals.
     not_applicable: u32,
+    /// The case that ran past `--timeout` (absent: none did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    timed_out: Option<&'r TimedOut>,
     cases: &'r [Record],
 }
 
@@ -386,6 +504,7 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
         let mut status = match r.status {
             "pass" => TestCaseStatus::success(),
             "fail" => TestCaseStatus::non_success(NonSuccessKind::Failure),
+            "timeout" => TestCaseStatus::non_success(NonSuccessKind::Error),
             // A known MPI-library bug (a wrong result the runner recognised) or a combination
             // MPI or DLPack rules out: reported with its own type so that CI shows it
             // without failing the run.
@@ -397,6 +516,7 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
         match r.status {
             "known-bug" => status.set_type("known-mpi-library-bug"),
             "not-applicable" => status.set_type("not-applicable"),
+            "timeout" => status.set_type("timeout"),
             _ => &mut status,
         };
         let mut case = TestCase::new(r.name.as_str(), status);

@@ -1,5 +1,6 @@
 //! Running the cases: each in its own [`CaseContext`], its verdict combined across ranks at
-//! rank 0, which prints its line and decides whether `-x` stops the run for everyone.
+//! rank 0, which prints its line and decides whether `-x` stops the run for everyone; each
+//! rank's [`Watch`] knows which case it is in, for `--timeout`.
 
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
@@ -10,8 +11,8 @@ use super::args::CheckArgs;
 use super::context::{CaseContext, RunContext, Verdict};
 use super::kind::Runner;
 use super::matrix::{transport_part, Comm, Op, LAYOUTS};
-use super::report::Tally;
 use super::select::{Case, CaseIndex, Pattern};
+use super::watchdog::{hang_rule, Watch};
 use crate::launch::DEVS;
 
 /// The cases of `indices` (as [`super::select::agree_on_cases`] gives them).
@@ -36,15 +37,61 @@ pub(super) fn cases<'k>(
         .collect()
 }
 
-/// Runs `cases` in order (every rank), rank 0 printing a line per case; stops after the
-/// first failure with `-x`. The faults of `--inject-fault` go to the last rank.
+/// The hidden faults that test the runner itself.
+pub(super) struct Faults {
+    /// `--inject-fault`: the last rank corrupts what it received in these cases.
+    corrupt: Option<Pattern>,
+    /// `--inject-hang`: this rank sleeps for ever at the start of these cases (or of the
+    /// mismatch probes, `report::PROBES`, which the pattern `probes` matches).
+    hang: Option<(Pattern, i32)>,
+}
+
+impl Faults {
+    /// The faults of `args` at `size` ranks, or why they are refused.
+    pub(super) fn new(args: &CheckArgs, size: i32) -> Result<Faults, String> {
+        let corrupt = args.inject_fault.as_deref().map(Pattern::new).transpose();
+        let hang = args.inject_hang.as_deref().map(|h| hang_rule(h, size));
+        Ok(Faults {
+            corrupt: corrupt.map_err(|why| format!("--inject-fault: {why}"))?,
+            hang: hang
+                .transpose()
+                .map_err(|why| format!("--inject-hang: {why}"))?,
+        })
+    }
+
+    /// Whether rank `rank` of `size` corrupts `case`; never returns if it hangs in it.
+    fn of(&self, case: &Case<'_>, (rank, size): (i32, i32)) -> bool {
+        if self.corrupt.is_none() && self.hang.is_none() {
+            return false;
+        }
+        let name = case.name();
+        self.hang_in(&name, rank);
+        rank == size - 1 && self.corrupt.as_ref().is_some_and(|p| p.matches(&name))
+    }
+
+    /// Never returns if rank `rank` hangs in the stage named `name`.
+    pub(super) fn hang_in(&self, name: &str, rank: i32) {
+        if self
+            .hang
+            .as_ref()
+            .is_some_and(|(p, r)| *r == rank && p.matches(name))
+        {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+    }
+}
+
+/// Runs `cases` in order (every rank), rank 0 printing a line per case and counting them in
+/// `watch`'s tally; stops after the first failure with `-x`.
 pub(super) fn run_cases(
     w: &SimpleCommunicator,
     args: &CheckArgs,
     (run, dc): (&RunContext, &Comm<'_>),
     cases: &[Case<'_>],
-    inject: Option<&Pattern>,
-) -> Tally {
+    (faults, watch): (&Faults, &Watch),
+) {
     // On a terminal, a progress bar on standard error; elsewhere (pipes, files, mpirun's
     // forwarding) indicatif hides it and only the lines are printed.
     let bar = if w.rank() == 0 {
@@ -58,17 +105,18 @@ pub(super) fn run_cases(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut tally = Tally::new(run.ordinal, cases);
-    for case in cases {
+    for (i, case) in cases.iter().enumerate() {
         let t0 = std::time::Instant::now();
-        let corrupt = w.rank() == w.size() - 1 && inject.is_some_and(|p| p.matches(&case.name()));
+        watch.enter_case(i, case);
+        let corrupt = faults.of(case, (w.rank(), w.size()));
         let cx = CaseContext::new(run, case.dev, case.layout, corrupt);
         let verdict = case.kind.run(&cx, dc, case.op, case.len);
+        watch.verdicts();
         let agreed = agree(w, verdict);
         let seconds = t0.elapsed().as_secs_f64();
         let mut stop = false;
         if let Some(v) = agreed {
-            let (line, failfast) = tally.add(args, case, cx.route(), v, seconds);
+            let (line, failfast) = watch.with_tally(|t| t.add(args, case, cx.route(), v, seconds));
             stop = failfast;
             if let Some(line) = line {
                 bar.suspend(|| println!("{line}"));
@@ -82,8 +130,8 @@ pub(super) fn run_cases(
             break;
         }
     }
+    watch.leave();
     bar.finish_and_clear();
-    tally
 }
 
 /// Combines the verdicts of all ranks at rank 0: fail if any rank failed (with every failing
