@@ -109,10 +109,10 @@ matrix  | dlpack-mpi check at 3 ranks (Rust-made tensors) | - | check_at 3 --pro
 matrix  | dlpack-mpi check at 4 ranks (Rust-made tensors) | - | check_at 4 --producer rust
 matrix  | dlpack-mpi check at 1-4 ranks (Rust-made tensors), DLPACK_MPI_PACKING=derived | - | check_derived
 matrix  | dlpack-mpi check at 2 ranks (jax tensors) | skip_unless_python_package jax | check_at 2 --producer jax
-matrix  | dlpack-mpi check at 4 ranks (jax tensors) | skip_unless_python_package jax | check_at 4 --producer jax
+matrix  | dlpack-mpi check at 4 ranks (jax tensors; lengths 0 and 7: every length runs at 2 ranks) | skip_unless_python_package jax | check_at 4 --producer jax --len 0,7
 matrix  | dlpack-mpi check at 2 ranks (paddle tensors) | skip_unless_python_package paddle | check_at 2 --producer paddle
-matrix  | dlpack-mpi check at 4 ranks (paddle tensors) | skip_unless_python_package paddle | check_at 4 --producer paddle
-matrix  | dlpack-mpi check at 4 ranks (--producer auto: NumPy, JAX, Paddle, then Rust) | - | check_at 4 --producer auto
+matrix  | dlpack-mpi check at 4 ranks (paddle tensors; lengths 0 and 7: every length runs at 2 ranks) | skip_unless_python_package paddle | check_at 4 --producer paddle --len 0,7
+matrix  | dlpack-mpi check at 4 ranks (--producer auto: NumPy, JAX, Paddle, then Rust; lengths 0 and 7) | - | check_at 4 --producer auto --len 0,7
 matrix  | dlpack-mpi check at 2 ranks, simulated CUDA memory, staged | - | check_at 2 --device cuda --simulate-device --transport staged
 matrix  | dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI_CUDA_AWARE=1), and managed | - | check_direct_and_managed
 heavy   | a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, naming the rank | - | with_release_cli timeout 900 scripts/kill-rank-test.sh 2 4
