@@ -215,7 +215,7 @@ mismatch_at() {
 # The library's unit tests and the CLI's with features cli, python; the Python suites of
 # tests/mpi at 1 rank.
 python_1_rank() {
-    timeout 600 cargo test --features cli,python --lib --test cli --test cli_timeout &&
+    timeout 600 cargo test --features cli,python --lib --test cli --test cli_timeout --test cli_bench &&
         timeout 600 cargo test --features cli,python --test mpi -- --suite python_cases,python_exchange
 }
 

@@ -535,8 +535,8 @@ fn check_refusals_are_one_line_and_exit_2() {
         ),
         (&["bench", "--sizes", "3"], "size `3` is outside"),
         (
-            &["bench", "--op", "latency", "--json", "x.json"],
-            "--json writes the strided rows",
+            &["bench", "--op", "fused", "--check"],
+            "--check checks every iteration of latency",
         ),
         (
             &["bench", "--op", "strided", "--strided-storage", "48K"],
@@ -859,12 +859,10 @@ fn bench_strided_json_and_checked_deliveries() {
             .flat_map(|c| ["contiguous", "derived", "pack", "auto"].map(|p| (c, p))),
     ) {
         let o = row.as_object().expect("an object");
-        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
-        keys.sort_unstable();
-        assert_eq!(
-            keys,
-            ["best_us", "block_elems", "case", "median_us", "path"]
-        );
+        // The strided writer's keys, among the common ones (tests/cli_bench.rs).
+        for key in ["best_us", "block_elems", "case", "median_us", "path"] {
+            assert!(o.contains_key(key), "{key}: {row}");
+        }
         assert_eq!(
             (o["case"].as_str(), o["path"].as_str()),
             (Some(case.as_str()), Some(path))
@@ -935,9 +933,10 @@ fn bench_overlap_json() {
     assert_eq!(rows.len(), want.len(), "{rows:?}");
     for (row, (case, path)) in rows.iter().zip(want) {
         let o = row.as_object().expect("an object");
-        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
-        keys.sort_unstable();
-        assert_eq!(keys, ["case", "median_us", "path"]);
+        // The overlap writer's keys, among the common ones (tests/cli_bench.rs).
+        for key in ["case", "median_us", "path"] {
+            assert!(o.contains_key(key), "{key}: {row}");
+        }
         assert_eq!(
             (o["case"].as_str(), o["path"].as_str()),
             (Some(case), Some(path))

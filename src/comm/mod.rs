@@ -33,6 +33,7 @@ pub use agree::{
 pub use bcast::BroadcastBuffer;
 pub use blocks::Blocks;
 pub(crate) use checks::{check_rank, check_tag};
+pub use fused::ALONE_BYTES;
 pub use immediate::{test_any, wait_all, wait_any, TensorRequest};
 pub(crate) use p2p::{recv_matched, unfit};
 pub use packing::{
@@ -42,7 +43,6 @@ pub use packing::{
 };
 pub use reduce::halfops;
 #[doc(hidden)]
-pub use fused::ALONE_BYTES;
 pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
 
 use mode::{Blocking, Immediate};

@@ -184,7 +184,8 @@ pub struct BenchArgs {
     /// `8,1K,1M` or `8:64M` (powers of two); default: powers of two up to --max-size.
     #[arg(long, value_parser = parse_sizes)]
     pub sizes: Option<Sizes>,
-    /// Timed rounds per size and path (median and best are reported).
+    /// Timed rounds per size and path (the median and best of the rounds' means are
+    /// reported; p50 and p99 are taken over samples of each round's iterations).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
     /// Iterations per round for messages up to 16 KiB; larger messages run proportionally
@@ -220,11 +221,22 @@ pub struct BenchArgs {
     /// Draw latency and bandwidth against size, one curve per path, to FILE (SVG).
     #[arg(long, value_name = "FILE")]
     pub plot: Option<std::path::PathBuf>,
-    /// `--op strided`: write one JSON object per (case, path) to FILE (rank 0), as an array
-    /// of {"case", "block_elems", "path", "median_us", "best_us"}; `--op overlap`: of
-    /// {"case", "path", "median_us"}.
+    /// Write every measurement to FILE (rank 0) as one JSON array of objects, one per
+    /// (operation, case, size, path): {"op", "case", "path", "size_bytes", "median_us",
+    /// "best_us", "p50_us", "p99_us", "algbw_gbs", "busbw_gbs", …} (docs/CLI.md has the
+    /// schema).
     #[arg(long, value_name = "FILE")]
     pub json: Option<std::path::PathBuf>,
+    /// Check every iteration (latency, bandwidth, allreduce, allgatherv, alltoall), as
+    /// nccl-tests' `-c`: each iteration runs alone into poisoned receive buffers, timed, and
+    /// every received element is checked after it (untimed); a wrong one is printed with
+    /// the operation, size, path, round, iteration and element, and the exit status is 1.
+    #[arg(long)]
+    pub check: bool,
+    /// Testing `--check`: report iteration ITER of the first round's raw path as wrong (its
+    /// first received element overwritten after the call), on every rank that checks.
+    #[arg(long, hide = true, value_name = "ITER", requires = "check")]
+    pub inject_wrong: Option<u64>,
     /// `--op strided`: bytes of the storage the views come from, a power of two from 32 KiB
     /// to 64 MiB (default 64 MiB; smaller for quick runs: every case shrinks with it).
     #[arg(long, value_parser = parse_strided_storage, default_value = "64M")]

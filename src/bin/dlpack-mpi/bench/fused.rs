@@ -4,7 +4,7 @@
 //! tensor of the same total elements (the limit), and to mpi4py's two ways on NumPy arrays of
 //! the same shapes (`mpi4py-loop`, `mpi4py-concat`: [`super::fused_mpi4py`]; skipped with a
 //! line when this build has no Python or NumPy or mpi4py cannot be used). Uses `common`,
-//! `args` and `fused_mpi4py`; prints its own table. Not part of `all`.
+//! `json`, `args` and `fused_mpi4py`; prints its own table. Not part of `all`.
 //!
 //! Cases: the gradient lists of ResNet-50 (161 tensors, 25.6 M f32) and BERT-base (199,
 //! 109.5 M), read at run time from `../shared/data/gradients-*.txt` relative to
@@ -30,9 +30,11 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs};
 use super::common::{
-    all_ranks, fmt_size, measure_rounds, met, timed, value, Aligned, Samples, ELEM,
+    all_ranks, allreduce_factor, fmt_size, measure_rounds, met, timed, value, Aligned, Samples,
+    ELEM,
 };
 use super::fused_mpi4py::{Members, Mpi4py, Way};
+use super::json::JsonRow;
 
 type Res<T> = dlpack_mpi::Result<T>;
 
@@ -536,15 +538,17 @@ pub fn fused(world: &SimpleCommunicator, args: &BenchArgs) -> Res<(Vec<FusedRow>
     Ok((rows, all_ok))
 }
 
-/// Writes one `{case, path, median_us}` object per (case, path) of `rows` to `path` as a
-/// JSON array.
-pub fn write_fused_json(path: &std::path::Path, rows: &[FusedRow]) -> Result<(), String> {
-    super::common::write_median_json(
-        path,
-        rows.iter().flat_map(|r| {
-            r.paths
-                .iter()
-                .map(move |(p, s)| (r.case.as_str(), p.name(), s.median()))
-        }),
-    )
+/// The `--json` objects of `rows` over `ranks` ranks: one per (case, path); p50 and p99
+/// over the rounds' means (one sample per round); the bandwidths of an all-reduce of the
+/// whole list.
+pub fn json_rows(rows: &[FusedRow], ranks: i32) -> Vec<JsonRow> {
+    rows.iter()
+        .flat_map(|r| {
+            r.paths.iter().map(move |(p, s)| {
+                JsonRow::new("fused", &r.case, p.name(), r.elems * ELEM)
+                    .times(ranks, r.iters, s, s, r.iters)
+                    .bus(r.elems * ELEM, allreduce_factor(ranks))
+            })
+        })
+        .collect()
 }

@@ -514,8 +514,10 @@ pub fn refuse(args: &BenchArgs) -> Option<String> {
     if args.layout != BenchLayout::Contiguous {
         return Some("--device cuda benchmarks contiguous tensors only (no --layout step)".into());
     }
-    if args.csv.is_some() || args.plot.is_some() {
-        return Some("--csv and --plot are not available with --device cuda yet".into());
+    if args.csv.is_some() || args.plot.is_some() || args.json.is_some() || args.check {
+        return Some(
+            "--csv, --plot, --json and --check are not available with --device cuda yet".into(),
+        );
     }
     None
 }

@@ -1,6 +1,8 @@
 //! The host-memory benches (`--op latency`, `bandwidth`, `allreduce`, `allgatherv`,
 //! `alltoall`): every path of [`PATHS`] on the same aligned buffers, warmed up, timed in
-//! rotated rounds, then checked element by element. Uses `common`, `args` and `report`.
+//! rotated rounds (as a whole and in batches: `sampled`), every iteration checked under
+//! `--check`, then one call per path checked element by element. Uses `common`, `sampled`,
+//! `args` and `report`.
 
 use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor};
@@ -14,9 +16,10 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs, BenchLayout, Op, DEFAULT_MAX_SIZE};
 use super::common::{
-    all_ranks, fmt_size, measure_rounds, round_trips, timed, value, Aligned, Elem, Leg, ELEM,
+    all_ranks, fmt_size, round_trips_ticked, timed_laps, value, Aligned, Elem, Laps, Leg, ELEM,
 };
 use super::report::{print_row, print_sweep_footer, print_sweep_header, Path, Row, PATHS};
+use super::sampled::{measure, Plan, Run, Timing};
 
 type Res<T> = dlpack_mpi::Result<T>;
 
@@ -62,81 +65,92 @@ fn acquired(buf: &Aligned) -> Res<ManagedTensor<'_>> {
     acquire(&buf.owned, &AcquireOptions::default())
 }
 
-/// One timed ping-pong run of `iters` round trips; seconds per message (half a round trip)
-/// on rank 0, 0 elsewhere.
+/// `iters` timed round trips of a ping-pong ([`round_trips_ticked`]), `laps` ticked after
+/// each: the seconds they took on this rank.
+fn ping_pong<E>(
+    world: &SimpleCommunicator,
+    iters: u64,
+    laps: &mut Laps,
+    leg: impl FnMut(Leg) -> Result<(), E>,
+) -> Result<f64, E> {
+    let rank = world.rank();
+    timed_laps(world, laps, |laps| {
+        round_trips_ticked(rank, iters, || laps.tick(), leg)
+    })
+}
+
+/// One timed ping-pong run of `iters` round trips, a batch every `batch`; seconds per
+/// message (half a round trip) on rank 0, 0 elsewhere.
 fn latency_once(
     world: &SimpleCommunicator,
     path: Path,
     buf: &mut Aligned,
     n: usize,
-    iters: u64,
-) -> Res<f64> {
+    (iters, batch): (u64, u64),
+) -> Res<Timing> {
     let rank = world.rank();
     if rank > 1 {
         world.barrier();
-        return Ok(0.0);
+        return Ok(Timing::default());
     }
     let other = 1 - rank;
     let peer = world.process_at_rank(other);
+    let mut laps = Laps::new(batch);
     let elapsed = match path {
         Path::Raw => {
             let b = buf.raw(n);
-            timed(world, || {
-                round_trips(rank, iters, |leg| {
-                    match leg {
-                        Leg::Send => peer.send(&*b),
-                        Leg::Recv => {
-                            peer.receive_into(&mut *b);
-                        }
+            ping_pong(world, iters, &mut laps, |leg| {
+                match leg {
+                    Leg::Send => peer.send(&*b),
+                    Leg::Recv => {
+                        peer.receive_into(&mut *b);
                     }
-                    Ok::<(), dlpack_mpi::Error>(())
-                })
+                }
+                Ok::<(), dlpack_mpi::Error>(())
             })?
         }
         Path::Dlpack => {
             let mut t = acquired(buf)?;
-            timed(world, || {
-                round_trips(rank, iters, |leg| {
-                    match leg {
-                        Leg::Send => peer.send(&SendSpec::new(&t)?),
-                        Leg::Recv => {
-                            peer.receive_into(&mut RecvSpec::new(&mut t)?);
-                        }
+            ping_pong(world, iters, &mut laps, |leg| {
+                match leg {
+                    Leg::Send => peer.send(&SendSpec::new(&t)?),
+                    Leg::Recv => {
+                        peer.receive_into(&mut RecvSpec::new(&mut t)?);
                     }
-                    Ok(())
-                })
+                }
+                Ok(())
             })?
         }
         Path::Reused => {
             let mut t = acquired(buf)?;
             // One spec serves both directions: `as_send` reads the receive buffer.
             let mut r = RecvSpec::new(&mut t)?;
-            timed(world, || {
-                round_trips(rank, iters, |leg| {
-                    match leg {
-                        Leg::Send => peer.send(&r.as_send()),
-                        Leg::Recv => {
-                            peer.receive_into(&mut r);
-                        }
+            ping_pong(world, iters, &mut laps, |leg| {
+                match leg {
+                    Leg::Send => peer.send(&r.as_send()),
+                    Leg::Recv => {
+                        peer.receive_into(&mut r);
                     }
-                    Ok(())
-                })
+                }
+                Ok(())
             })?
         }
         Path::Checked => {
             let mut t = acquired(buf)?;
-            timed(world, || {
-                round_trips(rank, iters, |leg| match leg {
-                    Leg::Send => world.send_tensor(&t, other, 0),
-                    Leg::Recv => world.recv_tensor(&mut t, other, 0).map(drop),
-                })
+            ping_pong(world, iters, &mut laps, |leg| match leg {
+                Leg::Send => world.send_tensor(&t, other, 0),
+                Leg::Recv => world.recv_tensor(&mut t, other, 0).map(drop),
             })?
         }
     };
     Ok(if rank == 0 {
-        elapsed / (2 * iters) as f64
+        Timing {
+            secs: elapsed / (2 * iters) as f64,
+            batches: laps.secs.iter().map(|s| s / 2.0).collect(),
+            problem: None,
+        }
     } else {
-        0.0
+        Timing::default()
     })
 }
 
@@ -270,31 +284,31 @@ fn bandwidth_recv(
 }
 
 /// One timed bandwidth run: `iters` windows of `window` nonblocking sends from rank 0 to
-/// rank 1 (into `window` distinct receive buffers), each window acknowledged by 1 byte;
-/// seconds per message on rank 0, 0 elsewhere.
+/// rank 1 (into `window` distinct receive buffers), each window acknowledged by 1 byte, a
+/// batch every `batch` windows; seconds per message on rank 0, 0 elsewhere.
 fn bandwidth_once(
     world: &SimpleCommunicator,
     path: Path,
     send: &mut Aligned,
     recv: &mut [Aligned],
-    n: usize,
-    window: usize,
-    iters: u64,
-) -> Res<f64> {
+    (n, window): (usize, usize),
+    (iters, batch): (u64, u64),
+) -> Res<Timing> {
     let rank = world.rank();
     if rank > 1 {
         world.barrier();
-        return Ok(0.0);
+        return Ok(Timing::default());
     }
     if rank == 1 {
         bandwidth_recv(world, path, recv, n, iters)?;
-        return Ok(0.0);
+        return Ok(Timing::default());
     }
     let peer = world.process_at_rank(1);
     let mut ack = 0u8;
+    let mut laps = Laps::new(batch);
     let elapsed = if path == Path::Raw {
         let b = send.raw(n);
-        timed(world, || {
+        timed_laps(world, &mut laps, |laps| {
             for _ in 0..iters {
                 scope(|sc| {
                     let reqs: Vec<_> = (0..window)
@@ -303,13 +317,14 @@ fn bandwidth_once(
                     wait_all(reqs);
                 });
                 peer.receive_into(&mut ack);
+                laps.tick();
             }
             Ok::<(), dlpack_mpi::Error>(())
         })?
     } else {
         let t = acquired(send)?;
         let reused = SendSpec::new(&t)?;
-        timed(world, || {
+        timed_laps(world, &mut laps, |laps| {
             for _ in 0..iters {
                 let specs = match path {
                     Path::Reused => Vec::new(),
@@ -326,11 +341,17 @@ fn bandwidth_once(
                     BW_TAG,
                 )?;
                 peer.receive_into(&mut ack);
+                laps.tick();
             }
             Ok(())
         })?
     };
-    Ok(elapsed / (iters as f64 * window as f64))
+    let per_message = |s: f64| s / window as f64;
+    Ok(Timing {
+        secs: per_message(elapsed / iters as f64),
+        batches: laps.secs.iter().map(|&s| per_message(s)).collect(),
+        problem: None,
+    })
 }
 
 /// A collective benchmarked by [`collective_once`].
@@ -362,7 +383,8 @@ impl Collective {
 }
 
 /// The calls of one [`collective_once`]: which collective, on blocks of how many elements,
-/// how often, with the all-gatherv partition (counts and displacements in elements).
+/// how often, with the all-gatherv partition (counts and displacements in elements). Each
+/// form ticks its laps after every call.
 struct Calls<'w> {
     world: &'w SimpleCommunicator,
     what: Collective,
@@ -375,7 +397,7 @@ struct Calls<'w> {
 
 impl Calls<'_> {
     /// rsmpi on plain slices.
-    fn raw(&self, s: &[Elem], r: &mut [Elem]) {
+    fn raw(&self, s: &[Elem], r: &mut [Elem], laps: &mut Laps) {
         let (world, sum) = (self.world, SystemOperation::sum());
         for _ in 0..self.iters {
             match self.what {
@@ -386,11 +408,17 @@ impl Calls<'_> {
                 ),
                 Collective::Alltoall => world.all_to_all_into(s, &mut *r),
             }
+            laps.tick();
         }
     }
 
     /// Specs built for every call.
-    fn per_message(&self, s: &ManagedTensor<'_>, r: &mut ManagedTensor<'_>) -> Res<()> {
+    fn per_message(
+        &self,
+        s: &ManagedTensor<'_>,
+        r: &mut ManagedTensor<'_>,
+        laps: &mut Laps,
+    ) -> Res<()> {
         let (world, sum) = (self.world, SystemOperation::sum());
         for _ in 0..self.iters {
             let sspec = SendSpec::new(s)?;
@@ -403,28 +431,32 @@ impl Calls<'_> {
                 ),
                 Collective::Alltoall => world.all_to_all_into(&sspec, &mut { rspec }),
             }
+            laps.tick();
         }
         Ok(())
     }
 
     /// The same specs for every call.
-    fn reused(&self, sspec: &SendSpec<'_>, mut rspec: RecvSpec<'_>) -> Res<()> {
+    fn reused(&self, sspec: &SendSpec<'_>, mut rspec: RecvSpec<'_>, laps: &mut Laps) -> Res<()> {
         let (world, sum) = (self.world, SystemOperation::sum());
         match self.what {
             Collective::Allgatherv => {
                 let mut v = VectorRecvSpec::new(rspec, &self.counts, &self.displs)?;
                 for _ in 0..self.iters {
                     world.all_gather_varcount_into(sspec, &mut v);
+                    laps.tick();
                 }
             }
             Collective::Allreduce => {
                 for _ in 0..self.iters {
                     world.all_reduce_into(sspec, &mut rspec, sum);
+                    laps.tick();
                 }
             }
             Collective::Alltoall => {
                 for _ in 0..self.iters {
                     world.all_to_all_into(sspec, &mut rspec);
+                    laps.tick();
                 }
             }
         }
@@ -432,7 +464,12 @@ impl Calls<'_> {
     }
 
     /// `TensorComm`.
-    fn checked(&self, s: &ManagedTensor<'_>, r: &mut ManagedTensor<'_>) -> Res<()> {
+    fn checked(
+        &self,
+        s: &ManagedTensor<'_>,
+        r: &mut ManagedTensor<'_>,
+        laps: &mut Laps,
+    ) -> Res<()> {
         let world = self.world;
         for _ in 0..self.iters {
             match self.what {
@@ -442,22 +479,23 @@ impl Calls<'_> {
                 }
                 Collective::Alltoall => world.all_to_all_tensor(s, r)?,
             }
+            laps.tick();
         }
         Ok(())
     }
 }
 
 /// One timed run of `iters` calls of a collective on `n` elements per rank's block (the
-/// whole vector for all-reduce); seconds per call of the slowest rank, on every rank.
+/// whole vector for all-reduce), a batch every `batch` calls; seconds per call of the
+/// slowest rank, on every rank (a batch's: the slowest rank's time of that batch).
 fn collective_once(
     world: &SimpleCommunicator,
-    what: Collective,
-    path: Path,
+    (what, path): (Collective, Path),
     send: &mut Aligned,
     recv: &mut Aligned,
     n: usize,
-    iters: u64,
-) -> Res<f64> {
+    (iters, batch): (u64, u64),
+) -> Res<Timing> {
     let p = world.size() as usize;
     let (send_n, recv_n) = what.lens(n, p);
     let counts32 = vec![n as i32; p];
@@ -471,39 +509,46 @@ fn collective_once(
         counts32,
         displs32,
     };
+    let mut laps = Laps::new(batch);
     let elapsed = match path {
         Path::Raw => {
             let s = send.raw(send_n);
             let r = recv.raw(recv_n);
-            timed(world, || {
-                calls.raw(s, r);
+            timed_laps(world, &mut laps, |laps| {
+                calls.raw(s, r, laps);
                 Ok::<(), dlpack_mpi::Error>(())
             })?
         }
         Path::Dlpack => {
             let (s, mut r) = (acquired(send)?, acquired(recv)?);
-            timed(world, || calls.per_message(&s, &mut r))?
+            timed_laps(world, &mut laps, |laps| calls.per_message(&s, &mut r, laps))?
         }
         Path::Reused => {
             let (s, mut r) = (acquired(send)?, acquired(recv)?);
             let sspec = SendSpec::new(&s)?;
             let rspec = RecvSpec::new(&mut r)?;
-            timed(world, || calls.reused(&sspec, rspec))?
+            timed_laps(world, &mut laps, |laps| calls.reused(&sspec, rspec, laps))?
         }
         Path::Checked => {
             let (s, mut r) = (acquired(send)?, acquired(recv)?);
-            timed(world, || calls.checked(&s, &mut r))?
+            timed_laps(world, &mut laps, |laps| calls.checked(&s, &mut r, laps))?
         }
     };
-    let local = elapsed / iters as f64;
+    let max = SystemOperation::max();
     let mut slowest = 0.0f64;
-    world.all_reduce_into(&local, &mut slowest, SystemOperation::max());
-    Ok(slowest)
+    world.all_reduce_into(&(elapsed / iters as f64), &mut slowest, max);
+    let mut batches = vec![0.0f64; laps.secs.len()];
+    world.all_reduce_into(&laps.secs[..], &mut batches[..], max);
+    Ok(Timing {
+        secs: slowest,
+        batches,
+        problem: None,
+    })
 }
 
-/// Checks, after one untimed call per path, what a rank received: `got(l)` is logical
-/// element `l` of the receive buffer and `want(l)` what it must hold. Returns a message for
-/// the first difference.
+/// Checks what a rank received in one [`Run::Checked`] call: `got(l)` is logical element
+/// `l` of the receive buffer and `want(l)` what it must hold. Returns a message for the
+/// first difference.
 fn first_difference(
     what: &str,
     path: Path,
@@ -546,40 +591,71 @@ struct Size<'a> {
 }
 
 impl Size<'_> {
-    /// [`measure_rounds`] over the available paths, as a [`Row`].
-    fn measure(&self, once: impl FnMut(Path, u64) -> Res<f64>) -> Res<Row> {
-        let samples = measure_rounds(self.world, self.args.rounds, self.iters, self.paths, once)?;
-        let mut paths: [Option<_>; 4] = Default::default();
-        for (&p, s) in self.paths.iter().zip(samples) {
-            paths[p as usize] = Some(s);
+    /// [`measure`] over the available paths (`msgs_per_iter` messages per iteration), then
+    /// one [`Run::Checked`] call per path: the [`Row`], and what this rank received wrong
+    /// (under `--check`, in every iteration; then in the call after the timing).
+    fn measure(
+        &self,
+        msgs_per_iter: f64,
+        mut run: impl FnMut(Path, Run) -> Res<Timing>,
+    ) -> Res<(Row, Vec<String>)> {
+        let plan = Plan {
+            rounds: self.args.rounds,
+            iters: self.iters,
+            check: self.args.check,
+            spoil: self.args.inject_wrong,
+            msgs_per_iter,
+        };
+        let m = measure(self.world, &plan, self.paths, &mut run)?;
+        let mut problems = m.problems;
+        for &p in self.paths {
+            problems.extend(run(p, Run::Checked { spoil: false })?.problem);
         }
-        Ok(Row {
+        let mut paths: [Option<_>; 4] = Default::default();
+        let mut samples: [Option<_>; 4] = Default::default();
+        for (&p, s) in self.paths.iter().zip(m.paths) {
+            paths[p as usize] = Some(s.rounds);
+            samples[p as usize] = Some(s.samples);
+        }
+        let row = Row {
             op: self.op,
             bytes: self.bytes,
             iters: self.iters,
+            ranks: self.world.size(),
+            batch: m.batch,
             paths,
-        })
+            samples,
+        };
+        Ok((row, problems))
     }
 
-    /// Ping-pong: the row, and what rank 1 received wrong.
+    /// Ping-pong: the row, and what rank 1 received (and rank 0 got back) wrong.
     fn latency(&self) -> Res<(Row, Vec<String>)> {
         let (world, layout, n) = (self.world, self.args.layout, self.n);
         let rank = world.rank();
         let mut buf = buffer(layout, n, |k| if rank == 0 { value(0, k) } else { -1.0 })?;
-        let row = self.measure(|path, it| latency_once(world, path, &mut buf, n, it))?;
-        let mut problems = Vec::new();
-        for &path in self.paths {
+        self.measure(2.0, |path, how| {
+            let spoil = match how {
+                Run::Timed { iters, batch } => {
+                    return latency_once(world, path, &mut buf, n, (iters, batch))
+                }
+                Run::Checked { spoil } => spoil,
+            };
             let stride = stride_of(path, layout);
             if rank == 1 {
                 buf.raw(n * stride).fill(-1.0);
             }
-            latency_once(world, path, &mut buf, n, 1)?;
-            if rank == 1 {
+            let mut t = latency_once(world, path, &mut buf, n, (1, 1))?;
+            if rank <= 1 {
                 let store = buf.raw(n * stride);
-                problems.extend(from_rank_0("rank 1: latency", path, store, n, stride));
+                spoiled(store, spoil);
+                let what = format!("rank {rank}: latency");
+                t.problem = from_rank_0(&what, path, store, n, stride);
+                // Rank 0 sends this buffer again: back to its value.
+                store[0] = value(0, 0);
             }
-        }
-        Ok((row, problems))
+            Ok(t)
+        })
     }
 
     /// Windows of nonblocking sends: the row, and what rank 1 received wrong.
@@ -591,21 +667,28 @@ impl Size<'_> {
         let mut recv = (0..if rank == 1 { window } else { 0 })
             .map(|_| buffer(layout, n, |_| -1.0))
             .collect::<Res<Vec<_>>>()?;
-        let row = self
-            .measure(|path, it| bandwidth_once(world, path, &mut send, &mut recv, n, window, it))?;
-        let mut problems = Vec::new();
-        for &path in self.paths {
+        let sizes = (n, window);
+        self.measure(window as f64, |path, how| {
+            let spoil = match how {
+                Run::Timed { iters, batch } => {
+                    let counts = (iters, batch);
+                    return bandwidth_once(world, path, &mut send, &mut recv, sizes, counts);
+                }
+                Run::Checked { spoil } => spoil,
+            };
             let stride = stride_of(path, layout);
             for b in recv.iter_mut() {
                 b.raw(n * stride).fill(-1.0);
             }
-            bandwidth_once(world, path, &mut send, &mut recv, n, window, 1)?;
-            for b in recv.iter_mut() {
+            let mut t = bandwidth_once(world, path, &mut send, &mut recv, sizes, (1, 1))?;
+            t.problem = recv.iter_mut().enumerate().find_map(|(m, b)| {
                 let store = b.raw(n * stride);
-                problems.extend(from_rank_0("rank 1: bandwidth", path, store, n, stride));
-            }
-        }
-        Ok((row, problems))
+                spoiled(store, spoil && m == 0);
+                let what = format!("rank 1: bandwidth (message {m} of the window)");
+                from_rank_0(&what, path, store, n, stride)
+            });
+            Ok(t)
+        })
     }
 
     /// A collective: the row, and what this rank received wrong.
@@ -616,14 +699,20 @@ impl Size<'_> {
         let (send_n, recv_n) = what.lens(n, p as usize);
         let mut send = buffer(layout, send_n, |k| value(rank, k))?;
         let mut recv = buffer(layout, recv_n, |_| -1.0)?;
-        let row = self
-            .measure(|path, it| collective_once(world, what, path, &mut send, &mut recv, n, it))?;
-        let mut problems = Vec::new();
-        for &path in self.paths {
+        let name = format!("rank {rank}: {}", self.op.name());
+        self.measure(1.0, |path, how| {
+            let (op, counts) = ((what, path), (1, 1));
+            let spoil = match how {
+                Run::Timed { iters, batch } => {
+                    return collective_once(world, op, &mut send, &mut recv, n, (iters, batch))
+                }
+                Run::Checked { spoil } => spoil,
+            };
             let stride = stride_of(path, layout);
             recv.raw(recv_n * stride).fill(-1.0);
-            collective_once(world, what, path, &mut send, &mut recv, n, 1)?;
+            let mut t = collective_once(world, op, &mut send, &mut recv, n, counts)?;
             let store = recv.raw(recv_n * stride);
+            spoiled(store, spoil);
             let want = |l: usize| -> Elem {
                 match what {
                     // Σ_r value(r, k) = p·(k mod 4096) + 4096·p(p−1)/2.
@@ -634,20 +723,35 @@ impl Size<'_> {
                     }
                 }
             };
-            problems.extend(first_difference(
-                &format!("rank {rank}: {}", self.op.name()),
-                path,
-                recv_n,
-                |l| store[l * stride],
-                want,
-            ));
-        }
-        Ok((row, problems))
+            t.problem = first_difference(&name, path, recv_n, |l| store[l * stride], want);
+            Ok(t)
+        })
     }
 }
 
+/// The test hook `--inject-wrong`: when `spoil`, the first received element becomes -2, a
+/// value no rank sends.
+fn spoiled(store: &mut [Elem], spoil: bool) {
+    if spoil {
+        if let Some(x) = store.first_mut() {
+            *x = -2.0;
+        }
+    }
+}
+
+/// At most this many wrong iterations are printed per size and rank (then a count).
+const PRINTED_PROBLEMS: usize = 5;
+
+/// `dlpack-mpi bench: {line}` on standard error in one write, so that the launcher does not
+/// interleave it with another rank's line (`eprintln!` writes its pieces one by one).
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(format!("dlpack-mpi bench: {line}\n").as_bytes());
+}
+
 /// Runs one operation over its sizes; returns its rows and whether every path delivered
-/// the expected values (checked once per size and path after the timing).
+/// the expected values (checked once per size and path after the timing, and in every
+/// iteration under `--check`).
 pub fn sweep(world: &SimpleCommunicator, args: &BenchArgs, op: Op) -> Res<(Vec<Row>, bool)> {
     let root = world.rank() == 0;
     if op.point_to_point() && world.size() < 2 {
@@ -678,8 +782,17 @@ pub fn sweep(world: &SimpleCommunicator, args: &BenchArgs, op: Op) -> Res<(Vec<R
             Op::Bandwidth => size.bandwidth()?,
             _ => size.collective()?,
         };
-        for m in &problems {
-            eprintln!("dlpack-mpi bench: {m} ({})", fmt_size(bytes));
+        for m in problems.iter().take(PRINTED_PROBLEMS) {
+            say(&format!("{m} ({})", fmt_size(bytes)));
+        }
+        if problems.len() > PRINTED_PROBLEMS {
+            say(&format!(
+                "rank {}: {} ({}): {} more wrong deliveries not shown",
+                world.rank(),
+                op.name(),
+                fmt_size(bytes),
+                problems.len() - PRINTED_PROBLEMS
+            ));
         }
         ok &= problems.is_empty();
         if root {
@@ -689,7 +802,7 @@ pub fn sweep(world: &SimpleCommunicator, args: &BenchArgs, op: Op) -> Res<(Vec<R
     }
     let all_ok = all_ranks(world, ok);
     if root {
-        print_sweep_footer(op, &rows, all_ok);
+        print_sweep_footer(op, &rows, all_ok, args.check);
     }
     Ok((rows, all_ok))
 }

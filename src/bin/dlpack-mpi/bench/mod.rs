@@ -16,7 +16,11 @@
 //! Each size is warmed up, then measured for `--rounds` rounds; within a round the paths run
 //! one after the other, in an order rotated from round to round, with a barrier before
 //! each. Reported: median and best round, in µs per message (ping-pong: half the
-//! round-trip time; all-reduce: the slowest rank's time per call), and the ratios to raw.
+//! round-trip time; all-reduce: the slowest rank's time per call), p50 and p99 over samples
+//! of batches of iterations (each iteration alone where it lasts ≥ 10 µs), the ratios to
+//! raw, and for the collectives nccl-tests' algbw and busbw. `--check` checks every
+//! iteration (nccl-tests' `-c`); `--json` writes one object per (operation, case, size,
+//! path) for every operation.
 //!
 //! `--op strided` sends strided views of one f32 storage (64 MiB, `--strided-storage`) from
 //! rank 0 to rank 1 (one-way; rank 1 answers every message with a 1-byte ack, which ends the
@@ -57,16 +61,21 @@
 //!
 //! Each file uses only the files before it, so there is no cycle:
 //!
-//! 1. `common`: the element type, aligned buffers, the values sent, samples, the timing
-//!    driver (warm-up, rotated rounds), ping-pong legs, size formatting;
-//! 2. `args`: the options, sizes and iteration counts;
-//! 3. `strided_report`, `overlap_report`: the strided and overlap rows, tables, summaries
-//!    and `--json`;
-//! 4. `report`: the result rows and their text tables, `--csv` and `--plot`;
-//! 5. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
+//! 1. `common`: the element type, aligned buffers, the values sent, samples and
+//!    percentiles, the per-batch timer, the timing driver (warm-up, rotated rounds),
+//!    ping-pong legs, bus-bandwidth factors, size formatting;
+//! 2. `sampled`: the sweeps' driver (batches, `--check`); `json`: the `--json` object and
+//!    its writer;
+//! 3. `args`: the options, sizes and iteration counts;
+//! 4. `strided_report`, `overlap_report`: the strided and overlap rows, tables, summaries
+//!    and `--json` objects;
+//! 5. `report`: the result rows and their text tables, `--json` objects, `--csv` and
+//!    `--plot`;
+//! 6. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
 //!    reports); `fused_mpi4py`, the mpi4py paths of `fused` (uses `common` only), and
-//!    `fused`, which uses only `common`, `args` and `fused_mpi4py` and prints its own table;
-//! 6. this file: [`run`], which refuses what cannot be done and dispatches.
+//!    `fused`, which uses only `common`, `json`, `args` and `fused_mpi4py` and prints its
+//!    own table;
+//! 7. this file: [`run`], which refuses what cannot be done and dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
 //! [`RecvSpec`]: dlpack_mpi::spec::RecvSpec
@@ -81,9 +90,11 @@ mod fused;
 mod fused_mpi4py;
 mod gpu;
 mod host;
+mod json;
 mod overlap;
 mod overlap_report;
 mod report;
+mod sampled;
 mod strided;
 mod strided_report;
 
@@ -154,12 +165,12 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
     if args.op == Op::Overlap && (args.csv.is_some() || args.plot.is_some()) {
         return Some("--op overlap writes --json, not --csv or --plot".into());
     }
-    if args.json.is_some() && !matches!(args.op, Op::Strided | Op::Overlap | Op::Fused | Op::All) {
-        return Some(
-            "--json writes the strided rows (--op strided or all), the overlap rows (--op \
-             overlap) or the fused rows (--op fused)"
-                .into(),
-        );
+    if args.check && matches!(args.op, Op::Strided | Op::Overlap | Op::Fused) {
+        return Some(format!(
+            "--check checks every iteration of latency, bandwidth, allreduce, allgatherv and \
+             alltoall (and of those in --op all), not --op {}",
+            args.op.name()
+        ));
     }
     None
 }
@@ -287,13 +298,11 @@ fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String>
         report::write_csv(path, args, ranks, rows, &m.strided)?;
     }
     if let Some(path) = &args.json {
-        if args.op == Op::Overlap {
-            overlap_report::write_overlap_json(path, &m.overlap)?;
-        } else if args.op == Op::Fused {
-            fused::write_fused_json(path, &m.fused)?;
-        } else {
-            strided_report::write_json(path, &m.strided)?;
-        }
+        let mut objects = report::json_rows(rows);
+        objects.extend(strided_report::json_rows(&m.strided, ranks));
+        objects.extend(overlap_report::json_rows(&m.overlap, ranks));
+        objects.extend(fused::json_rows(&m.fused, ranks));
+        json::write_json(path, &objects)?;
     }
     if let Some(path) = &args.plot {
         let library = library_line();

@@ -1,9 +1,11 @@
 //! What `--op overlap` measured and how it is shown: its paths, result rows, text table,
-//! ratios against the targets, and `--json`. Uses `common`; measures nothing.
+//! ratios against the targets, and its `--json` objects. Uses `common` and `json`; measures
+//! nothing.
 
 use std::io::Write;
 
-use super::common::{fmt_size, met, Samples};
+use super::common::{allreduce_factor, fmt_size, met, Samples};
+use super::json::JsonRow;
 
 /// Target: posted + computation + wait within this factor of the longer of the computation
 /// alone and the blocking all-reduce (medians).
@@ -207,15 +209,21 @@ pub fn print_overlap_verdict(ok: bool) {
     );
 }
 
-/// Writes one `{case, path, median_us}` object per (case, path) of `rows` to `path` as a
-/// JSON array.
-pub fn write_overlap_json(path: &std::path::Path, rows: &[OverlapRow]) -> Result<(), String> {
-    super::common::write_median_json(
-        path,
-        rows.iter().flat_map(|r| {
-            r.paths
-                .iter()
-                .map(move |(p, s)| (r.case.as_str(), p.name(), s.median()))
-        }),
-    )
+/// The `--json` objects of `rows` over `ranks` ranks: one per (case, path); p50 and p99
+/// over the rounds' means (one sample per round); bandwidths for `blocking` only (the other
+/// paths' times include the computation, or are the post alone).
+pub fn json_rows(rows: &[OverlapRow], ranks: i32) -> Vec<JsonRow> {
+    rows.iter()
+        .flat_map(|r| {
+            r.paths.iter().map(move |(p, s)| {
+                let j = JsonRow::new("overlap", &r.case, p.name(), r.bytes)
+                    .times(ranks, r.iters, s, s, r.iters);
+                if *p == OverlapPath::Blocking {
+                    j.bus(r.bytes, allreduce_factor(ranks))
+                } else {
+                    j
+                }
+            })
+        })
+        .collect()
 }

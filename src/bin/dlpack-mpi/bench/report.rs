@@ -1,12 +1,15 @@
 //! What the benches measured and how it is shown: the result rows of the host and GPU
-//! benches, their text tables and summaries (rank 0 prints them), `--csv` (strided rows too)
-//! and `--plot` (SVG through plotters). Uses `common`, `args` and `strided_report`; measures
-//! nothing.
+//! benches, their text tables and summaries (rank 0 prints them), their `--json` objects,
+//! `--csv` (strided rows too) and `--plot` (SVG through plotters). Uses `common`, `json`,
+//! `args` and `strided_report`; measures nothing.
 
 use std::io::Write;
 
 use super::args::{BenchArgs, Op};
-use super::common::{fmt_size, mb_per_s, met, Samples};
+use super::common::{
+    allreduce_factor, fmt_size, gather_factor, mb_per_s, met, Samples, SAMPLE_MIN_SECS,
+};
+use super::json::{algbw_gbs, JsonRow};
 use super::strided_report::{StridedPath, StridedRow, STRIDED_PATHS};
 
 /// The per-message target at the smallest size, µs (best round, dlpack − raw).
@@ -57,8 +60,14 @@ pub struct Row {
     pub bytes: usize,
     /// Iterations per round.
     pub iters: u64,
-    /// µs per message of every round, per path.
+    /// Ranks in the job.
+    pub ranks: i32,
+    /// Iterations per latency sample.
+    pub batch: u64,
+    /// µs per message, the mean of every round, per path.
     pub paths: [Option<Samples>; 4],
+    /// µs per message of every sample (a batch of `batch` iterations), per path.
+    pub samples: [Option<Samples>; 4],
 }
 
 /// An empty sample set for paths that did not run (every statistic is NaN).
@@ -77,6 +86,47 @@ impl Row {
     fn ratio_best(&self, p: Path) -> f64 {
         self.get(p).best() / self.get(Path::Raw).best()
     }
+
+    /// The latency samples of `p` (empty when it did not run).
+    pub fn samples_of(&self, p: Path) -> &Samples {
+        self.samples[p as usize].as_ref().unwrap_or(&NO_SAMPLES)
+    }
+
+    /// The bytes algbw divides by the time and nccl-tests' bus-bandwidth factor, for the
+    /// operations that have a bandwidth (all but latency).
+    pub fn bus(&self) -> Option<(usize, f64)> {
+        let n = self.ranks;
+        match self.op {
+            Op::Bandwidth => Some((self.bytes, 1.0)),
+            Op::Allreduce => Some((self.bytes, allreduce_factor(n))),
+            Op::Allgatherv | Op::Alltoall => Some((n as usize * self.bytes, gather_factor(n))),
+            _ => None,
+        }
+    }
+}
+
+/// The `--json` objects of the sweeps' rows: one per (size, path that ran).
+pub fn json_rows(rows: &[Row]) -> Vec<JsonRow> {
+    rows.iter()
+        .flat_map(|r| {
+            PATHS
+                .into_iter()
+                .filter(|&p| r.paths[p as usize].is_some())
+                .map(move |p| {
+                    let j = JsonRow::new(r.op.name(), r.op.name(), p.name(), r.bytes).times(
+                        r.ranks,
+                        r.iters,
+                        r.get(p),
+                        r.samples_of(p),
+                        r.batch,
+                    );
+                    match r.bus() {
+                        Some((bytes, factor)) => j.bus(bytes, factor),
+                        None => j,
+                    }
+                })
+        })
+        .collect()
 }
 
 /// A path of the GPU bench.
@@ -152,27 +202,39 @@ pub fn print_host_intro(ranks: i32, library: &str, args: &BenchArgs) {
     }
 }
 
-/// What `op` measures and the column headers; `all_paths`: every path of [`PATHS`] runs.
+/// What `op` measures, how its samples and bandwidths are taken, and the column headers;
+/// `all_paths`: every path of [`PATHS`] runs.
 pub fn print_sweep_header(op: Op, ranks: i32, args: &BenchArgs, all_paths: bool) {
     let p = ranks;
-    let what = match op {
-        Op::Latency => "ping-pong, rank 0 <-> rank 1 (others idle), µs per message = half \
-                        round trip"
-            .to_string(),
-        Op::Bandwidth => "rank 0 -> rank 1 windows of nonblocking sends (64 messages, at \
-                          most 64 MiB per window), µs per message; MB/s = 10^6 B/s of the \
-                          raw path"
-            .to_string(),
-        Op::Allreduce => {
-            format!("all-reduce (sum) over {p} ranks, µs per call of the slowest rank")
-        }
-        Op::Allgatherv => format!(
-            "all-gatherv over {p} ranks, size = each rank's block, µs per call of the \
-             slowest rank"
+    let (what, iteration) = match op {
+        Op::Latency => (
+            "ping-pong, rank 0 <-> rank 1 (others idle), µs per message = half round trip"
+                .to_string(),
+            "a round trip",
         ),
-        _ => format!(
-            "all-to-all over {p} ranks, size = the block for each rank, µs per call of \
-             the slowest rank"
+        Op::Bandwidth => (
+            "rank 0 -> rank 1 windows of nonblocking sends (64 messages, at most 64 MiB per \
+             window), µs per message; MB/s = 10^6 B/s of the raw path"
+                .to_string(),
+            "a window",
+        ),
+        Op::Allreduce => (
+            format!("all-reduce (sum) over {p} ranks, µs per call of the slowest rank"),
+            "a call",
+        ),
+        Op::Allgatherv => (
+            format!(
+                "all-gatherv over {p} ranks, size = each rank's block, µs per call of the \
+                 slowest rank"
+            ),
+            "a call",
+        ),
+        _ => (
+            format!(
+                "all-to-all over {p} ranks, size = the block for each rank, µs per call of \
+                 the slowest rank"
+            ),
+            "a call",
         ),
     };
     println!(
@@ -181,74 +243,159 @@ pub fn print_sweep_header(op: Op, ranks: i32, args: &BenchArgs, all_paths: bool)
         args.layout.name(),
         args.rounds
     );
+    print_sample_line(iteration, args.check, op.point_to_point());
+    print_bus_line(op, ranks);
     if !all_paths {
         println!(
             "# strided collectives: only the checked path (which packs) runs beside raw \
              (contiguous, same bytes)"
         );
     }
-    print_header(op == Op::Bandwidth);
+    print_header(op);
 }
 
-fn print_header(bandwidth: bool) {
-    let mut line = format!(
-        "{:>10} {:>8} | {:>8} {:>8}",
-        "size", "iters", "raw med", "best"
+/// The header line that says what med, best, p50 and p99 are taken over.
+fn print_sample_line(iteration: &str, check: bool, point_to_point: bool) {
+    let slowest = if point_to_point {
+        "rank 0's time"
+    } else {
+        "the slowest rank's time of each sample"
+    };
+    if check {
+        println!(
+            "# --check: every iteration ({iteration}) runs alone after a barrier into receive \
+             buffers filled with -1 and every received element is checked after it \
+             (untimed); med, best: median and fastest of the rounds' means; p50, p99 over \
+             every iteration (batch 1: rounds × iters samples per path, {slowest}); slower \
+             than without --check"
+        );
+    } else {
+        println!(
+            "# med, best: median and fastest of the rounds' means; p50, p99: percentiles \
+             (linear interpolation) of the samples, a sample = the mean of `batch` \
+             consecutive iterations ({iteration}) of a round, {slowest}: batch 1 (each \
+             iteration timed alone) where an iteration took ≥ {:.0} µs in the warm-up, else \
+             the fewest iterations that took {:.0} µs, at most a round; rounds × \
+             ⌈iters / batch⌉ samples per path",
+            SAMPLE_MIN_SECS * 1e6,
+            SAMPLE_MIN_SECS * 1e6,
+        );
+    }
+}
+
+/// The header line of the collectives' bandwidths (nothing for point-to-point).
+fn print_bus_line(op: Op, ranks: i32) {
+    let (bytes, factor, f) = match op {
+        Op::Allreduce => ("the vector", "2(n−1)/n", allreduce_factor(ranks)),
+        Op::Allgatherv | Op::Alltoall => (
+            "n × the block (nccl-tests' total buffer)",
+            "(n−1)/n",
+            gather_factor(ranks),
+        ),
+        _ => return,
+    };
+    println!(
+        "# algbw = bytes / med, bytes = {bytes}; busbw = algbw × {factor} = algbw × {f:.3} \
+         (nccl-tests' factor, n = {ranks}); GB/s = 10^9 bytes/s; shown for raw and checked \
+         (--json: every path)"
     );
-    if bandwidth {
+}
+
+fn print_header(op: Op) {
+    let mut line = format!(
+        "{:>10} {:>8} {:>6} | {:>9} {:>9} {:>9} {:>9}",
+        "size", "iters", "batch", "raw med", "best", "p50", "p99"
+    );
+    let bus = !op.point_to_point();
+    if op == Op::Bandwidth {
         line += &format!(" {:>9}", "MB/s");
+    } else if bus {
+        line += &format!(" {:>7} {:>7}", "algbw", "busbw");
     }
     for name in ["dlpack", "reused", "checked"] {
         line += &format!(
-            " | {:>11} {:>8} {:>11} {:>6}",
+            " | {:>11} {:>9} {:>9} {:>9} {:>7}",
             format!("{name} med"),
             "best",
-            "/raw med",
-            "best"
+            "p50",
+            "p99",
+            "/raw"
         );
     }
+    if bus {
+        line += &format!(" {:>7} {:>7}", "algbw", "busbw");
+    }
     println!("{line}");
+}
+
+/// ` algbw busbw` of path `p` of `r`, GB/s.
+fn bus_cells(r: &Row, p: Path) -> String {
+    match r.bus() {
+        Some((bytes, factor)) => {
+            let algbw = algbw_gbs(bytes, r.get(p).median());
+            format!(" {:>7.3} {:>7.3}", algbw, algbw * factor)
+        }
+        None => String::new(),
+    }
 }
 
 /// One line of the host table, flushed at once.
 pub fn print_row(r: &Row) {
     let w = r.get(Path::Raw);
+    let ws = r.samples_of(Path::Raw);
     let mut line = format!(
-        "{:>10} {:>8} | {:>8.3} {:>8.3}",
+        "{:>10} {:>8} {:>6} | {:>9.3} {:>9.3} {:>9.3} {:>9.3}",
         fmt_size(r.bytes),
         r.iters,
+        r.batch,
         w.median(),
-        w.best()
+        w.best(),
+        ws.percentile(0.5),
+        ws.percentile(0.99)
     );
+    let bus = !r.op.point_to_point();
     if r.op == Op::Bandwidth {
         line += &format!(" {:>9.1}", mb_per_s(r.bytes, w.median()));
+    } else if bus {
+        line += &bus_cells(r, Path::Raw);
     }
     for p in [Path::Dlpack, Path::Reused, Path::Checked] {
         if r.paths[p as usize].is_none() {
-            line += &format!(" | {:>11} {:>8} {:>11} {:>6}", "-", "-", "-", "-");
+            line += &format!(" | {:>11} {:>9} {:>9} {:>9} {:>7}", "-", "-", "-", "-", "-");
             continue;
         }
-        let x = r.get(p);
+        let (x, xs) = (r.get(p), r.samples_of(p));
         line += &format!(
-            " | {:>11.3} {:>8.3} {:>11.4} {:>6.4}",
+            " | {:>11.3} {:>9.3} {:>9.3} {:>9.3} {:>7.4}",
             x.median(),
             x.best(),
+            xs.percentile(0.5),
+            xs.percentile(0.99),
             r.ratio_median(p),
-            r.ratio_best(p)
         );
+    }
+    if bus {
+        line += &bus_cells(r, Path::Checked);
     }
     println!("{line}");
     let _ = std::io::stdout().flush();
 }
 
-/// The end of one operation's table: the verdict of the verification and the summary
-/// ([`print_summary`]).
-pub fn print_sweep_footer(op: Op, rows: &[Row], verified: bool) {
-    println!(
-        "verification (one call per size and path after the timing, every element \
-         checked): {}",
-        if verified { "passed" } else { "FAILED" }
-    );
+/// The end of one operation's table: the verdict of the verification (of every iteration
+/// too under `check`) and the summary ([`print_summary`]).
+pub fn print_sweep_footer(op: Op, rows: &[Row], verified: bool, check: bool) {
+    let verdict = if verified { "passed" } else { "FAILED" };
+    if check {
+        println!(
+            "verification (--check: every iteration of every round, and one call per size \
+             and path after the timing, every element checked): {verdict}"
+        );
+    } else {
+        println!(
+            "verification (one call per size and path after the timing, every element \
+             checked): {verdict}"
+        );
+    }
     print_summary(rows, op == Op::Latency);
     println!();
 }

@@ -1,9 +1,11 @@
 //! What `--op strided` measured and how it is shown: its paths, result rows, text table,
-//! summary against the targets, and `--json`. Uses `common`; measures nothing.
+//! summary against the targets, and its `--json` objects. Uses `common` and `json`; measures
+//! nothing.
 
 use std::io::Write;
 
 use super::common::{fmt_size, met, Samples};
+use super::json::JsonRow;
 
 /// Target: `auto` within this factor of the faster of `derived` and `pack` (medians).
 const TARGET_AUTO_VS_BEST: f64 = 1.05;
@@ -184,38 +186,23 @@ pub fn print_strided_summary(rows: &[StridedRow], checked: u64, bad: u64) {
     println!();
 }
 
-/// One object of `--json`.
-#[derive(Debug, serde::Serialize)]
-struct JsonRow<'a> {
-    /// The case's name.
-    case: &'a str,
-    /// The layout's contiguous inner block, in elements.
-    block_elems: usize,
-    /// The path's name.
-    path: &'static str,
-    /// Median over rounds, µs per message.
-    median_us: f64,
-    /// Best round, µs per message.
-    best_us: f64,
-}
-
-/// Writes one object per (case, path) of `rows` to `path` as a JSON array.
-pub fn write_json(path: &std::path::Path, rows: &[StridedRow]) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let objects: Vec<JsonRow> = rows
-        .iter()
+/// The `--json` objects of `rows` over `ranks` ranks: one per (case, path), with the view's
+/// inner block; p50 and p99 over the rounds' means (one sample per round), no bandwidth
+/// (one-way messages, each ended by the receiver's 1-byte answer).
+pub fn json_rows(rows: &[StridedRow], ranks: i32) -> Vec<JsonRow> {
+    rows.iter()
         .flat_map(|r| {
-            STRIDED_PATHS.iter().map(move |&p| JsonRow {
-                case: &r.name,
-                block_elems: r.block_elems,
-                path: p.name(),
-                median_us: r.get(p).median(),
-                best_us: r.get(p).best(),
+            STRIDED_PATHS.iter().map(move |&p| {
+                let mut j = JsonRow::new("strided", &r.name, p.name(), r.bytes).times(
+                    ranks,
+                    r.iters,
+                    r.get(p),
+                    r.get(p),
+                    r.iters,
+                );
+                j.block_elems = Some(r.block_elems);
+                j
             })
         })
-        .collect();
-    let file = std::fs::File::create(path).map_err(|e| fail(&e))?;
-    let mut w = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut w, &objects).map_err(|e| fail(&e))?;
-    writeln!(w).and_then(|()| w.flush()).map_err(|e| fail(&e))
+        .collect()
 }
