@@ -65,10 +65,10 @@ fn check_patterns_reports_and_summary() {
         text(&out.stderr)
     );
     // A substring: float32 and float32x4, of allreduce and of its nonblocking form
-    // iallreduce; not allreduce-inplace; negative excluded; length 7 has no 0-d case:
-    // 2 operations × 5 layouts × 2 dtypes.
+    // iallreduce, and of fused-allreduce and ifused-allreduce (no broadcast layout); not
+    // allreduce-inplace; negative excluded; length 7 has no 0-d case: 2 × (2 × 5 + 2 × 4).
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("PASS ")).collect();
-    assert_eq!(lines.len(), 20, "{stdout}");
+    assert_eq!(lines.len(), 36, "{stdout}");
     for l in &lines {
         assert!(l.contains("allreduce/float32"), "{l}");
         assert!(!l.contains("negative"), "{l}");
@@ -77,7 +77,7 @@ fn check_patterns_reports_and_summary() {
         assert!(l.ends_with(']'), "{l}");
     }
     assert!(
-        stdout.contains("20 passed, 0 failed, 0 skipped"),
+        stdout.contains("36 passed, 0 failed, 0 skipped"),
         "{stdout}"
     );
     // Not a terminal: no progress bar on standard error.
@@ -86,10 +86,10 @@ fn check_patterns_reports_and_summary() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["ranks"], 2);
-    assert_eq!(report["passed"], 20);
+    assert_eq!(report["passed"], 36);
     assert_eq!(report["failed"], 0);
     let cases = report["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 20);
+    assert_eq!(cases.len(), 36);
     assert!(cases.iter().all(|c| c["status"] == "pass" && c["len"] == 7));
     assert_eq!(cases[0]["name"], "allreduce/float32/contiguous/cpu/host/7");
     assert_eq!(
@@ -98,8 +98,8 @@ fn check_patterns_reports_and_summary() {
     );
 
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert_eq!(xml.matches("<testcase ").count(), 20, "{xml}");
-    assert!(xml.contains(r#"tests="20" failures="0""#), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 36, "{xml}");
+    assert!(xml.contains(r#"tests="36" failures="0""#), "{xml}");
     assert!(
         xml.contains(r#"name="allreduce/float32x4/step/cpu/host/7""#),
         "{xml}"
@@ -229,7 +229,7 @@ fn check_nonblocking_collectives_lengths() {
 #[test]
 fn check_nonblocking_collectives_pass_and_fail() {
     let junit = scratch("nonblocking.xml");
-    let ops = "ibcast,ireduce,igatherv,iscatter,ialltoallv,ireduce-scatter-block";
+    let ops = "ibcast,ireduce,igatherv,iscatter,ialltoallv,ireduce-scatter-block,ifused-allreduce";
     for device in [
         &["--device", "cpu"][..],
         &["--device", "cuda", "--simulate-device"],
@@ -241,10 +241,10 @@ fn check_nonblocking_collectives_pass_and_fail() {
         let out = mpirun(2, &args, &[("DLPACK_MPI_CUDA_AWARE", "0")]);
         let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
-        // 6 operations × 2 dtypes × 2 layouts × 2 lengths.
+        // 7 operations × 2 dtypes × 2 layouts × 2 lengths (fused lists: mixed in step).
         let passed = stdout.lines().filter(|l| l.starts_with("PASS i")).count();
-        assert_eq!(passed, 48, "{stdout}");
-        assert!(stdout.ends_with("\n48 passed, 0 failed, 0 skipped, 0 not applicable\n"));
+        assert_eq!(passed, 56, "{stdout}");
+        assert!(stdout.ends_with("\n56 passed, 0 failed, 0 skipped, 0 not applicable\n"));
         let line = match device.len() {
             2 => "PASS ialltoallv/float32x4/negative/cpu/host/1000 [rust]",
             _ => "PASS ialltoallv/float32x4/negative/cuda/staged/1000 [cuda:0 staged]",
@@ -328,7 +328,7 @@ fn check_default_output_is_one_screen() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.len() < 100, "{} lines: {stdout}", lines.len());
     assert!(
-        lines[0].starts_with("dlpack-mpi check: 754 cases at 4 rank(s)"),
+        lines[0].starts_with("dlpack-mpi check: 884 cases at 4 rank(s)"),
         "{stdout}"
     );
     // The mismatch section: each probe ended in errors on every rank, not a hang.
@@ -342,11 +342,11 @@ fn check_default_output_is_one_screen() {
     for case_line in ["PASS ", "SKIP ", "N/A ", "FAIL ", "KNOWN-BUG"] {
         assert!(!stdout.contains(case_line), "{case_line}: {stdout}");
     }
-    // 29 operations (16 blocking, 13 nonblocking collectives) × 26 dtypes; 8 reductions ×
-    // 10 transfer-only dtypes do not apply.
+    // 34 operations (16 blocking, 13 nonblocking collectives, 5 fused) × 26 dtypes; 12
+    // reductions × 10 transfer-only dtypes do not apply.
     assert_eq!(
         lines.last().copied(),
-        Some("674 passed, 0 failed, 0 skipped, 80 not applicable"),
+        Some("764 passed, 0 failed, 0 skipped, 120 not applicable"),
         "{stdout}"
     );
     let ops: Vec<&str> = lines
@@ -354,10 +354,14 @@ fn check_default_output_is_one_screen() {
         .copied()
         .filter(|l| l.starts_with("  ") && l.ends_with(" not applicable"))
         .collect();
-    assert_eq!(ops.len(), 29, "{stdout}");
+    assert_eq!(ops.len(), 34, "{stdout}");
     assert!(ops[0].starts_with("  a send-recv "), "{}", ops[0]);
-    // A reduction and a nonblocking one: 16 dtypes reduce, 10 are transfer-only.
-    for (i, op) in [(4, "e reduce"), (28, "C ireduce-scatter-block")] {
+    // A reduction, a nonblocking and a fused one: 16 dtypes reduce, 10 are transfer-only.
+    for (i, op) in [
+        (4, "e reduce"),
+        (28, "C ireduce-scatter-block"),
+        (32, "G fused-reduce-scatter"),
+    ] {
         let counts = " 16 passed    0 failed    0 skipped   0 known bugs   10 not applicable";
         let line = ops[i];
         assert!(
@@ -372,16 +376,20 @@ fn check_default_output_is_one_screen() {
             .find(|l| l.starts_with(&format!("  {dtype:<20} ")))
             .unwrap_or_else(|| panic!("no row {dtype}: {stdout}"))
     };
-    let cells = |dtype: &str| row(dtype)[23..52].to_string();
-    let letters = "abcdefghijklmnopqrstuvwxyzABC";
+    let cells = |dtype: &str| row(dtype)[23..57].to_string();
+    let letters = "abcdefghijklmnopqrstuvwxyzABCDEFGH";
     let header = format!("  {:<20} {letters}  tensors made by", "");
     assert_eq!(row("").trim_end(), header.trim_end());
-    assert_eq!(cells("float32"), ".".repeat(29));
-    assert_eq!(cells("int8"), ".".repeat(29));
+    assert_eq!(cells("float32"), ".".repeat(34));
+    assert_eq!(cells("int8"), ".".repeat(34));
     // Transfer-only: moved by every operation, reduced by none (reduce, allreduce,
     // allreduce-inplace, reduce-scatter-block, and their nonblocking forms).
     for dtype in ["complex32", "bcomplex32", "float8_e5m2", "float8_e8m0fnu"] {
-        assert_eq!(cells(dtype), "....---........-.---........-", "{dtype}");
+        assert_eq!(
+            cells(dtype),
+            "....---........-.---........---.--",
+            "{dtype}"
+        );
     }
     // No installed Python producer makes complex32: Rust stands in, and says so.
     assert!(row("complex32").ends_with("  rust*") || row("complex32").ends_with("  rust"));

@@ -14,7 +14,7 @@ use super::stage::Placement;
 use crate::comm::StagedBucket;
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::runtime::{Copy2d, CopyKind, DeviceRuntime, Direction};
+use crate::runtime::{Copy2d, CopyKind, DeviceRuntime, Direction, StridedCopy};
 use crate::spec::Reach;
 
 /// One member of a bucket as placed: its index in the list, where this rank packs it from
@@ -81,7 +81,13 @@ fn copies_of(
             height: 1,
         }]);
     }
-    match &p.packed {
+    // A managed member's placement plans no copies (single operations hand managed memory
+    // to MPI as it is); a bucket packs it with the device's copies like any other.
+    let planned = match (&p.packed, &p.facts.plan) {
+        (None, Some(layout)) => StridedCopy::plan(&layout.axes, p.facts.element.size_bytes()),
+        _ => None,
+    };
+    match p.packed.as_ref().or(planned.as_ref()) {
         Some(plan) => Ok(plan.copies_at(first, at.cast_const().cast(), direction)),
         None => Err(Error::Member {
             index,

@@ -79,13 +79,13 @@ fn in_place(
     w: &SimpleCommunicator,
     rt: &SimulatedRuntime,
     dc: &DeviceComm<'_, SimpleCommunicator>,
-    nonblocking: bool,
+    (nonblocking, device): (bool, Device),
 ) -> Result<Copied, String> {
     let (me, p) = (w.rank(), w.size());
     let mut ms: Vec<Owned<f32>> = SHAPES
         .iter()
         .enumerate()
-        .map(|(m, &(n, st))| member(CUDA0, m, n, st, me))
+        .map(|(m, &(n, st))| member(device, m, n, st, me))
         .collect::<Result<_, _>>()?;
     let seen;
     {
@@ -118,11 +118,15 @@ fn staged_in_place(w: &SimpleCommunicator) -> Outcome {
     let rt = SimulatedRuntime::new();
     let dc = staged(w, &rt);
     for nonblocking in [false, true] {
-        let (cross, dev) = in_place(w, &rt, &dc, nonblocking)?;
+        let (cross, dev) = in_place(w, &rt, &dc, (nonblocking, CUDA0))?;
         ensure_eq!(cross, (1, 92, 1, 92));
         ensure_eq!(dev, (2, 184));
         ensure_eq!(dc.last_route(), Some(Route::Staged));
     }
+    // Managed members, strided ones included, are packed by the device's copies as well.
+    let (cross, dev) = in_place(w, &rt, &dc, (false, MANAGED))?;
+    ensure_eq!(cross, (1, 92, 1, 92));
+    ensure_eq!(dev, (2, 184));
     Ok(())
 }
 
@@ -134,7 +138,7 @@ fn direct_in_place(w: &SimpleCommunicator) -> Outcome {
     std::env::remove_var("DLPACK_MPI_CUDA_AWARE");
     let dc = call!(dc);
     for nonblocking in [false, true] {
-        let (cross, dev) = in_place(w, &rt, &dc, nonblocking)?;
+        let (cross, dev) = in_place(w, &rt, &dc, (nonblocking, CUDA0))?;
         ensure_eq!(cross, (0, 0, 0, 0));
         ensure_eq!(dev, (2, 184));
         ensure_eq!(dc.last_route(), Some(Route::Direct));

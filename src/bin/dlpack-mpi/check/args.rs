@@ -28,8 +28,9 @@ pub struct CheckArgs {
     #[arg(long, value_delimiter = ',')]
     pub layout: Vec<String>,
     /// Tensor lengths in elements. With the default, the nonblocking collectives (`ibcast`,
-    /// `iallreduce`, …) run lengths 0, 1, 7 and 1000 only, to keep the matrix's time; any
-    /// other list applies to every operation (`--len 65536 --op iallreduce`).
+    /// `iallreduce`, …) run lengths 0, 1, 7 and 1000 only, the fused ones (`fused-allreduce`,
+    /// …) 0 and 1000, to keep the matrix's time; any other list applies to every operation
+    /// (`--len 65536 --op iallreduce`).
     #[arg(long, value_delimiter = ',', default_values_t = DEFAULT_LENS)]
     pub len: Vec<i64>,
     /// Where the tensors live: `cpu`; `cuda-host` (pinned host memory, `kDLCUDAHost`: host

@@ -3,7 +3,8 @@
 //! with the values [`Kind`] computes independently of MPI. A nonblocking collective
 //! (`iallreduce`, …) runs its blocking collective's body with [`Call::Nonblocking`]: the
 //! same tensors and expected values, the operation posted in an rsmpi scope and completed
-//! there ([`super::nonblocking`]).
+//! there ([`super::nonblocking`]). The fused collectives over lists of tensors have their
+//! case in [`super::fused`].
 
 use std::fmt::Debug;
 
@@ -125,6 +126,12 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             Op::Allgatherv => self.allgatherv(),
             Op::Alltoall => self.alltoall(),
             Op::Alltoallv => self.alltoallv(),
+            Op::FusedAllreduce
+            | Op::FusedAllreduceInto
+            | Op::FusedBcast
+            | Op::FusedReduceScatter => {
+                super::fused::case((self.kind, self.cx, self.dc), (op, self.call), self.n)
+            }
             // The nonblocking collectives arrive here as their blocking ones (`Runner::run`).
             nonblocking => Err(format!("{} has no case body", nonblocking.name())),
         }

@@ -17,7 +17,10 @@ where
 /// A [`Kind`] of an integer type: wrapping sums, recognising saturated ones.
 macro_rules! int_kind {
     ($name:literal, $t:ty, $code:expr, $bits:expr) => {
-        Box::new(Kind::<$t> {
+        Box::new(int_kind!(@kind $name, $t, $code, $bits)) as Box<dyn Runner>
+    };
+    (@kind $name:literal, $t:ty, $code:expr, $bits:expr) => {
+        Kind::<$t> {
             name: $name,
             dtype: DType::new($code, $bits),
             per_elem: 1,
@@ -27,8 +30,25 @@ macro_rules! int_kind {
                 |a, b| a.saturating_add(b),
                 |v| *v == <$t>::MAX || *v == <$t>::MIN,
             )),
-        }) as Box<dyn Runner>
+        }
     };
+}
+
+/// int32: also a member of the fused cases' mixed lists (`super::fused`).
+pub(super) fn int32() -> Kind<i32> {
+    int_kind!(@kind "int32", i32, code::INT, 32)
+}
+
+/// float32: also a member of the fused cases' mixed lists (`super::fused`).
+pub(super) fn float32() -> Kind<f32> {
+    Kind {
+        name: "float32",
+        dtype: DType::new(code::FLOAT, 32),
+        per_elem: 1,
+        value: |i, r| float_value(i, r) as f32,
+        reduce: Some((ReduceOp::Sum, |a, b| a + b)),
+        saturating: None,
+    }
 }
 
 /// A float dtype's value at index `i` of rank `r`.
@@ -63,7 +83,7 @@ fn integers() -> Vec<Box<dyn Runner>> {
         }),
         int_kind!("int8", i8, code::INT, 8),
         int_kind!("int16", i16, code::INT, 16),
-        int_kind!("int32", i32, code::INT, 32),
+        Box::new(int32()),
         int_kind!("int64", i64, code::INT, 64),
         int_kind!("uint8", u8, code::UINT, 8),
         int_kind!("uint16", u16, code::UINT, 16),
@@ -100,14 +120,7 @@ fn floats() -> Vec<Box<dyn Runner>> {
             })),
             saturating: None,
         }),
-        Box::new(Kind::<f32> {
-            name: "float32",
-            dtype: DType::new(code::FLOAT, 32),
-            per_elem: 1,
-            value: |i, r| float_value(i, r) as f32,
-            reduce: Some((ReduceOp::Sum, |a, b| a + b)),
-            saturating: None,
-        }),
+        Box::new(float32()),
         Box::new(Kind::<f64> {
             name: "float64",
             dtype: DType::new(code::FLOAT, 64),

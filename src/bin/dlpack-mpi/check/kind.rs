@@ -63,7 +63,7 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
     }
 
     /// The send-side tensor of `data` (a broadcast layout stores one element).
-    fn owned_send(&self, cx: &CaseContext<'_>, data: Vec<S>) -> Res<Store<S>> {
+    pub(super) fn owned_send(&self, cx: &CaseContext<'_>, data: Vec<S>) -> Res<Store<S>> {
         self.placed(cx, data, false)
     }
 

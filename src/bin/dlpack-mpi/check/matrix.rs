@@ -41,13 +41,18 @@ pub(super) enum Op {
     Ialltoall,
     Ialltoallv,
     IreduceScatterBlock,
+    FusedAllreduce,
+    FusedAllreduceInto,
+    FusedBcast,
+    FusedReduceScatter,
+    IfusedAllreduce,
 }
 
 impl Op {
     /// Every operation, in the order the matrix runs them: the blocking ones, then the
     /// nonblocking collectives in the same order (so that the blocking ones keep their
-    /// matrix columns).
-    pub(super) const ALL: [Op; 29] = [
+    /// matrix columns), then the fused collectives over lists of tensors.
+    pub(super) const ALL: [Op; 34] = [
         Op::SendRecv,
         Op::Sendrecv,
         Op::IsendIrecv,
@@ -77,6 +82,11 @@ impl Op {
         Op::Ialltoall,
         Op::Ialltoallv,
         Op::IreduceScatterBlock,
+        Op::FusedAllreduce,
+        Op::FusedAllreduceInto,
+        Op::FusedBcast,
+        Op::FusedReduceScatter,
+        Op::IfusedAllreduce,
     ];
 
     /// The name of `--op` and of case names.
@@ -111,13 +121,42 @@ impl Op {
             Op::Ialltoall => "ialltoall",
             Op::Ialltoallv => "ialltoallv",
             Op::IreduceScatterBlock => "ireduce-scatter-block",
+            Op::FusedAllreduce => "fused-allreduce",
+            Op::FusedAllreduceInto => "fused-allreduce-into",
+            Op::FusedBcast => "fused-bcast",
+            Op::FusedReduceScatter => "fused-reduce-scatter",
+            Op::IfusedAllreduce => "ifused-allreduce",
         }
     }
 
+    /// Whether the case is a fused collective over a list of tensors (`super::fused`).
+    pub(super) fn is_fused(self) -> bool {
+        matches!(
+            self,
+            Op::FusedAllreduce
+                | Op::FusedAllreduceInto
+                | Op::FusedBcast
+                | Op::FusedReduceScatter
+                | Op::IfusedAllreduce
+        )
+    }
+
+    /// Whether the matrix has cases of this operation in `layout`: not those of a fused
+    /// collective whose list is written in place (`fused-allreduce`, `fused-bcast`,
+    /// `ifused-allreduce`) in the broadcast layout, whose written tensors are contiguous
+    /// (the contiguous cases' lists, repeated values aside).
+    pub(super) fn runs_layout(self, layout: Layout) -> bool {
+        let in_place = matches!(
+            self,
+            Op::FusedAllreduce | Op::FusedBcast | Op::IfusedAllreduce
+        );
+        !(in_place && layout == Layout::Broadcast)
+    }
+
     /// The blocking collective whose nonblocking form this is (`iallreduce` →
-    /// `allreduce`): the case posts it in an rsmpi scope, completes it, and checks what
-    /// the blocking case checks. `None` for the blocking operations and for `isend-irecv`
-    /// (a point-to-point case of its own).
+    /// `allreduce`, `ifused-allreduce` → `fused-allreduce`): the case posts it in an rsmpi
+    /// scope, completes it, and checks what the blocking case checks. `None` for the
+    /// blocking operations and for `isend-irecv` (a point-to-point case of its own).
     pub(super) fn posts(self) -> Option<Op> {
         Some(match self {
             Op::Ibcast => Op::Bcast,
@@ -133,6 +172,7 @@ impl Op {
             Op::Ialltoall => Op::Alltoall,
             Op::Ialltoallv => Op::Alltoallv,
             Op::IreduceScatterBlock => Op::ReduceScatterBlock,
+            Op::IfusedAllreduce => Op::FusedAllreduce,
             _ => return None,
         })
     }
@@ -267,11 +307,14 @@ impl Layout {
 mod tests {
     use super::*;
 
-    /// Every blocking collective has one nonblocking form, named with an `i` in front.
+    /// Every blocking single-tensor collective has one nonblocking form, named with an `i`
+    /// in front; of the fused ones, the all-reduce in place.
     #[test]
     fn nonblocking_collectives_pair_with_blocking_ones() {
         let posted: Vec<Op> = Op::ALL.iter().filter_map(|o| o.posts()).collect();
-        assert_eq!(posted.len(), 13);
+        assert_eq!(posted.len(), 14);
+        assert_eq!(Op::IfusedAllreduce.posts(), Some(Op::FusedAllreduce));
+        assert_eq!(Op::ALL.iter().filter(|o| o.is_fused()).count(), 5);
         for op in Op::ALL {
             if let Some(blocking) = op.posts() {
                 assert_eq!(op.name(), format!("i{}", blocking.name()));
@@ -280,7 +323,9 @@ mod tests {
             }
         }
         let collectives = Op::ALL.iter().filter(|o| {
-            o.posts().is_none() && !matches!(o, Op::SendRecv | Op::Sendrecv | Op::IsendIrecv)
+            o.posts().is_none()
+                && !o.is_fused()
+                && !matches!(o, Op::SendRecv | Op::Sendrecv | Op::IsendIrecv)
         });
         assert!(collectives.clone().all(|o| posted.contains(o)));
         assert_eq!(collectives.count(), 13);

@@ -139,10 +139,21 @@ fn check_names(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<(), String
     Ok(())
 }
 
-/// The lengths of `op`'s cases: `--len`, but [`NONBLOCKING_DEFAULT_LENS`] for a
-/// nonblocking collective when `--len` is the default.
+/// The lengths of the fused collectives' cases under the default `--len`: each case is a
+/// list with members of 0, 1 and 7 elements beside one of the case's length
+/// (`super::fused`), so length 0 (the empty list too, default buckets) and 1000 (small
+/// buckets) cover it.
+const FUSED_DEFAULT_LENS: [i64; 2] = [0, 1000];
+
+/// The lengths of `op`'s cases: `--len`, but when `--len` is the default
+/// [`FUSED_DEFAULT_LENS`] for a fused collective and [`NONBLOCKING_DEFAULT_LENS`] for a
+/// nonblocking one.
 fn lengths(op: Op, args: &CheckArgs) -> &[i64] {
-    if op.posts().is_some() && args.len == DEFAULT_LENS {
+    if args.len != DEFAULT_LENS {
+        &args.len
+    } else if op.is_fused() {
+        &FUSED_DEFAULT_LENS
+    } else if op.posts().is_some() {
         &NONBLOCKING_DEFAULT_LENS
     } else {
         &args.len
@@ -165,7 +176,7 @@ fn matrix(
                 for (l, layout) in LAYOUTS.iter().enumerate() {
                     for &len in lengths(*op, args) {
                         // A 0-d tensor has exactly one element.
-                        if *layout == Layout::Scalar && len != 1 {
+                        if (*layout == Layout::Scalar && len != 1) || !op.runs_layout(*layout) {
                             continue;
                         }
                         if !wanted(&args.op, op.name())
