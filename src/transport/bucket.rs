@@ -92,7 +92,7 @@ fn copies_of(
         None => Err(Error::Member {
             index,
             source: Box::new(Error::StridedNotSupported {
-                operation: "a fused device member whose layout the 2-D copies cannot express",
+                operation: "fused device members whose layout the 2-D copies cannot express",
             }),
         }),
     }

@@ -195,7 +195,7 @@ fn facts_of(index: usize, t: &dyn Tensor, access: Access, on_device: bool) -> Re
         let bytes = f.packed_bytes().map_err(member(index))?;
         if !kernels::accepts(&plan.axes, f.element.size_bytes(), bytes) {
             return Err(member(index)(Error::StridedNotSupported {
-                operation: "a fused member whose layout the pack kernels refuse",
+                operation: "fused members whose layout the pack kernels refuse",
             }));
         }
     }
