@@ -15,11 +15,13 @@
 //! another's elements fails, and every element of every member is compared with values
 //! computed here, a reduction folded in the element type's own arithmetic as in the
 //! single-tensor cases (the same exactness, half precision included, and the same
-//! recognition of the saturating-sum bug); a member's gaps are never read back (as in the
-//! single-tensor cases). With a Python producer the case's own member (its dtype, layout
-//! and length) is the producer's, the others are Rust-made. A device list's reduce-scatter
-//! is a skip (the library takes host lists only: `TransportUnavailable`), as is a member
-//! layout the library refuses (`StridedNotSupported`).
+//! recognition of the saturating-sum bug); every storage element between a received
+//! member's elements (a gap of a strided layout) must be found as it was written before
+//! the call ([`read_checking_gaps`]), which the single-tensor cases do not check. With a
+//! Python producer the case's own member (its dtype, layout and length) is the producer's,
+//! the others are Rust-made. A device list's reduce-scatter is a skip (the library takes
+//! host lists only: `TransportUnavailable`), as is a member layout the library refuses
+//! (`StridedNotSupported`).
 
 use std::fmt::Debug;
 
