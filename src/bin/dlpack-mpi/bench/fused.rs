@@ -405,7 +405,9 @@ fn print_header(ranks: i32, args: &BenchArgs, mpi4py: &Result<Mpi4py, String>) {
         Ok(m) => {
             println!(
                 "mpi4py paths ({}, attached to this MPI_COMM_WORLD; NumPy float32 arrays of \
-                 the members' shapes; timed in Python, perf_counter around the iterations): \
+                 the members' shapes, on 4 KiB pages as the other paths' buffers unless \
+                 NUMPY_MADVISE_HUGEPAGE=1; timed in Python, perf_counter around the \
+                 iterations): \
                  mpi4py-loop = comm.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM) per member in a \
                  Python loop; mpi4py-concat = np.concatenate of the flattened members, one \
                  Allreduce, np.copyto of the slices back into the members",

@@ -20,7 +20,12 @@
 //! size and rank; when that fails, or NumPy or mpi4py cannot be imported, [`Mpi4py::load`]
 //! says why and `--op fused` skips the two paths. `OPENBLAS_NUM_THREADS` is set to 1 (unless
 //! set) before NumPy is imported: its BLAS threads are not used here and would otherwise
-//! compete for the cores. Uses nothing of `bench/`.
+//! compete for the cores. `NUMPY_MADVISE_HUGEPAGE` is set to 0 (unless set): NumPy asks for
+//! transparent huge pages for arrays of 4 MiB and more, the bench's own buffers live on 4 KiB
+//! pages, and the huge pages alone made mpi4py-loop up to 2× faster than the same
+//! `MPI_Allreduce` calls on the bench's buffers (docs/PERFORMANCE.md, "Fused collectives"):
+//! every path runs on the same kind of memory; `NUMPY_MADVISE_HUGEPAGE=1` gives NumPy's
+//! default. Uses nothing of `bench/`.
 
 /// The values' period and per-rank step; [`super::common::value`] is
 /// `(k % PERIOD + PERIOD * rank)` as f32, and the Python code writes and checks the same.
@@ -50,12 +55,21 @@ mod imp {
     const SETUP: &std::ffi::CStr = c"
 import os
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+os.environ.setdefault('NUMPY_MADVISE_HUGEPAGE', '0')
 from time import perf_counter
 why = None
 try:
     import numpy as np
 except Exception as e:
     why = f'NumPy cannot be imported: {type(e).__name__}: {e}'
+if why is None and os.environ['NUMPY_MADVISE_HUGEPAGE'] == '0':
+    # NumPy imported earlier read the variable already: turn its huge pages off directly.
+    for name in ('numpy._core.multiarray', 'numpy.core.multiarray'):
+        try:
+            __import__(name, fromlist=['_set_madvise_hugepage'])._set_madvise_hugepage(False)
+            break
+        except Exception:
+            pass
 if why is None:
     try:
         import mpi4py
