@@ -123,7 +123,9 @@ pub(super) fn device_bucket(
             at: members[i].at,
         })
         .collect();
-    let staged = on.stager.stage_bucket(&of, bytes, on.reduce)?;
+    // The bucket's own dtype: a list's buckets differ in dtype (a float16 bucket is staged).
+    let reduce = on.reduces.then_some(element.dtype);
+    let staged = on.stager.stage_bucket(&of, bytes, reduce)?;
     let (ptr, _) = staged.buffer();
     let calls = calls_for(kind, element, raw::in_place().cast_const(), ptr, bytes)?;
     // SAFETY: only the lifetime changes. The bucket borrows the stager, which the

@@ -234,7 +234,9 @@ type Sides<'l> = (Option<&'l dyn Tensor>, Option<&'l dyn Tensor>);
 struct OnDevice<'l, 't> {
     stager: &'t dyn Stager,
     tensors: Vec<Sides<'l>>,
-    reduce: Option<DType>,
+    /// Whether the collective reduces (then each bucket is staged for its own dtype's
+    /// reduction: half precision is reduced on the host).
+    reduces: bool,
 }
 
 /// Refuses a member written through memory another member also uses
@@ -381,10 +383,7 @@ impl Fused {
                     (Some(send.map_or(r, |s| s[i])), Some(r))
                 })
                 .collect(),
-            reduce: members
-                .first()
-                .and_then(Member::facts)
-                .map(|f| f.element.dtype),
+            reduces: true,
         });
         Fused::build(FusedKind::AllReduce(op), members, on_device).map(Operation::fused)
     }
@@ -475,7 +474,7 @@ impl Fused {
                     }
                 })
                 .collect(),
-            reduce: None,
+            reduces: false,
         });
         Fused::build(FusedKind::Broadcast(root), members, on_device).map(Operation::fused)
     }

@@ -143,6 +143,22 @@ fn direct_in_place(w: &SimpleCommunicator) -> Outcome {
         ensure_eq!(dev, (2, 184));
         ensure_eq!(dc.last_route(), Some(Route::Direct));
     }
+    // A float32 member, then a float16 one: the float16 bucket is staged (its reduction is a
+    // host function), the float32 one goes direct; exactly one crossing each way (8 bytes).
+    let (me, p) = (w.rank(), w.size());
+    let f = member(CUDA0, 0, 3, false, me)?;
+    let mut h = on_half(0, me);
+    {
+        let mut tf = take(&f, &rt)?;
+        let mut th = take(&h, &rt)?;
+        let mut refs: Vec<&mut dyn Tensor> = vec![&mut tf, &mut th];
+        rt.clear_calls();
+        call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+        ensure_eq!(crossings(&rt), (1, 8, 1, 8));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    let want: Vec<f16> = (0..4).map(|i| f16::from_f32(summed(p, 50, i))).collect();
+    ensure_eq!(h.as_slice(), &want[..]);
     Ok(())
 }
 
