@@ -70,20 +70,25 @@ pub trait Stager {
     /// bytes (the members' elements, in list order, each in logical row-major order at
     /// its [`BucketMember::at`]) that MPI works on, with the members this rank packs
     /// already packed into it (copies on the device, then one copy of the whole bucket to
-    /// a pinned host buffer when the bucket is staged). `reduce`: the dtype of the
+    /// a pinned host buffer when the bucket is staged). With `blocks` > 1 (a reduce-scatter
+    /// among that many ranks), the members this rank packs go instead into a send buffer
+    /// of `blocks` × `bytes` bytes ([`StagedBucket::send_buffer`]): block `r` of each
+    /// member (its elements `r·n .. (r+1)·n`, `n` its receive's count) at `r × bytes + at`,
+    /// and the bucket of `bytes` is written by MPI and unpacked. `reduce`: the dtype of the
     /// reduction (half precision is reduced on the host). Every refusal comes before any
     /// copy. The default refuses ([`crate::Error::TransportUnavailable`]).
     ///
     /// # Errors
     /// [`crate::Error::Member`] around a member's refusal (placement, a layout the device
-    /// copies cannot express); allocation and copy errors.
+    /// copies cannot express); [`crate::Error::Overflow`] for `blocks × bytes`; allocation
+    /// and copy errors.
     fn stage_bucket(
         &self,
         members: &[BucketMember<'_>],
-        bytes: usize,
+        (bytes, blocks): (usize, usize),
         reduce: Option<DType>,
     ) -> Result<Box<dyn StagedBucket + '_>> {
-        let _ = (members, bytes, reduce);
+        let _ = (members, bytes, blocks, reduce);
         Err(crate::Error::TransportUnavailable {
             transport: "fused",
             reason: "this communicator's stager makes no device buckets".into(),
@@ -110,6 +115,12 @@ pub trait StagedBucket {
     /// The bucket's first byte as MPI takes it (a pinned host buffer, or device memory
     /// only a CUDA-aware MPI may take: [`Reach::MpiOnly`]); NULL for an empty bucket.
     fn buffer(&self) -> (*mut u8, Reach);
+    /// A reduce-scatter's send buffer (every rank's blocks, `blocks` × `bytes` bytes), with
+    /// the reach of [`Self::buffer`]; `None` for the other collectives, which work in place
+    /// on the bucket.
+    fn send_buffer(&self) -> Option<*const u8> {
+        None
+    }
     /// After MPI wrote the bucket: copies it back to the device (when staged) and unpacks
     /// it into the members this rank unpacks (copies on the device).
     ///

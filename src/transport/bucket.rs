@@ -36,6 +36,9 @@ pub(super) struct DeviceBucket<'p, 'r> {
     packed: Option<PinnedBuf<'p, 'r>>,
     /// The pinned host copy of `packed` that MPI works on (staged buckets only).
     host: Option<PinnedBuf<'p, 'r>>,
+    /// A reduce-scatter's send buffer: every rank's block of each member, rank by rank, in
+    /// device memory, and the pinned host copy MPI reads when staged.
+    send: Option<(PinnedBuf<'p, 'r>, Option<PinnedBuf<'p, 'r>>)>,
     /// The device-to-device copies from `packed` into the members this rank unpacks.
     unpack: Vec<Copy2d>,
 }
@@ -100,50 +103,73 @@ fn copies_of(
 
 impl<'p, 'r> DeviceBucket<'p, 'r> {
     /// Packs `members` into a new bucket of `bytes` bytes on `device`, on `route`
-    /// ([`bucket_route`]).
+    /// ([`bucket_route`]); with `blocks` > 1 (a reduce-scatter among that many ranks), into
+    /// a send buffer of `blocks` × `bytes` bytes instead, block `r` of every member (its
+    /// elements `r·n .. (r+1)·n` in logical order, `n` its receive's count) at
+    /// `r × bytes +` [`PlacedMember::at`], and the bucket of `bytes` is what MPI writes.
     ///
     /// # Errors
-    /// As [`copies_of`] (before any allocation or copy); allocation and copy errors.
+    /// As [`copies_of`] (before any copy); [`Error::Overflow`] for `blocks × bytes`;
+    /// allocation and copy errors.
     pub(super) fn new(
         members: &[PlacedMember],
-        (bytes, device, route): (usize, Device, Route),
+        (bytes, blocks, device, route): (usize, usize, Device, Route),
         pool: &'p PinnedPool<'r>,
         runtime: Option<&'r dyn DeviceRuntime>,
     ) -> Result<Self> {
         let runtime = runtime.ok_or_else(no_runtime_error)?;
-        let packed = match bytes {
-            0 => None,
-            _ => Some(pool.take_device(device, bytes)?),
-        };
+        let blocks = blocks.max(1);
+        let total = bytes.checked_mul(blocks).ok_or(Error::Overflow {
+            quantity: "fused reduce-scatter bucket bytes",
+            lhs: bytes as i128,
+            operator: "*",
+            rhs: blocks as i128,
+        })?;
+        let take = |n: usize| (n > 0).then(|| pool.take_device(device, n)).transpose();
+        let packed = take(bytes)?;
         let base = packed.as_ref().map_or(std::ptr::null_mut(), PinnedBuf::ptr);
-        let (mut pack, mut unpack) = (Vec::new(), Vec::new());
-        for m in members.iter().filter(|_| bytes > 0) {
-            let at = base.wrapping_add(m.at);
-            if let Some(p) = &m.pack {
-                pack.extend(copies_of(p, m.index, at, Direction::Pack)?);
+        let send_dev = if blocks > 1 { take(total)? } else { None };
+        let unpack = unpack_copies(members, base, bytes)?;
+        // Whether the bucket itself holds packed members (MPI reads it); a reduce-scatter's
+        // members go to the send blocks, and MPI only writes the bucket.
+        let packed_in = match &send_dev {
+            Some(s) => {
+                pack_blocks(members, s.ptr(), (bytes, blocks), device, pool, runtime)?;
+                false
             }
-            if let Some(p) = &m.unpack {
-                unpack.extend(copies_of(p, m.index, at, Direction::Unpack)?);
-            }
-        }
-        pack.retain(|c| c.bytes() > 0);
-        unpack.retain(|c| c.bytes() > 0);
-        if !pack.is_empty() {
-            // SAFETY: each copy reads a member's elements (device memory of `device`: the
-            // placement checked the pointer, the layout arithmetic the span) and writes its
-            // own bytes of the fresh device bucket; members packed do not overlap the bucket.
-            unsafe { runtime.copy_2d(device, CopyKind::DeviceToDevice, &pack) }?;
-        }
-        let host = match (route, &packed) {
-            (Route::Staged, Some(dev)) => {
-                let host = pool.take(bytes)?;
+            None => {
+                let pack = pack_copies(members, base, bytes)?;
                 if !pack.is_empty() {
-                    // SAFETY: `dev` holds `bytes` device bytes, `host` at least `bytes`.
-                    unsafe { runtime.copy_to_host(device, host.ptr(), dev.ptr().cast(), bytes) }?;
+                    // SAFETY: each copy reads a member's elements (device memory of
+                    // `device`: the placement checked the pointer, the layout arithmetic
+                    // the span) and writes its own bytes of the fresh device bucket;
+                    // members packed do not overlap the bucket.
+                    unsafe { runtime.copy_2d(device, CopyKind::DeviceToDevice, &pack) }?;
                 }
-                Some(host)
+                !pack.is_empty()
             }
+        };
+        let staged = route == Route::Staged;
+        // What MPI reads goes to the host once: the packed bucket, or the send blocks.
+        let cross = |dev: &PinnedBuf<'p, 'r>, n: usize, copy: bool| -> Result<PinnedBuf<'p, 'r>> {
+            let host = pool.take(n)?;
+            if copy {
+                // SAFETY: `dev` holds `n` device bytes, `host` at least `n`.
+                unsafe { runtime.copy_to_host(device, host.ptr(), dev.ptr().cast(), n) }?;
+            }
+            Ok(host)
+        };
+        let host = match &packed {
+            Some(dev) if staged => Some(cross(dev, bytes, packed_in)?),
             _ => None,
+        };
+        let send = match send_dev {
+            Some(dev) if staged => {
+                let host = cross(&dev, total, true)?;
+                Some((dev, Some(host)))
+            }
+            Some(dev) => Some((dev, None)),
+            None => None,
         };
         Ok(DeviceBucket {
             runtime,
@@ -151,9 +177,113 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
             bytes,
             packed,
             host,
+            send,
             unpack,
         })
     }
+}
+
+/// The device-to-device copies that pack the members this rank packs into the bucket at
+/// `base` (`bytes` bytes; none for an empty bucket).
+fn pack_copies(members: &[PlacedMember], base: *mut u8, bytes: usize) -> Result<Vec<Copy2d>> {
+    let mut pack = Vec::new();
+    for m in members.iter().filter(|_| bytes > 0) {
+        if let Some(p) = &m.pack {
+            pack.extend(copies_of(
+                p,
+                m.index,
+                base.wrapping_add(m.at),
+                Direction::Pack,
+            )?);
+        }
+    }
+    pack.retain(|c| c.bytes() > 0);
+    Ok(pack)
+}
+
+/// The device-to-device copies that unpack the bucket at `base` into the members this rank
+/// unpacks.
+fn unpack_copies(members: &[PlacedMember], base: *mut u8, bytes: usize) -> Result<Vec<Copy2d>> {
+    let mut unpack = Vec::new();
+    for m in members.iter().filter(|_| bytes > 0) {
+        if let Some(p) = &m.unpack {
+            unpack.extend(copies_of(
+                p,
+                m.index,
+                base.wrapping_add(m.at),
+                Direction::Unpack,
+            )?);
+        }
+    }
+    unpack.retain(|c| c.bytes() > 0);
+    Ok(unpack)
+}
+
+/// Packs a reduce-scatter's send buffer at `send` (`blocks` blocks of `bytes` bytes): each
+/// member's `blocks` equal runs of its logical elements, run `r` at `r × bytes + at`. A
+/// contiguous member is one 2-D copy (a run per row, the block size as the destination's
+/// pitch); a strided one is first packed whole, in logical order, into a device buffer of
+/// its own and then copied so.
+///
+/// # Errors
+/// As [`copies_of`]; allocation and copy errors.
+fn pack_blocks(
+    members: &[PlacedMember],
+    send: *mut u8,
+    (bytes, blocks): (usize, usize),
+    device: Device,
+    pool: &PinnedPool<'_>,
+    runtime: &dyn DeviceRuntime,
+) -> Result<()> {
+    let sides: Vec<(usize, &Placement)> = members
+        .iter()
+        .filter_map(|m| m.pack.as_ref().map(|p| (m.at, p)))
+        .collect();
+    let strided_bytes = sides
+        .iter()
+        .filter(|(_, p)| !p.facts.is_contiguous())
+        .map(|(_, p)| p.facts.packed_bytes())
+        .sum::<Result<usize>>()?;
+    let tmp = match strided_bytes {
+        0 => None,
+        n => Some(pool.take_device(device, n)?),
+    };
+    let (mut whole, mut runs, mut tmp_at) = (Vec::new(), Vec::new(), 0usize);
+    for (m, &(at, p)) in members.iter().filter(|m| m.pack.is_some()).zip(&sides) {
+        let total = p.facts.packed_bytes()?;
+        let src = if p.facts.is_contiguous() {
+            p.facts.first.cast_const()
+        } else {
+            let dst = tmp.as_ref().map_or(std::ptr::null_mut(), PinnedBuf::ptr);
+            let dst = dst.wrapping_add(tmp_at);
+            whole.extend(copies_of(p, m.index, dst, Direction::Pack)?);
+            tmp_at += total;
+            dst.cast_const().cast::<c_void>()
+        };
+        let n = total / blocks;
+        runs.push(Copy2d {
+            dst: send.wrapping_add(at).cast(),
+            dst_pitch: bytes,
+            src,
+            src_pitch: n,
+            width_bytes: n,
+            height: blocks,
+        });
+    }
+    for batch in [whole, runs] {
+        let batch: Vec<Copy2d> = batch.into_iter().filter(|c| c.bytes() > 0).collect();
+        if !batch.is_empty() {
+            // SAFETY: the first batch reads strided members' elements (device memory of
+            // `device`, checked by their placements) into `tmp`; the second reads
+            // contiguous members or `tmp` and writes `blocks` runs of `n` bytes at pitch
+            // `bytes` inside the fresh send buffer of `blocks × bytes` (every member's `at
+            // + n ≤ bytes`); copies of one batch are disjoint, and the batches run in
+            // order (each call completes before it returns).
+            unsafe { runtime.copy_2d(device, CopyKind::DeviceToDevice, &batch) }?;
+        }
+    }
+    drop(tmp);
+    Ok(())
 }
 
 impl StagedBucket for DeviceBucket<'_, '_> {
@@ -163,6 +293,13 @@ impl StagedBucket for DeviceBucket<'_, '_> {
             (None, Some(d)) => (d.ptr(), Reach::MpiOnly),
             (None, None) => (std::ptr::null_mut(), Reach::Host),
         }
+    }
+
+    fn send_buffer(&self) -> Option<*const u8> {
+        self.send.as_ref().map(|(dev, host)| match host {
+            Some(h) => h.ptr().cast_const(),
+            None => dev.ptr().cast_const(),
+        })
     }
 
     fn unpack(&self) -> Result<()> {

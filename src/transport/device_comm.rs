@@ -206,11 +206,12 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
 
     /// Places the members of a fused bucket and packs them into one device bucket
     /// ([`Stager::stage_bucket`]): every member placed (an in-place member once, for
-    /// [`Access::Update`]) and on one device before anything is allocated or copied.
+    /// [`Access::Update`]) and on one device before anything is allocated or copied;
+    /// `(bytes, blocks)` as there.
     pub(super) fn bucket(
         &self,
         members: &[BucketMember<'_>],
-        bytes: usize,
+        (bytes, blocks): (usize, usize),
         reduce: Option<DType>,
     ) -> Result<DeviceBucket<'_, 'c>> {
         let same = |a: &dyn Tensor, b: &dyn Tensor| {
@@ -267,7 +268,12 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         }
         let route = bucket_route(&placed);
         let device = device.unwrap_or(Device::CPU);
-        let bucket = DeviceBucket::new(&placed, (bytes, device, route), &self.pool, self.runtime)?;
+        let bucket = DeviceBucket::new(
+            &placed,
+            (bytes, blocks, device, route),
+            &self.pool,
+            self.runtime,
+        )?;
         self.note(route);
         Ok(bucket)
     }

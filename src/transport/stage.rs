@@ -375,9 +375,9 @@ impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
     fn stage_bucket(
         &self,
         members: &[BucketMember<'_>],
-        bytes: usize,
+        shape: (usize, usize),
         reduce: Option<DType>,
     ) -> Result<Box<dyn StagedBucket + '_>> {
-        Ok(Box::new(self.bucket(members, bytes, reduce)?))
+        Ok(Box::new(self.bucket(members, shape, reduce)?))
     }
 }

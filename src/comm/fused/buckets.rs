@@ -98,7 +98,8 @@ pub(super) fn calls_for(
 }
 
 /// A device list's bucket of `list` (`bytes` bytes), made by its stager, and the calls on
-/// it (an all-reduce in place on the bucket, a broadcast of it).
+/// it (an all-reduce in place on the bucket, a broadcast of it, a reduce-scatter from the
+/// stager's send buffer of every rank's blocks into it).
 ///
 /// # Errors
 /// The stager's refusals and copy errors ([`Stager::stage_bucket`]); [`calls_for`]'s.
@@ -125,9 +126,16 @@ pub(super) fn device_bucket(
         .collect();
     // The bucket's own dtype: a list's buckets differ in dtype (a float16 bucket is staged).
     let reduce = on.reduces.then_some(element.dtype);
-    let staged = on.stager.stage_bucket(&of, bytes, reduce)?;
+    let blocks = match kind {
+        FusedKind::ReduceScatter(_, ranks) => usize::try_from(ranks).unwrap_or(1).max(1),
+        FusedKind::AllReduce(_) | FusedKind::Broadcast(_) => 1,
+    };
+    let staged = on.stager.stage_bucket(&of, (bytes, blocks), reduce)?;
     let (ptr, _) = staged.buffer();
-    let calls = calls_for(kind, element, raw::in_place().cast_const(), ptr, bytes)?;
+    let send = staged
+        .send_buffer()
+        .unwrap_or_else(|| raw::in_place().cast_const().cast());
+    let calls = calls_for(kind, element, send.cast(), ptr, bytes)?;
     // SAFETY: only the lifetime changes. The bucket borrows the stager, which the
     // fused constructors hold for the `'t` of the `Operation<'t>` they return this
     // `Fused` in; the bucket is dropped with that operation (or in this call's error

@@ -43,8 +43,9 @@
 //! buffer (direct) or one pinned host copy of it (staged): one crossing per bucket, not per
 //! member ([`super::Stager::stage_bucket`]); this happens before the agreement, so that a
 //! placement refusal or a copy error joins it. After MPI, each bucket is copied back once
-//! and unpacked on the device. The fused reduce-scatter takes host lists only
-//! ([`Error::TransportUnavailable`] for a device list, on every rank alike).
+//! and unpacked on the device. A reduce-scatter's bucket is packed on the device into a
+//! send buffer of every rank's blocks (rank by rank), which crosses once (staged), and the
+//! bucket MPI writes (this rank's block of every member) crosses back once.
 //!
 //! Memory: the packed buckets hold their members' bytes once (as DDP's buckets do), taken
 //! from the scratch pool (or the `DeviceComm`'s pinned and device pools) and handed back at
@@ -226,6 +227,24 @@ pub(super) fn check_devices<'l>(
     Ok(staged && matches!(kind, MemoryKind::Cuda | MemoryKind::CudaManaged))
 }
 
+/// [`check_devices`] over a send and a receive list, which must also be one kind of memory
+/// with each other ([`Error::MixedDevices`] names the send list's first member otherwise).
+fn same_devices(send: &[&dyn Tensor], recv: &[&mut dyn Tensor], staged: bool) -> Result<bool> {
+    let on = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)?;
+    if let (Some(a), Some(b)) = (send.first(), recv.first()) {
+        let (a, b) = (a.device(), b.device());
+        if a.memory_kind() != b.memory_kind() {
+            return Err(Error::MixedDevices {
+                index: 0,
+                device: a.to_string(),
+                first: b.to_string(),
+            });
+        }
+    }
+    check_devices(send.iter().copied(), staged)?;
+    Ok(on)
+}
+
 /// The tensors this rank packs a member from and unpacks it into (`None`: not here).
 type Sides<'l> = (Option<&'l dyn Tensor>, Option<&'l dyn Tensor>);
 
@@ -400,6 +419,7 @@ impl Fused {
         recv: &'t mut [&'b mut dyn Tensor],
         op: ReduceOp,
         ranks: Rank,
+        stager: Option<&'t dyn Stager>,
     ) -> Result<Operation<'t>> {
         if send.len() != recv.len() {
             return Err(Error::ListLengthMismatch {
@@ -410,9 +430,9 @@ impl Fused {
         }
         let mut members = Vec::with_capacity(recv.len());
         for (i, (s, r)) in send.iter().zip(recv.iter()).enumerate() {
-            let sf = facts_of(i, *s, Access::Read, false)?;
+            let sf = facts_of(i, *s, Access::Read, stager.is_some())?;
             sf.element.check_reduction(op).map_err(member(i))?;
-            let rf = facts_of(i, &**r, Access::Write, false)?;
+            let rf = facts_of(i, &**r, Access::Write, stager.is_some())?;
             check_pair("fused reduce-scatter send vs receive", &sf, &rf).map_err(member(i))?;
             check_count(
                 || format!("fused reduce-scatter send (= receive count × {ranks} ranks)"),
@@ -429,7 +449,18 @@ impl Fused {
                 bytes,
             });
         }
-        Fused::build(FusedKind::ReduceScatter(op, ranks), members, None).map(Operation::fused)
+        let on_device = stager.map(|stager| OnDevice {
+            stager,
+            tensors: (0..recv.len())
+                .map(|i| {
+                    let r: &dyn Tensor = &*recv[i];
+                    (Some(send[i]), Some(r))
+                })
+                .collect(),
+            reduces: true,
+        });
+        let kind = FusedKind::ReduceScatter(op, ranks);
+        Fused::build(kind, members, on_device).map(Operation::fused)
     }
 
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
@@ -689,21 +720,10 @@ pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: 
     };
     let sig = signature(name, recv.iter().map(|t| &**t as &dyn Tensor)).reduce(op);
     let staged = tc.stager().is_some();
-    let on_device = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged);
-    let devices = on_device.and_then(|on| match send {
-        Some(s) if !s.is_empty() && !recv.is_empty() => {
-            let (a, b) = (s[0].device(), recv[0].device());
-            if a.memory_kind() != b.memory_kind() {
-                return Err(Error::MixedDevices {
-                    index: 0,
-                    device: a.to_string(),
-                    first: b.to_string(),
-                });
-            }
-            check_devices(s.iter().copied(), staged)
-        }
-        _ => Ok(on),
-    });
+    let devices = match send {
+        Some(s) => same_devices(s, recv, staged),
+        None => check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged),
+    };
     let prepared =
         devices.and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
@@ -747,13 +767,8 @@ pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized,
     )
     .reduce(op);
     let staged = tc.stager().is_some();
-    let device_list = || Error::TransportUnavailable {
-        transport: "fused",
-        reason: "the fused reduce-scatter takes host tensors; this list is in device memory".into(),
-    };
-    let prepared = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)
-        .and_then(|a| Ok(a || check_devices(send.iter().copied(), staged)?))
-        .and_then(|on| if on { Err(device_list()) } else { Ok(()) })
-        .and_then(|()| Fused::reduce_scatter(send, recv, op, comm.size()));
+    let prepared = same_devices(send, recv, staged).and_then(|on| {
+        Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on))
+    });
     mode.prepared(tc, sig, prepared)
 }

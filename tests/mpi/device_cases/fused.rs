@@ -245,7 +245,8 @@ fn staged_broadcast(w: &SimpleCommunicator) -> Outcome {
 
 /// Refusals: a `READ_ONLY` member on the last rank only (refused before any copy there; its
 /// error names the member, every other rank returns `PeerRefused`, nothing changes); a list of host and
-/// device members (`MixedDevices`); a device reduce-scatter (`TransportUnavailable`).
+/// device members (`MixedDevices`); a reduce-scatter from device into host members
+/// (`MixedDevices`).
 fn refusals(w: &SimpleCommunicator) -> Outcome {
     let (me, p) = (w.rank(), w.size());
     let rt = SimulatedRuntime::new();
@@ -295,19 +296,148 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
             other => return Err(format!("expected MixedDevices, got {other:?}")),
         }
     }
+    // A device send list and a host receive list.
     let send = on(CUDA0, vec![1.0; 2 * p as usize]);
-    let mut recv = on(CUDA0, vec![0.0; 2]);
+    let mut recv = Owned::new(vec![0.0f32; 2]);
     {
         let ts = take(&send, &rt)?;
         let mut tr = take(&recv, &rt)?;
         let sends: Vec<&dyn Tensor> = vec![&ts];
         let mut recvs: Vec<&mut dyn Tensor> = vec![&mut tr];
         match dc.reduce_scatter_tensors(&sends, &mut recvs, ReduceOp::Sum) {
-            Err(Error::TransportUnavailable { .. }) => {}
-            other => return Err(format!("expected TransportUnavailable, got {other:?}")),
+            Err(Error::MixedDevices { index: 0, .. }) => {}
+            other => return Err(format!("expected MixedDevices, got {other:?}")),
         }
     }
     ensure_eq!(recv.as_slice(), &[0.0, 0.0][..]);
+    Ok(())
+}
+
+/// The fused reduce-scatter of [`SHAPES`] (each member's receive; its send holds every
+/// rank's block, `p` times as many elements, strided alike) on `dc`, blocking or
+/// nonblocking; returns the runtime's (crossings, device copies) of the call.
+fn reduce_scatter(
+    w: &SimpleCommunicator,
+    rt: &SimulatedRuntime,
+    dc: &DeviceComm<'_, SimpleCommunicator>,
+    (nonblocking, device): (bool, Device),
+) -> Result<Copied, String> {
+    let (me, p) = (w.rank(), w.size());
+    let pu = p as usize;
+    let sends: Vec<Owned<f32>> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st))| member(device, m, n * pu, st, me))
+        .collect::<Result<_, _>>()?;
+    let mut recvs: Vec<Owned<f32>> = SHAPES
+        .iter()
+        .enumerate()
+        .map(|(m, &(n, st))| member(device, m + 7, n, st, -3))
+        .collect::<Result<_, _>>()?;
+    let seen;
+    {
+        let ss: Vec<ManagedTensor<'_>> = sends
+            .iter()
+            .map(|o| take(o, rt))
+            .collect::<Result<_, _>>()?;
+        let mut rs: Vec<ManagedTensor<'_>> = recvs
+            .iter()
+            .map(|o| take(o, rt))
+            .collect::<Result<_, _>>()?;
+        let srefs: Vec<&dyn Tensor> = ss.iter().map(|t| t as &dyn Tensor).collect();
+        let mut rrefs: Vec<&mut dyn Tensor> = rs.iter_mut().map(|t| t as &mut dyn Tensor).collect();
+        rt.clear_calls();
+        if nonblocking {
+            let done: Result<(), Error> = mpi::request::scope(|scope| {
+                dc.immediate_reduce_scatter_tensors(scope, &srefs, &mut rrefs, ReduceOp::Sum)?
+                    .wait()
+                    .map(drop)
+            });
+            call!(done);
+        } else {
+            call!(dc.reduce_scatter_tensors(&srefs, &mut rrefs, ReduceOp::Sum));
+        }
+        seen = (crossings(rt), on_device(rt));
+    }
+    let at = me as usize;
+    for (m, (o, &(n, st))) in recvs.iter_mut().zip(SHAPES).enumerate() {
+        let want: Vec<f32> = (0..n).map(|j| summed(p, m, at * n + j)).collect();
+        ensure!(
+            logical(o, n, st)? == want,
+            "member {m}: {:?} vs {want:?}",
+            logical(o, n, st)?
+        );
+    }
+    Ok(seen)
+}
+
+/// Staged: every rank's blocks of the list (92 bytes per rank) are packed on the device
+/// into one send buffer (the two strided members whole first, then one 2-D copy per
+/// member: two batches), which crosses to the host once; this rank's 92 bytes cross back
+/// once and are unpacked by one batch. Direct: nothing crosses.
+fn staged_and_direct_reduce_scatter(w: &SimpleCommunicator) -> Outcome {
+    let p = w.size() as usize;
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    // The strided members' elements (6 and 9 per rank), packed whole, then every member's
+    // runs into the send buffer, then this rank's block unpacked.
+    // At one rank the bucket is its own send buffer (MPI_IN_PLACE): packed, then unpacked.
+    let dev = match p {
+        1 => (2, 184),
+        _ => (3, (6 + 9) * 4 * p + 92 * p + 92),
+    };
+    for nonblocking in [false, true] {
+        let (cross, copies) = reduce_scatter(w, &rt, &dc, (nonblocking, CUDA0))?;
+        ensure_eq!(cross, (1, 92 * p, 1, 92));
+        ensure_eq!(copies, dev);
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    // Managed members, strided ones included, are packed by the device's copies as well.
+    let (cross, copies) = reduce_scatter(w, &rt, &dc, (false, MANAGED))?;
+    ensure_eq!(cross, (1, 92 * p, 1, 92));
+    ensure_eq!(copies, dev);
+    std::env::set_var("DLPACK_MPI_CUDA_AWARE", "1");
+    let direct = DeviceComm::new(w, Some(&rt as &dyn DeviceRuntime), Transport::Auto);
+    std::env::remove_var("DLPACK_MPI_CUDA_AWARE");
+    let direct = call!(direct);
+    let (cross, copies) = reduce_scatter(w, &rt, &direct, (false, CUDA0))?;
+    ensure_eq!(cross, (0, 0, 0, 0));
+    ensure_eq!(copies, dev);
+    ensure_eq!(direct.last_route(), Some(Route::Direct));
+    half_reduce_scatter(w, &rt, &direct)
+}
+
+/// A float16 reduce-scatter on the direct route is staged all the same (its reduction is a
+/// host function): one crossing each way, 2 × 4 bytes per rank; the sums are exact.
+fn half_reduce_scatter(
+    w: &SimpleCommunicator,
+    rt: &SimulatedRuntime,
+    dc: &DeviceComm<'_, SimpleCommunicator>,
+) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let pu = p as usize;
+    let send: Owned<f16> = Owned::new(
+        (0..4 * pu)
+            .map(|i| f16::from_f32(val(me, 50, i)))
+            .collect::<Vec<_>>(),
+    )
+    .labelled(CUDA0);
+    let mut recv: Owned<f16> = on_half(1, -3);
+    {
+        let ts = take(&send, rt)?;
+        let mut tr = take(&recv, rt)?;
+        let sends: Vec<&dyn Tensor> = vec![&ts];
+        let mut recvs: Vec<&mut dyn Tensor> = vec![&mut tr];
+        rt.clear_calls();
+        call!(dc.reduce_scatter_tensors(&sends, &mut recvs, ReduceOp::Sum));
+        ensure_eq!(crossings(rt), (1, 8 * pu, 1, 8));
+        ensure_eq!(dc.last_route(), Some(Route::Staged));
+    }
+    let at = me as usize * 4;
+    let want: Vec<f16> = (0..4)
+        .map(|j| f16::from_f32(summed(p, 50, at + j)))
+        .collect();
+    ensure_eq!(recv.as_slice(), &want[..]);
     Ok(())
 }
 
@@ -317,4 +447,5 @@ pub(super) const CASES: &[(&str, Case)] = &[
     ("fused_many_members_two_buckets", many_members_two_buckets),
     ("fused_staged_broadcast", staged_broadcast),
     ("fused_refusals", refusals),
+    ("fused_reduce_scatter", staged_and_direct_reduce_scatter),
 ];
