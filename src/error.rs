@@ -467,6 +467,19 @@ pub enum Error {
         storage_bytes: u64,
     },
 
+    /// The process loaded another MPI release than the one this build was compiled against
+    /// ([`crate::mpi_library::MpiLibrary::check`]): another implementation, or another
+    /// major or minor version.
+    #[error("this build of dlpack-mpi was compiled against {built} but the process loaded {loaded} from {file}: start it with the launcher of the MPI it was built against (its library directory first on LD_LIBRARY_PATH), or rebuild it against this one (MPICC)")]
+    MpiLibraryMismatch {
+        /// The library of the build's `mpi.h`, and the directories it linked.
+        built: String,
+        /// `MPI_Get_library_version`'s first line.
+        loaded: String,
+        /// The file the loader resolved `MPI_Init` to.
+        file: String,
+    },
+
     /// A derived datatype was needed but MPI is not initialized (or already finalized).
     #[error("MPI is not initialized: strided layouts and large counts need MPI to build their datatypes")]
     MpiNotInitialized,

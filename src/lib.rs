@@ -18,6 +18,8 @@
 //! - [`settings`]: every run-time `DLPACK_MPI_*` variable (values, defaults, the function that
 //!   reads each and its setter), in one table.
 //! - `lifecycle` (private): the one `MPI_Finalize` hook and the registries it empties.
+//! - [`mpi_library`]: the MPI library this build was compiled against and the one the
+//!   process loaded ([`mpi_library::MpiLibrary::check`]).
 //! - [`dtype`]: the DLPack dtype → MPI datatype table and the reductions each allows.
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing, and the DLPack stream table.
@@ -70,6 +72,7 @@ pub mod dtype;
 pub mod error;
 pub mod layout;
 mod lifecycle;
+pub mod mpi_library;
 #[cfg(feature = "python")]
 pub mod python;
 mod raw;

@@ -47,3 +47,14 @@ int dlpack_mpi_query_cuda_aware(int *source)
     }
     return -1;
 }
+
+/* The file of the loaded MPI library (the object that defines MPI_Init, as the dynamic
+ * loader resolved it), or NULL where the loader cannot say. */
+const char *dlpack_mpi_loaded_library(void)
+{
+    void *sym = dlsym(RTLD_DEFAULT, "MPI_Init");
+    Dl_info info;
+    if (!sym || !dladdr(sym, &info))
+        return 0;
+    return info.dli_fname;
+}

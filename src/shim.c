@@ -42,3 +42,32 @@ int dlpack_mpi_on_finalize(void (*hook)(void))
     finalize_hook = hook;
     return MPI_Comm_set_attr(MPI_COMM_SELF, keyval, 0);
 }
+
+/* The MPI library this build was compiled against, from its mpi.h: "Open MPI 5.0.11",
+ * "MPICH 4.0.2", or "" when mpi.h names neither (another MPI: nothing is compared). */
+#define DLPACK_MPI_STR2(x) #x
+#define DLPACK_MPI_STR(x) DLPACK_MPI_STR2(x)
+const char *dlpack_mpi_built_library(void)
+{
+#if defined(OMPI_MAJOR_VERSION)
+    return "Open MPI " DLPACK_MPI_STR(OMPI_MAJOR_VERSION) "." DLPACK_MPI_STR(
+        OMPI_MINOR_VERSION) "." DLPACK_MPI_STR(OMPI_RELEASE_VERSION);
+#elif defined(MPICH_VERSION)
+    return "MPICH " MPICH_VERSION;
+#else
+    return "";
+#endif
+}
+
+/* MPICH >= 5's predefined half-precision datatypes (MPIX_C_FLOAT16 for float16,
+ * MPIX_BFLOAT16 for bfloat16), which its predefined operations reduce; MPI_DATATYPE_NULL
+ * where this mpi.h has none. `which`: 0 float16, 1 bfloat16. */
+MPI_Datatype dlpack_mpi_native_half(int which)
+{
+#if defined(MPIX_C_FLOAT16) && defined(MPIX_BFLOAT16)
+    return which ? MPIX_BFLOAT16 : MPIX_C_FLOAT16;
+#else
+    (void)which;
+    return MPI_DATATYPE_NULL;
+#endif
+}

@@ -47,6 +47,12 @@ impl Buf {
         }
     }
 
+    /// The same buffer as units of `datatype` (of the same size: MPI's own half-precision
+    /// datatype for `MPI_UINT16_T` units).
+    pub(super) fn with_datatype(self, datatype: MPI_Datatype) -> Buf {
+        Buf { datatype, ..self }
+    }
+
     /// `count` units of `datatype` from `ptr` (a buffer of this crate's own).
     pub(super) fn raw(ptr: *mut c_void, count: Count, datatype: MPI_Datatype) -> Buf {
         Buf {

@@ -13,7 +13,7 @@
 
 pub mod halfops;
 
-use mpi::ffi::MPI_Op;
+use mpi::ffi::{MPI_Datatype, MPI_Op};
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 
@@ -58,34 +58,60 @@ fn need(chunked: bool) -> Need {
     }
 }
 
-/// The MPI operation for `op` on `dtype`: predefined, or user-defined for half precision.
-pub(super) fn op_handle(op: ReduceOp, dtype: DType) -> Result<MPI_Op> {
+/// The datatype and MPI operation that reduce `dtype` with `op` when its units travel as
+/// `unit`: `unit` and the predefined operation; for half precision MPI's own half datatype
+/// and predefined operation, or `unit` and the user-defined one ([`halfops::reduction`]).
+///
+/// # Errors
+/// [`halfops::reduction`]'s for half precision ([`crate::Error::UnsupportedReduction`],
+/// [`crate::Error::MpiNotInitialized`], [`crate::Error::InvalidSetting`]).
+pub(super) fn handles(
+    op: ReduceOp,
+    dtype: DType,
+    unit: MPI_Datatype,
+) -> Result<(MPI_Datatype, MPI_Op)> {
     if halfops::is_half(dtype) {
-        halfops::op(dtype, op)
+        halfops::reduction(dtype, op, unit)
     } else {
-        Ok(op.system_operation().as_raw())
+        Ok((unit, op.system_operation().as_raw()))
     }
 }
 
-/// The call of a reduction over `send` (its units, in chunks) into `recv` (NULL where the
-/// receive is not significant), to `root` (`None`: every rank).
+/// [`handles`]'s refusals, before the sides exist.
+///
+/// # Errors
+/// As [`handles`].
+fn check_handles(op: ReduceOp, dtype: DType) -> Result<()> {
+    if halfops::is_half(dtype) {
+        halfops::check(dtype, op)
+    } else {
+        Ok(())
+    }
+}
+
+/// The call of a reduction with `op` over `send` (its units, in chunks) into `recv` (NULL
+/// where the receive is not significant), to `root` (`None`: every rank).
+///
+/// # Errors
+/// As [`handles`].
 fn reduction(
     send: &Side<'_, In>,
     recv: *mut std::ffi::c_void,
-    op: MPI_Op,
+    op: ReduceOp,
     root: Option<Rank>,
-) -> Call {
-    Call::Reduce {
+) -> Result<Call> {
+    let (datatype, op) = handles(op, send.element().dtype, send.unit_datatype().as_raw())?;
+    Ok(Call::Reduce {
         buffers: Reduced {
             send: send.ptr().cast_const(),
             recv,
             units: send.units(),
             unit_bytes: send.unit_bytes(),
-            datatype: send.unit_datatype().as_raw(),
+            datatype,
             op,
         },
         root,
-    }
+    })
 }
 
 /// Every check of a reduction with a send and a receive tensor (`pair` and `count` name
@@ -99,14 +125,14 @@ fn prepare_pair<'x>(
 ) -> Result<Operation<'x>> {
     let sf = read_facts(send, s_reach)?;
     sf.element.check_reduction(op)?;
-    let mop = op_handle(op, sf.element.dtype)?;
+    check_handles(op, sf.element.dtype)?;
     let rf = write_facts(&*recv, Access::Write, r_reach)?;
     check_pair(pair, &sf, &rf)?;
     check_count(|| count.into(), sf.len_elems, rf.len_elems)?;
     let chunked = needs_chunks(&sf, Some(&rf));
     let recv = side_out(recv, rf, need(chunked), Access::Write)?;
     let send = side_in(send, sf, need(chunked))?;
-    let call = reduction(&send, recv.ptr(), mop, root);
+    let call = reduction(&send, recv.ptr(), op, root)?;
     Ok(Operation {
         send: Some(send),
         recv: Some(recv),
@@ -167,7 +193,7 @@ fn reduce_at_leaf<'x>(
     check_rank(root, size)?;
     let sf = read_facts(send.0, send.1)?;
     sf.element.check_reduction(op)?;
-    let mop = op_handle(op, sf.element.dtype)?;
+    check_handles(op, sf.element.dtype)?;
     if let Some((recv, r_reach)) = recv {
         let rf = write_facts(&*recv, Access::Write, r_reach)?;
         check_pair("reduce send vs receive", &sf, &rf)?;
@@ -176,7 +202,7 @@ fn reduce_at_leaf<'x>(
     let chunked = needs_chunks(&sf, None);
     let send = side_in(send.0, sf, need(chunked))?;
     // The receive buffer is not significant at non-root ranks (MPI-4.1 §6.9.1).
-    let call = reduction(&send, std::ptr::null_mut(), mop, Some(root));
+    let call = reduction(&send, std::ptr::null_mut(), op, Some(root))?;
     Ok(Operation {
         send: Some(send),
         recv: None,
@@ -229,8 +255,10 @@ pub(super) fn all_reduce_in_place<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
         let (t, reach) = r.ok_or_else(|| missing("all-reduce in-place buffer"))?;
         let rf = write_facts(&*t, Access::Update, reach)?;
         rf.element.check_reduction(op)?;
-        let mop = op_handle(op, rf.element.dtype)?;
+        let dtype = rf.element.dtype;
+        check_handles(op, dtype)?;
         let side = side_out(t, rf, Need::Chunks, Access::Update)?;
+        let (datatype, mop) = handles(op, dtype, side.unit_datatype().as_raw())?;
         // MPI_IN_PLACE as the send buffer makes MPI read and write the side's units (the
         // tensor's own run, checked writable and disjoint, or a packed copy of its values).
         let call = Call::Reduce {
@@ -239,7 +267,7 @@ pub(super) fn all_reduce_in_place<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
                 recv: side.ptr(),
                 units: side.units(),
                 unit_bytes: side.unit_bytes(),
-                datatype: side.unit_datatype().as_raw(),
+                datatype,
                 op: mop,
             },
             root: None,
@@ -274,7 +302,8 @@ pub(super) fn reduce_scatter_block<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
             .ok_or_else(|| missing("reduce-scatter-block send and receive"))?;
         let sf = read_facts(s, s_reach)?;
         sf.element.check_reduction(op)?;
-        let mop = op_handle(op, sf.element.dtype)?;
+        let dtype = sf.element.dtype;
+        check_handles(op, dtype)?;
         let rf = write_facts(&*r, Access::Write, r_reach)?;
         check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
         check_count(
@@ -286,9 +315,10 @@ pub(super) fn reduce_scatter_block<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
         let send = side_in(s, sf, Need::Units)?;
         // `recv` holds `count` units of the predefined type, `send` `size × count`; both
         // are contiguous runs and disjoint (checked).
+        let (datatype, mop) = handles(op, dtype, recv.unit_datatype().as_raw())?;
         let call = Call::ReduceScatterBlock {
             send: send.ptr().cast_const(),
-            recv: Buf::of(&recv),
+            recv: Buf::of(&recv).with_datatype(datatype),
             op: mop,
         };
         Ok(Operation {

@@ -359,6 +359,9 @@ pub struct Owned<T: AnyBits> {
     ptr: NonNull<T>,
     len: usize,
     layout: ExportLayout,
+    /// Bytes from the storage's start to the exported `DLTensor::data`
+    /// ([`Owned::with_layout_at`]; 0 otherwise), at most the storage's size.
+    data_offset_bytes: usize,
     lease: Lease,
 }
 
@@ -377,6 +380,7 @@ impl<T: AnyBits> Owned<T> {
             ptr,
             len,
             layout: ExportLayout::dense::<T>(len),
+            data_offset_bytes: 0,
             lease: Lease::default(),
         }
     }
@@ -397,17 +401,65 @@ impl<T: AnyBits> Owned<T> {
     /// As [`Owned::with_shape`]; [`Error::LengthMismatch`] when `strides` has not one entry
     /// per axis. Negative strides are allowed as long as every element stays inside.
     pub fn with_layout(
-        mut self,
+        self,
         shape: &[i64],
         strides_elems: Option<&[i64]>,
         byte_offset_bytes: u64,
     ) -> Result<Self> {
+        self.with_layout_at(0, shape, strides_elems, byte_offset_bytes)
+    }
+
+    /// As [`Owned::with_layout`], with `DLTensor::data` at `data_offset_bytes` past the
+    /// storage's start instead of at the start (`byte_offset` and the strides then count
+    /// from there): the export of a producer whose `data` points inside its allocation, as
+    /// NumPy's does for a slice (its `data` is the first element, `byte_offset` 0). DLPack
+    /// asks for a 256-byte aligned `data` and an offset in `byte_offset`, and notes that
+    /// producers do not all do so (dlpack.h, `DLTensor::data`): neither `data` nor the first
+    /// element need be aligned here, for any dtype (the library's own kernels copy bytes;
+    /// [`Tensor::as_slice`](super::Tensor::as_slice) refuses a misaligned one,
+    /// [`Error::Misaligned`]). Every element must lie inside the storage between `data` and
+    /// its end.
+    ///
+    /// # Errors
+    /// As [`Owned::with_layout`]; [`Error::LayoutOutsideStorage`] also when
+    /// `data_offset_bytes` is past the storage's end.
+    ///
+    /// # Examples
+    /// ```
+    /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
+    /// use dlpack_mpi::dtype::{code, DType};
+    /// // Three float32 elements from 1 byte past the start of 16 bytes of storage.
+    /// let mut owned = Owned::new(vec![0u8; 16])
+    ///     .with_dtype(DType::new(code::FLOAT, 32))?
+    ///     .with_layout_at(1, &[3], None, 0)?;
+    /// let start = owned.as_slice().as_ptr() as usize;
+    /// let t = acquire(&owned, &AcquireOptions::default())?;
+    /// assert_eq!((t.data_ptr() as usize, t.byte_offset_bytes()), (start + 1, 0));
+    /// assert_eq!(t.num_elements(), 3);
+    /// # Ok::<(), dlpack_mpi::Error>(())
+    /// ```
+    pub fn with_layout_at(
+        mut self,
+        data_offset_bytes: usize,
+        shape: &[i64],
+        strides_elems: Option<&[i64]>,
+        byte_offset_bytes: u64,
+    ) -> Result<Self> {
+        let storage = self.storage_bytes();
+        let Some(after) = storage.checked_sub(data_offset_bytes) else {
+            return Err(Error::LayoutOutsideStorage {
+                first_byte: data_offset_bytes as i128,
+                end_byte: data_offset_bytes as i128,
+                storage_bytes: storage as u64,
+            });
+        };
         let mut l = self.layout.clone();
         l.shape = shape.to_vec();
         l.strides = strides_elems.map(<[i64]>::to_vec);
         l.byte_offset = byte_offset_bytes;
-        l.check_within(self.storage_bytes())?;
+        l.check_within(after)?;
         self.layout = l;
+        self.data_offset_bytes = data_offset_bytes;
         Ok(self)
     }
 
@@ -434,6 +486,7 @@ impl<T: AnyBits> Owned<T> {
         self.layout.shape = vec![storage_extent(bytes / elem)];
         self.layout.strides = None;
         self.layout.byte_offset = 0;
+        self.data_offset_bytes = 0;
         Ok(self)
     }
 
@@ -508,17 +561,17 @@ impl<T: AnyBits> Exporter for Owned<T> {
     /// alive, every other export is refused ([`Error::StorageBusy`]), and a writable export is
     /// refused while any tensor is alive: two live tensors never alias writably.
     fn dlpack(&self, _request: &ExportRequest) -> Result<ManagedTensor<'_>> {
-        // SAFETY: the layout was checked to stay inside the storage, which lives as long as
-        // `&self`; the pointer comes from the owning Box, so writes through it are allowed;
-        // the lease lives in `self`.
-        unsafe {
-            export_raw(
-                self.ptr.as_ptr().cast(),
-                &self.layout,
-                Some(&self.lease),
-                None,
-            )
-        }
+        // `data_offset_bytes` is at most the storage's size (`with_layout_at`): the pointer
+        // stays inside the allocation or one past its end, and keeps its provenance.
+        let data = self
+            .ptr
+            .as_ptr()
+            .cast::<u8>()
+            .wrapping_add(self.data_offset_bytes);
+        // SAFETY: the layout was checked to stay inside the storage from `data` on, which
+        // lives as long as `&self`; the pointer comes from the owning Box, so writes through
+        // it are allowed; the lease lives in `self`.
+        unsafe { export_raw(data.cast(), &self.layout, Some(&self.lease), None) }
     }
 }
 
@@ -618,6 +671,59 @@ mod tests {
         assert!(Owned::new(vec![0u8; 5])
             .with_dtype(DType::new(2, 16))
             .is_err());
+    }
+
+    /// `with_layout_at` exports `data` that many bytes into the storage (any byte, for any
+    /// dtype), counts `byte_offset` and the layout from there, keeps every element inside
+    /// the storage, and `with_dtype` puts `data` back at the start.
+    #[test]
+    fn owned_layout_at_shifts_the_data_pointer() {
+        let f32s = DType::new(crate::dtype::code::FLOAT, 32);
+        let mut o = Owned::new(vec![0u8; 16])
+            .with_dtype(f32s)
+            .unwrap()
+            .with_layout_at(3, &[2], Some(&[-1]), 4)
+            .unwrap();
+        let start = o.as_slice().as_ptr() as usize;
+        {
+            let t = acquire(&o, &AcquireOptions::default()).unwrap();
+            assert_eq!(t.data_ptr() as usize, start + 3);
+            assert_eq!(t.first_element_ptr() as usize, start + 7);
+            assert_eq!((t.byte_offset_bytes(), t.num_elements()), (4, 2));
+        }
+        let mut o = o.with_layout_at(3, &[2], None, 0).unwrap();
+        let at = o.as_slice().as_ptr() as usize + 3;
+        {
+            // Typed access refuses a misaligned first element; it is never read as f32.
+            let t = acquire(&o, &AcquireOptions::default()).unwrap();
+            match t.as_slice::<f32>() {
+                Err(Error::Misaligned { address, align: 4 }) => assert_eq!(address, at),
+                other => assert!(at % 4 == 0 && other.is_ok(), "{other:?}"),
+            }
+        }
+        // 12 bytes from 3 (byte 15 is the last) fit; 13 do not, nor anything past the end.
+        let o = o.with_layout_at(3, &[3], None, 0).unwrap();
+        let o = o.with_layout_at(4, &[3], None, 0).unwrap();
+        let err = o.with_layout_at(5, &[3], None, 0).err();
+        assert!(
+            matches!(err, Some(Error::LayoutOutsideStorage { .. })),
+            "{err:?}"
+        );
+        let past = Owned::new(vec![0u8; 4]).with_layout_at(5, &[0], None, 0);
+        assert!(matches!(past, Err(Error::LayoutOutsideStorage { .. })));
+        let end = Owned::new(vec![0u8; 4])
+            .with_layout_at(4, &[0], None, 0)
+            .unwrap();
+        {
+            let t = acquire(&end, &AcquireOptions::default()).unwrap();
+            assert_eq!(t.num_elements(), 0);
+        }
+        let mut back = end
+            .with_dtype(DType::new(crate::dtype::code::UINT, 8))
+            .unwrap();
+        let start = back.as_slice().as_ptr() as usize;
+        let t = acquire(&back, &AcquireOptions::default()).unwrap();
+        assert_eq!((t.data_ptr() as usize, t.num_elements()), (start, 4));
     }
 
     /// A refused lease says which export was refused and what holds the storage: readers

@@ -105,7 +105,27 @@ fn print_mpi(world: &SimpleCommunicator, mut hosts: Vec<String>) {
             .next()
             .unwrap_or("")
     );
+    let built = dlpack_mpi::mpi_library::MpiLibrary::current();
+    let dirs: Vec<String> = built
+        .built_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
+    println!(
+        "MPI built against: {} ({}); loaded from {}",
+        if built.built.is_empty() {
+            "an MPI whose mpi.h names no version"
+        } else {
+            &built.built
+        },
+        dirs.join(":"),
+        built.file.as_ref().map_or_else(
+            || "(the loader cannot say)".into(),
+            |f| f.display().to_string()
+        )
+    );
     println!("MPI standard: {major}.{minor}");
+    println!("half-precision reductions: {}", half_ops());
     println!(
         "thread level: {:?} (requested: single)",
         mpi::environment::threading_support()
@@ -126,6 +146,30 @@ fn print_mpi(world: &SimpleCommunicator, mut hosts: Vec<String>) {
         dlpack_mpi::dlpack::MAJOR_VERSION,
         dlpack_mpi::dlpack::MINOR_VERSION
     );
+}
+
+/// How float16 and bfloat16 reduce here ([`dlpack_mpi::comm::halfops::native_datatype`]).
+fn half_ops() -> String {
+    use dlpack_mpi::dtype::{code, DType};
+    let half = DType::new(code::FLOAT, 16);
+    match dlpack_mpi::comm::halfops::native_datatype(half) {
+        Ok(Some(_)) => "the MPI library's own for float16 (MPIX_C_FLOAT16: sum, prod, min, \
+                        max) and bfloat16 sums (MPIX_BFLOAT16), dlpack-mpi's user-defined \
+                        operations for bfloat16 prod, min, max (MPICH 5.0.2 aborts on \
+                        those); DLPACK_MPI_HALF_OPS=library for dlpack-mpi's throughout"
+            .into(),
+        Ok(None)
+            if dlpack_mpi::settings::half_ops().ok()
+                == Some(dlpack_mpi::settings::HalfOps::Library) =>
+        {
+            "dlpack-mpi's user-defined operations on MPI_UINT16_T (DLPACK_MPI_HALF_OPS=library)"
+                .into()
+        }
+        Ok(None) => "dlpack-mpi's user-defined operations on MPI_UINT16_T (this MPI's mpi.h \
+                     has no MPIX_C_FLOAT16/MPIX_BFLOAT16)"
+            .into(),
+        Err(e) => format!("unknown: {e}"),
+    }
 }
 
 /// The CUDA-aware MPI, GPU runtime, GPU device and devices lines (rank 0). `devices`: every

@@ -74,11 +74,39 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let world = universe.world();
+    if let Some(code) = refuse_other_mpi(&world) {
+        return code;
+    }
     match cli.command {
         Command::Info(args) => info::run(&world, &args),
         Command::Check(args) => check::run(&world, &args),
         Command::Bench(args) => bench::run(&world, &args),
     }
+}
+
+/// Exit status 2 on every rank when a rank loaded another MPI release than the one this
+/// binary was built against ([`dlpack_mpi::mpi_library::MpiLibrary::check`]; the failing
+/// ranks say which), unless `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`. The ranks agree first (one
+/// all-reduce), so none goes on alone.
+fn refuse_other_mpi(world: &mpi::topology::SimpleCommunicator) -> Option<ExitCode> {
+    use dlpack_mpi::mpi_library::MpiLibrary;
+    use mpi::collective::{CommunicatorCollectives, SystemOperation};
+    use mpi::topology::Communicator;
+    let allowed = std::env::var("DLPACK_MPI_ALLOW_MPI_MISMATCH").is_ok_and(|v| v == "1");
+    let mine = MpiLibrary::current().check();
+    if let Err(err) = &mine {
+        let rank = world.rank();
+        let action = if allowed {
+            "running anyway (DLPACK_MPI_ALLOW_MPI_MISMATCH=1)"
+        } else {
+            "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 runs it anyway"
+        };
+        eprintln!("dlpack-mpi: rank {rank}: {err}; {action}");
+    }
+    let refused = i32::from(mine.is_err() && !allowed);
+    let mut any = 0i32;
+    world.all_reduce_into(&refused, &mut any, SystemOperation::max());
+    (any != 0).then(|| ExitCode::from(2))
 }
 
 #[cfg(test)]
@@ -113,7 +141,8 @@ mod tests {
         let a = check(&[]);
         assert!(a.include.is_empty() && a.exclude.is_empty());
         assert_eq!(a.len, vec![0, 1, 7, 1000, 65_536]);
-        assert_eq!(a.device, DeviceArg::Cpu);
+        assert_eq!(a.device, check::DeviceChoice::One(DeviceArg::Cpu));
+        assert_eq!(a.offset, [check::OffsetArg::Bytes(0)]);
         assert_eq!(a.producer, check::Producer::Auto);
         assert_eq!(a.transport, dlpack_mpi::transport::Transport::Auto);
         assert!(!a.failfast && !a.quiet && a.verbose == 0 && !a.list);
@@ -158,7 +187,7 @@ mod tests {
         assert_eq!(a.include, ["allreduce/", "*/float32/*"]);
         assert_eq!(a.exclude, ["scalar", "x"]);
         assert!(a.failfast && a.verbose == 1 && a.list && !a.quiet);
-        assert_eq!(a.device, DeviceArg::CudaManaged);
+        assert_eq!(a.device, check::DeviceChoice::One(DeviceArg::CudaManaged));
         assert_eq!(a.producer, check::Producer::Numpy);
         assert_eq!(a.transport, dlpack_mpi::transport::Transport::Staged);
         assert_eq!(a.dtype, ["int8", "float32", "bool"]);
@@ -168,6 +197,41 @@ mod tests {
         assert_eq!(a.junit.as_deref(), Some(std::path::Path::new("out.xml")));
         assert_eq!(a.json.as_deref(), Some(std::path::Path::new("out.json")));
         assert!(check(&["-q"]).quiet);
+    }
+
+    /// `--device SEND:RECV` (either side `all`), `mpich-all`, and `--offset` lists with
+    /// `all`; a side or an offset that is no such value is refused, naming it.
+    #[test]
+    fn check_placement_flags() {
+        use crate::launch::Dev;
+        use check::{DeviceChoice as C, OffsetArg as O};
+        let device = |v: &str| check(&["--device", v]).device;
+        assert_eq!(
+            device("cpu:cuda-host"),
+            C::Pair(Some(Dev::Cpu), Some(Dev::CudaHost))
+        );
+        assert_eq!(device("cuda:cpu"), C::Pair(Some(Dev::Cuda), Some(Dev::Cpu)));
+        assert_eq!(device("all:cuda"), C::Pair(None, Some(Dev::Cuda)));
+        assert_eq!(device("mpich-all"), C::MpichAll);
+        assert_eq!(device("all"), C::One(DeviceArg::All));
+        assert!(C::Pair(None, Some(Dev::Cuda)).is_sweep() && C::MpichAll.is_sweep());
+        assert!(!C::Pair(Some(Dev::Cuda), Some(Dev::Cpu)).is_sweep());
+        assert_eq!(C::Pair(None, Some(Dev::Cuda)).name(), "all:cuda");
+        let offsets = check(&["--offset", "0,3", "--offset", "all"]).offset;
+        assert_eq!(offsets, [O::Bytes(0), O::Bytes(3), O::All]);
+        for bad in [
+            &["check", "--device", "cpu:tpu"][..],
+            &["check", "--device", "cpu:"],
+            &["check", "--device", "mpich"],
+            &["check", "--offset", "65537"],
+            &["check", "--offset", "-1"],
+            &["check", "--offset", "three"],
+        ] {
+            let err = parse(bad).expect_err("refused");
+            let line = one_line(&err);
+            assert!(line.contains(&format!("`{}`", bad[2])), "{bad:?}: {line}");
+            assert!(!line.contains('\n'), "{bad:?}: {line}");
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use mpi::Count;
 
 use super::{FusedKind, Member, OnDevice};
 use crate::comm::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
-use crate::comm::reduce::op_handle;
+use crate::comm::reduce::handles;
 use crate::comm::stager::{BucketMember, StagedBucket};
 use crate::error::{Error, Result};
 use crate::raw;
@@ -25,7 +25,7 @@ use crate::spec::scratch::Scratch;
 ///
 /// # Errors
 /// [`Error::CountTooLarge`] for a reduce-scatter block beyond `int` units; the reduction's
-/// errors ([`op_handle`]).
+/// errors ([`handles`]).
 pub(super) fn calls_for(
     kind: FusedKind,
     element: crate::dtype::ElementType,
@@ -36,7 +36,7 @@ pub(super) fn calls_for(
     let unit = element.row.unit;
     let unit_bytes = unit.size_bytes().max(1);
     let units = bytes / unit_bytes;
-    let datatype = unit.datatype().as_raw();
+    let unit_type = unit.datatype().as_raw();
     let (send, recv) = if units == 0 {
         let null = std::ptr::null_mut::<c_void>();
         let send = if send == raw::in_place().cast_const() {
@@ -49,25 +49,29 @@ pub(super) fn calls_for(
         (send, recv)
     };
     match kind {
-        FusedKind::AllReduce(op) => Ok(vec![Call::Reduce {
-            buffers: Reduced {
-                send,
-                recv: recv.cast(),
-                units,
-                unit_bytes,
-                datatype,
-                op: op_handle(op, element.dtype)?,
-            },
-            root: None,
-        }]),
+        FusedKind::AllReduce(op) => {
+            let (datatype, op) = handles(op, element.dtype, unit_type)?;
+            Ok(vec![Call::Reduce {
+                buffers: Reduced {
+                    send,
+                    recv: recv.cast(),
+                    units,
+                    unit_bytes,
+                    datatype,
+                    op,
+                },
+                root: None,
+            }])
+        }
         FusedKind::ReduceScatter(op, _) => {
             let count = Count::try_from(units).map_err(|_| Error::CountTooLarge {
                 count: units as u64,
             })?;
+            let (datatype, op) = handles(op, element.dtype, unit_type)?;
             Ok(vec![Call::ReduceScatterBlock {
                 send,
                 recv: Buf::raw(recv.cast(), count, datatype),
-                op: op_handle(op, element.dtype)?,
+                op,
             }])
         }
         FusedKind::Broadcast(root) => {
@@ -84,7 +88,7 @@ pub(super) fn calls_for(
                     recv.wrapping_add(done * unit_bytes)
                 };
                 calls.push(Call::Bcast {
-                    buf: Buf::raw(at.cast(), count, datatype),
+                    buf: Buf::raw(at.cast(), count, unit_type),
                     root,
                 });
                 done += n;

@@ -1,8 +1,12 @@
-//! Sum, product, min and max for float16 and bfloat16: user-defined MPI operations.
+//! Sum, product, min and max for float16 and bfloat16: user-defined MPI operations, or the
+//! MPI library's own where it has them.
 //!
-//! MPI has no predefined half-precision types, so these dtypes travel as `MPI_UINT16_T`
+//! MPI-4.1 has no predefined half-precision types, so these dtypes travel as `MPI_UINT16_T`
 //! units and reduce through `MPI_Op_create` operations (MPI-4.1 §6.9.5) that reinterpret
-//! the bits.
+//! the bits. MPICH ≥ 5 defines `MPIX_C_FLOAT16` and `MPIX_BFLOAT16`, which its predefined
+//! `MPI_SUM`, `MPI_PROD`, `MPI_MIN` and `MPI_MAX` reduce (correctly rounded, round to
+//! nearest even, as here); where this build's `mpi.h` has both, [`reduction`] uses them
+//! unless [`crate::settings::HalfOps::Library`] is set ([`native_datatype`] says which).
 //!
 //! **Numerics.** MPI reductions are element-wise: each application of the operation combines
 //! two values. Here each application widens both operands to `f32`, computes there, and
@@ -20,6 +24,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use mpi::ffi::{MPI_Datatype, MPI_Op};
+use mpi::raw::AsRaw;
 
 use crate::dtype::{code, DType, ReduceOp};
 use crate::error::{Error, Result};
@@ -96,12 +101,66 @@ pub fn is_half(dtype: DType) -> bool {
     )
 }
 
-/// The user-defined operation for `op` on a half dtype.
+extern "C" {
+    /// `MPIX_C_FLOAT16` (0) or `MPIX_BFLOAT16` (1), or `MPI_DATATYPE_NULL`, from
+    /// `src/shim.c`.
+    fn dlpack_mpi_native_half(which: c_int) -> MPI_Datatype;
+}
+
+/// The MPI library's own datatype for the half dtype `dtype` (`MPIX_C_FLOAT16`,
+/// `MPIX_BFLOAT16`), when this build's `mpi.h` defines it and [`crate::settings::half_ops`]
+/// is [`crate::settings::HalfOps::Auto`]; `None`: the user-defined operations reduce it.
 ///
 /// # Errors
-/// [`Error::MpiNotInitialized`]; [`Error::UnsupportedReduction`] for operations other than
-/// sum, product, min and max.
-pub fn op(dtype: DType, op: ReduceOp) -> Result<MPI_Op> {
+/// [`Error::InvalidSetting`] from [`crate::settings::half_ops`].
+pub fn native_datatype(dtype: DType) -> Result<Option<MPI_Datatype>> {
+    if !is_half(dtype) || crate::settings::half_ops()? == crate::settings::HalfOps::Library {
+        return Ok(None);
+    }
+    // SAFETY: returns a predefined handle (a constant of mpi.h), or MPI_DATATYPE_NULL.
+    let native = unsafe { dlpack_mpi_native_half(c_int::from(dtype.code == code::BFLOAT)) };
+    // SAFETY: a predefined handle constant, read without MPI calls.
+    let null = unsafe { mpi::ffi::RSMPI_DATATYPE_NULL };
+    Ok((native != null).then_some(native))
+}
+
+/// The datatype and operation that reduce `dtype` with `op` when its units travel as
+/// `unit` (the element's own datatype): MPI's own half-precision datatype and predefined
+/// operation ([`native_datatype`]), or `unit` and the user-defined operation ([`op`]).
+///
+/// # Errors
+/// As [`op`] and [`native_datatype`].
+pub fn reduction(dtype: DType, op: ReduceOp, unit: MPI_Datatype) -> Result<(MPI_Datatype, MPI_Op)> {
+    let index = op_index(dtype, op)?;
+    match native_datatype(dtype)? {
+        Some(native) if native_takes(dtype, op) => Ok((native, op.system_operation().as_raw())),
+        _ => Ok((unit, ops()?.0[index])),
+    }
+}
+
+/// Whether MPI's own half datatype of `dtype` is used for `op`: every operation on
+/// float16; on bfloat16 only the sum. MPICH 5.0.2 implements `MPI_PROD`, `MPI_MIN` and
+/// `MPI_MAX` on `MPIX_C_FLOAT16` but aborts the job on them for `MPIX_BFLOAT16`
+/// (`Assertion failed in file src/mpi/coll/op/op_fns.c`, lines 88, 268 and 286): those stay
+/// on this crate's operations.
+pub fn native_takes(dtype: DType, op: ReduceOp) -> bool {
+    dtype.code != code::BFLOAT || op == ReduceOp::Sum
+}
+
+/// The refusals of [`reduction`] for `dtype` and `op`, without a datatype.
+///
+/// # Errors
+/// As [`reduction`].
+pub fn check(dtype: DType, op: ReduceOp) -> Result<()> {
+    op_index(dtype, op)?;
+    if native_datatype(dtype)?.is_none() || !native_takes(dtype, op) {
+        ops()?;
+    }
+    Ok(())
+}
+
+/// The index of `op` on `dtype` in [`Ops`].
+fn op_index(dtype: DType, op: ReduceOp) -> Result<usize> {
     let base = if dtype.code == code::BFLOAT { 4 } else { 0 };
     let index = match op {
         ReduceOp::Sum => 0,
@@ -116,7 +175,17 @@ pub fn op(dtype: DType, op: ReduceOp) -> Result<MPI_Op> {
             })
         }
     };
-    Ok(ops()?.0[base + index])
+    Ok(base + index)
+}
+
+/// The user-defined operation for `op` on a half dtype (on `MPI_UINT16_T` units).
+///
+/// # Errors
+/// [`Error::MpiNotInitialized`]; [`Error::UnsupportedReduction`] for operations other than
+/// sum, product, min and max.
+pub fn op(dtype: DType, op: ReduceOp) -> Result<MPI_Op> {
+    let index = op_index(dtype, op)?;
+    Ok(ops()?.0[index])
 }
 
 #[cfg(test)]
@@ -138,6 +207,43 @@ mod tests {
                 std::ptr::null_mut(),
             )
         };
+    }
+
+    /// MPI hands a user-defined operation the user's buffers, which DLPack lets start at
+    /// any byte (`byte_offset` 1, a shifted `data`): every operation reads and writes its
+    /// 2-byte elements unaligned, at each of the two offsets (a test that Miri, through
+    /// scripts/miri.sh, checks for misaligned accesses).
+    #[test]
+    fn half_ops_at_any_address() {
+        let a = [f16::from_f32(1.5), f16::from_f32(-2.0), f16::from_f32(8.0)];
+        let b = [f16::from_f32(0.25), f16::from_f32(3.0), f16::from_f32(-1.0)];
+        for (x_at, y_at) in [(1usize, 0usize), (0, 1), (1, 3)] {
+            let mut x = vec![0u8; 8 + x_at];
+            let mut y = vec![0u8; 8 + y_at];
+            for i in 0..3 {
+                x[x_at + 2 * i..x_at + 2 * i + 2].copy_from_slice(&a[i].to_bits().to_ne_bytes());
+                y[y_at + 2 * i..y_at + 2 * i + 2].copy_from_slice(&b[i].to_bits().to_ne_bytes());
+            }
+            let mut n: c_int = 3;
+            // SAFETY: three 2-byte elements from each (unaligned) start; the datatype is not
+            // read.
+            unsafe {
+                f16_sum(
+                    x.as_mut_ptr().add(x_at).cast(),
+                    y.as_mut_ptr().add(y_at).cast(),
+                    &mut n,
+                    std::ptr::null_mut(),
+                )
+            };
+            let got: Vec<f32> = (0..3)
+                .map(|i| {
+                    let bytes = [y[y_at + 2 * i], y[y_at + 2 * i + 1]];
+                    f16::from_bits(u16::from_ne_bytes(bytes)).to_f32()
+                })
+                .collect();
+            assert_eq!(got, [1.75, 1.0, 7.0], "x at {x_at}, y at {y_at}");
+            assert!(x[..x_at].iter().chain(&y[..y_at]).all(|&v| v == 0));
+        }
     }
 
     #[test]

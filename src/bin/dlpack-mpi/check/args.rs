@@ -4,7 +4,7 @@
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use dlpack_mpi::transport::Transport;
 
-use crate::launch::{DeviceArg, GpuArgs};
+use crate::launch::{Dev, DeviceArg, GpuArgs, DEVS};
 
 /// Options of `check`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,9 +36,22 @@ pub struct CheckArgs {
     /// Where the tensors live: `cpu`; `cuda-host` (pinned host memory, `kDLCUDAHost`: host
     /// memory, no device path); `cuda` (device memory through cudarc: feature `cuda` and a
     /// CUDA driver); `cuda-managed` (needs --simulate-device for now); `all` = every device
-    /// available here. Device names appear in case names (`-k /cuda/`).
-    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-    pub device: DeviceArg,
+    /// available here. `SEND:RECV` (e.g. `cpu:cuda`, `cuda:cuda-host`, `all:all`): send
+    /// tensors on one, receive tensors on the other (an in-place case's one buffer is a
+    /// receive tensor); `mpich-all`: MPICH's `-memtype=all`, a case per memory with the
+    /// even ranks' tensors on it and the odd ranks' on `cuda`. Device names appear in case
+    /// names (`-k /cuda/`, `-k /cpu:cuda/`, `-k /even-cpu+odd-cuda/`).
+    #[arg(long, value_name = "DEVICE|SEND:RECV|mpich-all", default_value = "cpu",
+          value_parser = parse_device)]
+    pub device: DeviceChoice,
+    /// Start every send and receive tensor this many bytes past a 4096-byte aligned address
+    /// (comma separated; `all` = 1 to 7, 4095 and 4097; at most 65536): each offset in two
+    /// cases, through DLPack's `byte_offset` (`data` aligned; name part `off3b`) and through
+    /// a shifted `data` pointer (`off3p`), with guard bytes around every tensor. `0` (the
+    /// default): tensors aligned for their element type, names without the part.
+    #[arg(long, value_delimiter = ',', default_value = "0", allow_hyphen_values = true,
+          value_parser = parse_offset)]
+    pub offset: Vec<OffsetArg>,
     /// Testing without a GPU: CUDA tensors are host memory labelled `kDLCUDA` /
     /// `kDLCUDAManaged` and the GPU runtime is simulated, so staging, routing and stream
     /// synchronization run as on a GPU.
@@ -102,6 +115,104 @@ pub struct CheckArgs {
     /// the cases matching PATTERN (same rules as `-k`; `probes`: the mismatch probes).
     #[arg(long, value_name = "PATTERN[:RANK]", hide = true)]
     pub inject_hang: Option<String>,
+}
+
+/// The `--device` value: one memory (or `all` of them), a send and a receive memory, or
+/// MPICH's pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// Every tensor on one memory, or with `all` on each memory in turn.
+    One(DeviceArg),
+    /// `SEND:RECV`: send tensors on the first, receive tensors on the second; `None` (`all`)
+    /// each memory in turn.
+    Pair(Option<Dev>, Option<Dev>),
+    /// `mpich-all`: MPICH's `-memtype=all`, even ranks on each memory in turn, odd ranks
+    /// on `cuda`.
+    MpichAll,
+}
+
+impl DeviceChoice {
+    /// The name as given on the command line.
+    pub fn name(self) -> String {
+        let side = |d: Option<Dev>| d.map_or("all", Dev::name);
+        match self {
+            DeviceChoice::One(arg) => arg.name().to_string(),
+            DeviceChoice::Pair(s, r) => format!("{}:{}", side(s), side(r)),
+            DeviceChoice::MpichAll => "mpich-all".to_string(),
+        }
+    }
+
+    /// Whether it goes through several memories (`all`, a side `all`, `mpich-all`): then a
+    /// memory this build or machine lacks is left out, where a choice naming it is refused.
+    pub fn is_sweep(self) -> bool {
+        matches!(
+            self,
+            DeviceChoice::One(DeviceArg::All)
+                | DeviceChoice::Pair(None, _)
+                | DeviceChoice::Pair(_, None)
+                | DeviceChoice::MpichAll
+        )
+    }
+}
+
+/// `--device`: `cpu`, `cuda`, `cuda-host`, `cuda-managed`, `all`, `SEND:RECV` of those, or
+/// `mpich-all`.
+fn parse_device(value: &str) -> Result<DeviceChoice, String> {
+    let one = |name: &str| DEVS.into_iter().find(|d| d.name() == name);
+    let side = |name: &str| match name {
+        "all" => Ok(None),
+        other => one(other).map(Some).ok_or(()),
+    };
+    let refused = || {
+        format!(
+            "`{value}` is not a device: cpu, cuda-host, cuda, cuda-managed, all, SEND:RECV of              those (e.g. cpu:cuda), or mpich-all"
+        )
+    };
+    if value == "mpich-all" {
+        return Ok(DeviceChoice::MpichAll);
+    }
+    if let Some((s, r)) = value.split_once(':') {
+        return match (side(s), side(r)) {
+            (Ok(s), Ok(r)) => Ok(DeviceChoice::Pair(s, r)),
+            _ => Err(refused()),
+        };
+    }
+    match value {
+        "all" => Ok(DeviceChoice::One(DeviceArg::All)),
+        name => match one(name) {
+            Some(Dev::Cpu) => Ok(DeviceChoice::One(DeviceArg::Cpu)),
+            Some(Dev::CudaHost) => Ok(DeviceChoice::One(DeviceArg::CudaHost)),
+            Some(Dev::Cuda) => Ok(DeviceChoice::One(DeviceArg::Cuda)),
+            Some(Dev::CudaManaged) => Ok(DeviceChoice::One(DeviceArg::CudaManaged)),
+            None => Err(refused()),
+        },
+    }
+}
+
+/// One `--offset` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetArg {
+    /// This many bytes (0: none).
+    Bytes(u64),
+    /// `all`: 1 to 7, and a page (4096 bytes) ± 1.
+    All,
+}
+
+/// The largest `--offset` (bytes).
+pub(super) const MAX_OFFSET: u64 = 1 << 16;
+
+/// `--offset`: a number of bytes from 0 to [`MAX_OFFSET`], or `all`.
+fn parse_offset(value: &str) -> Result<OffsetArg, String> {
+    match value.trim() {
+        "all" => Ok(OffsetArg::All),
+        v => match v.parse::<u64>() {
+            Ok(b) if b <= MAX_OFFSET => Ok(OffsetArg::Bytes(b)),
+            _ => Err(format!(
+                "`{value}` is not a number of bytes from 0 to {}, or `all`",
+                MAX_OFFSET
+            )),
+        },
+    }
 }
 
 /// The default `--timeout`, in seconds: about a hundred times the slowest case measured on

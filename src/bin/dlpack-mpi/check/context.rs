@@ -10,7 +10,8 @@ use dlpack_mpi::Error;
 
 use super::args::Producer;
 use super::matrix::{Comm, Layout};
-use crate::launch::{Dev, Gpu};
+use super::placement::Here;
+use crate::launch::Gpu;
 
 /// A case body's result: the error is a failure's message, or a skip's after [`SKIP_MARK`].
 pub(super) type Res<T> = Result<T, String>;
@@ -29,6 +30,12 @@ pub(super) enum Verdict {
     /// A combination that MPI or DLPack rules out (a reduction on a transfer-only dtype, a
     /// point-to-point exchange at one rank): nothing to check, counted apart from skips.
     NotApplicable(String),
+    /// A float sum whose exact inputs cannot carry every rank's data (more ranks than the
+    /// dtype's significand allows nonzero contributions per element, and too few elements;
+    /// `super::exact`): the collective ran without error and what it returned matched the
+    /// exact sum, but a rank's lost contribution could have gone unseen. Neither a pass
+    /// nor a failure; counted apart.
+    NotCheckable(String),
     /// A case that could have been checked and was not (a documented limitation of this
     /// library, a pinned producer that lacks the dtype).
     Skip(String),
@@ -96,8 +103,9 @@ impl RunContext {
 pub(super) struct CaseContext<'r> {
     /// The run's shared context.
     pub run: &'r RunContext,
-    /// Where the case's tensors live.
-    pub dev: Dev,
+    /// Where this rank's tensors of the case live: the memories of its send and receive
+    /// tensors, and the case's offset.
+    pub here: Here,
     /// How the case stores its tensors.
     pub layout: Layout,
     /// Set on the last rank for cases matching the hidden `--inject-fault` pattern: the
@@ -109,10 +117,10 @@ pub(super) struct CaseContext<'r> {
 }
 
 impl<'r> CaseContext<'r> {
-    pub(super) fn new(run: &'r RunContext, dev: Dev, layout: Layout, inject: bool) -> Self {
+    pub(super) fn new(run: &'r RunContext, here: Here, layout: Layout, inject: bool) -> Self {
         CaseContext {
             run,
-            dev,
+            here,
             layout,
             inject,
             route: Cell::new(None),

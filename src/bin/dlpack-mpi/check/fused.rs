@@ -10,18 +10,18 @@
 //! or, int32 alone). The cases of length 0 first run the empty list. The cases of
 //! [`SMALL_BUCKETS_FROM`] elements or more run with buckets of [`SMALL_BUCKETS`] bytes (the
 //! same on every rank: the case decides), so that a list is many buckets and members larger
-//! than a bucket go alone; the others with the run's bucket sizes. Every member's values are
-//! the dtype's closed forms ([`Kind::values`]) from an index of its own, so a member given
-//! another's elements fails, and every element of every member is compared with values
-//! computed here, a reduction folded in the element type's own arithmetic as in the
-//! single-tensor cases (the same exactness, half precision included, and the same
-//! recognition of the saturating-sum bug); every storage element between a received
-//! member's elements (a gap of a strided layout) must be found as it was written before
-//! the call ([`read_checking_gaps`]), which the single-tensor cases do not check. With a
-//! Python producer the case's own member (its dtype, layout and length) is the producer's,
-//! the others are Rust-made. A device list's reduce-scatter is a skip (the library takes
-//! host lists only: `TransportUnavailable`), as is a member layout the library refuses
-//! (`StridedNotSupported`).
+//! than a bucket go alone; the others with the run's bucket sizes. Every member's values
+//! are the dtype's closed forms ([`Kind::values`], a reduction's [`Kind::summands`]) from
+//! an index of its own, so a member given another's elements fails, and every element of
+//! every member is compared with values computed here, a reduction folded in the element
+//! type's own arithmetic as in the single-tensor cases (the same exactness, half precision
+//! included, the same recognition of the saturating-sum bug, and a member whose exact
+//! inputs cannot carry every rank's data makes the case not checkable, `super::exact`);
+//! every storage element between a received member's elements (a gap of a strided layout)
+//! must be found as it was written before the call ([`read_checking_gaps`]), which the
+//! single-tensor cases do not check. With a Python producer the case's own member (its
+//! dtype, layout and length) is the producer's, the others are Rust-made. A member layout
+//! the library refuses (`StridedNotSupported`) is a skip.
 
 use std::fmt::Debug;
 
@@ -192,7 +192,10 @@ impl<'k, S: AnyBits + PartialEq + Debug> Part<'k, S> {
         g: Geometry,
     ) -> Res<Part<'k, S>> {
         let from = first_index(index);
-        let values = |r, len| kind.values(&cx, r, len, from);
+        let values = |r, len| match g.fused {
+            Fused::Bcast => kind.values(&cx, r, len, from),
+            _ => kind.summands(cx.layout, (g.p, r), len, from),
+        };
         let fill = vec![(kind.value)(-1, -1); n as usize * kind.per_elem];
         let (send, recv) = match g.fused {
             Fused::AllReduce => (None, values(g.r, n)),
@@ -220,8 +223,8 @@ fn first_index(index: usize) -> i64 {
     37 * index as i64
 }
 
-/// `f` folded over the `p` ranks' `len` values of `kind` from element index `from` (in
-/// `cx`'s layout).
+/// `f` folded over the `p` ranks' `len` inputs of `kind` ([`Kind::summands`]) from element
+/// index `from` (in `cx`'s layout).
 fn fold<S: AnyBits + PartialEq + Debug>(
     kind: &Kind<S>,
     cx: &CaseContext<'_>,
@@ -229,9 +232,12 @@ fn fold<S: AnyBits + PartialEq + Debug>(
     f: Fold<S>,
     len: i64,
 ) -> Vec<S> {
-    let mut acc = kind.values(cx, 0, len, from);
+    let mut acc = kind.summands(cx.layout, (p, 0), len, from);
     for q in 1..p {
-        for (a, b) in acc.iter_mut().zip(kind.values(cx, q, len, from)) {
+        for (a, b) in acc
+            .iter_mut()
+            .zip(kind.summands(cx.layout, (p, q), len, from))
+        {
             *a = f(*a, b);
         }
     }
@@ -319,9 +325,13 @@ impl<S: AnyBits + PartialEq + Debug> Member for Part<'_, S> {
             _ => (n, 0..nk),
         };
         let expect = fold(kind, &cx, (g.p, from), f, full);
-        let what = format!("{what}: {}", rop.name());
-        let Err(msg) = kind.compare(g.r, &what, &expect[part.clone()], &got) else {
-            return Ok(Verdict::Pass);
+        let sum = format!("{what}: {}", rop.name());
+        let Err(msg) = kind.compare(g.r, &sum, &expect[part.clone()], &got) else {
+            // Exact, but the member's inputs may not carry every rank's data.
+            let unchecked = kind.uncovered(cx.layout, g.p, full);
+            return Ok(unchecked.map_or(Verdict::Pass, |why| {
+                Verdict::NotCheckable(format!("{what}: {why}"))
+            }));
         };
         // As the single-tensor reductions' `compare_reduced`: elements wrong only where
         // their saturating fold reached a bound are Open MPI's op/avx bug.
@@ -397,16 +407,15 @@ impl Drop for Buckets {
     }
 }
 
-/// A library error of the collective as the case's verdict: a documented limitation is a
-/// skip (a member's layout the pack kernels refuse; a fused reduce-scatter of device
-/// memory, `TransportUnavailable`), anything else a failure.
-fn refusal(cx: &CaseContext<'_>, fused: Fused, err: Error) -> String {
+/// A library error of the collective as the case's verdict: a documented limitation (a
+/// member's layout the pack kernels refuse; a send list on another memory than the receive
+/// list, `--device SEND:RECV`, which a fused collective refuses: `MixedDevices`) is a skip,
+/// anything else a failure.
+fn refusal(cx: &CaseContext<'_>, err: Error) -> String {
     let strided = |err: &Error| matches!(err, Error::StridedNotSupported { .. });
     let limitation = match &err {
         Error::Member { source, .. } => strided(source),
-        Error::TransportUnavailable { .. } => {
-            fused == Fused::ReduceScatter && cx.dev.needs_runtime()
-        }
+        Error::MixedDevices { .. } => cx.here.send != cx.here.recv,
         other => strided(other),
     };
     if limitation {
@@ -441,7 +450,7 @@ fn call_list(
             (_, Call::Nonblocking(_)) => return Err(format!("no nonblocking case of {fused:?}")),
         };
         cx.note_route(dc);
-        done.map_err(|err| refusal(cx, fused, err))
+        done.map_err(|err| refusal(cx, err))
     })
 }
 
@@ -481,7 +490,8 @@ pub(super) fn case<S: AnyBits + PartialEq + Debug>(
     // With a Python producer, the members but the case's own are Rust-made: a JAX or
     // Paddle tensor takes 0.2-0.5 ms to make, and a list has 5 to 9 members (twice as
     // many tensors with a send list), which would have added 10-15 % to such a run.
-    let rust_made = (cx.dev == Dev::Cpu && cx.run.producer != Producer::Rust)
+    let on_cpu = cx.here.send == Dev::Cpu || cx.here.recv == Dev::Cpu;
+    let rust_made = (on_cpu && cx.run.producer != Producer::Rust)
         .then(|| RunContext::new(None, Producer::Rust));
     let mut members: Vec<Box<dyn Member + '_>> = Vec::new();
     for (of, layout, len) in plan(cx.layout, n, cx.layout == Layout::Step) {
@@ -489,7 +499,8 @@ pub(super) fn case<S: AnyBits + PartialEq + Debug>(
             Some(rust) if of != Of::Own => rust,
             _ => cx.run,
         };
-        let mcx = CaseContext::new(run, cx.dev, layout, false);
+        // Every member where the case's tensors are, at the case's offset.
+        let mcx = CaseContext::new(run, cx.here, layout, false);
         let at = (members.len(), len);
         members.push(match (of, &others.float32) {
             (Of::Own | Of::Case, _) => Box::new(Part::new(kind, mcx, at, g)?),
@@ -502,18 +513,20 @@ pub(super) fn case<S: AnyBits + PartialEq + Debug>(
         let _buckets = Buckets::set(n >= SMALL_BUCKETS_FROM);
         call_list((cx, dc), how, op_of, &members)?;
     }
-    let (mut failed, mut known) = (None, None);
+    let (mut failed, mut known, mut unchecked) = (None, None, None);
     for (i, m) in members.into_iter().enumerate() {
         match m.verify(cx.inject && i == 0) {
             Ok(Verdict::KnownBug(msg)) => known = known.or(Some(msg)),
+            Ok(Verdict::NotCheckable(why)) => unchecked = unchecked.or(Some(why)),
             Ok(_) => {}
             Err(msg) => failed = failed.or(Some(msg)),
         }
     }
-    match (failed, known) {
-        (Some(msg), _) => Err(msg),
-        (None, Some(msg)) => Ok(Verdict::KnownBug(msg)),
-        (None, None) => Ok(Verdict::Pass),
+    match (failed, known, unchecked) {
+        (Some(msg), _, _) => Err(msg),
+        (None, Some(msg), _) => Ok(Verdict::KnownBug(msg)),
+        (None, None, Some(why)) => Ok(Verdict::NotCheckable(why)),
+        (None, None, None) => Ok(Verdict::Pass),
     }
 }
 

@@ -10,9 +10,11 @@ use dlpack_mpi::Error;
 
 use super::args::Producer;
 use super::context::{e, CaseContext, Res, Verdict, SKIP_MARK};
+use super::exact::{Exact, Grid};
 use super::matrix::{Comm, Layout, Op};
-use super::producers::producer_for;
+use super::producers::maker;
 use super::store::Store;
+#[cfg(feature = "cuda")]
 use crate::launch::Dev;
 
 /// A binary fold of two elements.
@@ -27,8 +29,14 @@ pub(super) struct Kind<S> {
     pub(super) dtype: DType,
     /// Storage elements per DLPack element (lanes).
     pub(super) per_elem: usize,
+    /// Rank `r`'s value at storage index `i`: what every case but a sum sends (and, at
+    /// `(-1, -1)`, what a receive buffer starts as).
     pub(super) value: fn(i64, i32) -> S,
     pub(super) reduce: Option<(ReduceOp, Fold<S>)>,
+    /// The inputs of a float dtype's sums, exact in any order at any rank count
+    /// ([`super::exact`]); `None`: [`Kind::value`]'s are (wrapping integer sums, logical
+    /// or), or the dtype does not reduce.
+    pub(super) exact: Option<Exact<S>>,
     /// The saturating form of the reduction and a test for the type's bounds, to recognise
     /// [`SATURATING_SUM_BUG`]: an element whose saturating fold reaches a bound overflowed
     /// on the way, and there the library's answer depends on where it saturated.
@@ -48,13 +56,39 @@ pub(super) trait Runner {
 impl<S: AnyBits + PartialEq + Debug> Kind<S> {
     /// Values of rank `r`, `n` DLPack elements, element index offset `from`.
     pub(super) fn values(&self, cx: &CaseContext<'_>, r: i32, n: i64, from: i64) -> Vec<S> {
+        self.indices(cx.layout, n, from)
+            .map(|i| (self.value)(i, r))
+            .collect()
+    }
+
+    /// The storage indices of `n` DLPack elements from element index `from` in `layout`.
+    fn indices(&self, layout: Layout, n: i64, from: i64) -> impl Iterator<Item = i64> {
         let k = self.per_elem as i64;
         // A broadcast (stride-0) send repeats one element: every logical element is
         // element 0's value.
-        let bcast = cx.layout == Layout::Broadcast;
-        (from * k..(from + n) * k)
-            .map(|i| (self.value)(if bcast { i % k } else { i }, r))
-            .collect()
+        let bcast = layout == Layout::Broadcast;
+        (from * k..(from + n) * k).map(move |i| if bcast { i % k } else { i })
+    }
+
+    /// Rank `r`'s inputs of a reduction over `p` ranks (as [`Kind::values`], in
+    /// `layout`): a float sum's are exact in any order ([`super::exact`]).
+    pub(super) fn summands(&self, layout: Layout, (p, r): (i32, i32), n: i64, from: i64) -> Vec<S> {
+        let indices = self.indices(layout, n, from);
+        match &self.exact {
+            Some(exact) => {
+                let grid = Grid::new(exact.format, p);
+                indices.map(|i| (exact.value)(&grid, i, r)).collect()
+            }
+            None => indices.map(|i| (self.value)(i, r)).collect(),
+        }
+    }
+
+    /// Why a reduction over `p` ranks of `n` elements in `layout` cannot carry every rank's
+    /// input exactly (`None`: it can): the reason of [`Verdict::NotCheckable`].
+    pub(super) fn uncovered(&self, layout: Layout, p: i32, n: i64) -> Option<String> {
+        let exact = self.exact.as_ref()?;
+        let repeated = layout == Layout::Broadcast;
+        Grid::new(exact.format, p).uncovered(self.name, n, self.per_elem as i64, repeated)
     }
 
     /// A tensor holding the logical vector `data` in the current layout (receive side).
@@ -77,35 +111,34 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
             store[p * k..(p + 1) * k].copy_from_slice(&data[l * k..(l + 1) * k]);
         }
         let first = pos.first().copied().unwrap_or(0);
-        let dev = cx.dev;
-        if dev == Dev::Cpu {
-            match producer_for(cx.run.producer, self.dtype, recv) {
-                Producer::Numpy => return Store::numpy(self.dtype, store, &shape, &strides, first),
-                // A JAX case's receive buffer where Paddle has no such view: Rust's.
-                Producer::Paddle
-                    if cx.run.producer != Producer::Paddle && strides.iter().any(|&s| s < 0) => {}
-                p @ (Producer::Jax | Producer::Paddle) => {
-                    return Store::foreign(p, self.dtype, store, &shape, &strides, first)
-                }
-                Producer::Rust | Producer::Auto => {}
+        let (dtype, dev, offset) = (self.dtype, cx.here.dev(recv), cx.here.offset);
+        let at = (offset, cx.here.rank);
+        match maker(cx.run.producer, dtype, (recv, dev), cx.layout, offset) {
+            Producer::Numpy if offset.is_some() => {
+                return Store::numpy_framed((dtype, store), (&shape, &strides, first), at)
             }
+            Producer::Numpy => return Store::numpy(dtype, store, &shape, &strides, first),
+            p @ (Producer::Jax | Producer::Paddle) => {
+                return Store::foreign(p, dtype, store, &shape, &strides, first)
+            }
+            Producer::Rust | Producer::Auto => {}
         }
-        let esize = self.dtype.size_bytes().unwrap_or(0) as u64;
+        let esize = dtype.size_bytes().unwrap_or(0) as u64;
         #[cfg(feature = "cuda")]
         if dev == Dev::Cuda && cx.run.real_cuda {
-            return Store::cuda(
-                cx.run,
-                self.dtype,
-                store,
-                &shape,
-                &strides,
-                first as u64 * esize,
-            );
+            if offset.is_some() {
+                return Store::cuda_framed(cx.run, (dtype, store), (&shape, &strides, first), at);
+            }
+            return Store::cuda(cx.run, dtype, store, &shape, &strides, first as u64 * esize);
+        }
+        let label = dev.label(cx.run.ordinal);
+        if offset.is_some() {
+            return Store::framed((dtype, store), (&shape, &strides, first), at, label);
         }
         Owned::new(store)
-            .with_dtype(self.dtype)
+            .with_dtype(dtype)
             .and_then(|o| o.with_layout(&shape, Some(&strides), first as u64 * esize))
-            .map(|o| o.labelled(dev.label(cx.run.ordinal)))
+            .map(|o| o.labelled(label))
             .map(Store::Rust)
             .map_err(e)
     }
@@ -131,10 +164,11 @@ impl<S: AnyBits + PartialEq + Debug> Kind<S> {
         Some((op, self.fold_with(cx, f, n, p)))
     }
 
+    /// `f` folded over the `p` ranks' [`Kind::summands`] of `n` elements, rank after rank.
     pub(super) fn fold_with(&self, cx: &CaseContext<'_>, f: Fold<S>, n: i64, p: i32) -> Vec<S> {
-        let mut acc = self.values(cx, 0, n, 0);
+        let mut acc = self.summands(cx.layout, (p, 0), n, 0);
         for r in 1..p {
-            for (a, b) in acc.iter_mut().zip(self.values(cx, r, n, 0)) {
+            for (a, b) in acc.iter_mut().zip(self.summands(cx.layout, (p, r), n, 0)) {
                 *a = f(*a, b);
             }
         }

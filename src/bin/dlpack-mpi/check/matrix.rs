@@ -1,9 +1,10 @@
 //! The case matrix: operations, layouts, and the name of a case
-//! (`op/dtype/layout/device/transport/len`).
+//! (`op/dtype/layout/device/transport/len`, and `/off3b`-style with an offset).
 
 use dlpack_mpi::transport::DeviceComm;
 use mpi::topology::SimpleCommunicator;
 
+use super::placement::{Offset, Placement};
 use crate::launch::Dev;
 
 /// The communicator every case goes through.
@@ -189,21 +190,33 @@ pub(super) fn transport_part(dev: Dev, dc: &Comm<'_>) -> &'static str {
     }
 }
 
-/// A case's name: `op/dtype/layout/device/transport/len`.
+/// The transport part of the names of `place`'s cases ([`Placement::transport`] of
+/// [`transport_part`]: `host+staged` for `cpu:cuda`).
+pub(super) fn placement_transport(place: Placement, dc: &Comm<'_>) -> String {
+    place.transport(|d| transport_part(d, dc))
+}
+
+/// A case's name: `op/dtype/layout/device/transport/len`, then `/off3b` (or `p`) for an
+/// offset; the device part is the placement's ([`Placement::name`]: `cpu`, `cpu:cuda`,
+/// `even-cpu+odd-cuda`).
 pub(super) fn case_name(
     op: Op,
     dtype: &str,
     layout: Layout,
-    device: Dev,
-    transport: &str,
+    (device, transport): (&str, &str),
     len: i64,
+    offset: Offset,
 ) -> String {
-    format!(
-        "{}/{dtype}/{}/{}/{transport}/{len}",
+    let mut name = format!(
+        "{}/{dtype}/{}/{device}/{transport}/{len}",
         op.name(),
         layout.name(),
-        device.name()
-    )
+    );
+    if let Some(part) = offset.name_part() {
+        name.push('/');
+        name.push_str(&part);
+    }
+    name
 }
 
 /// How a case stores its logical vector of `n` elements (case names' `layout` part).

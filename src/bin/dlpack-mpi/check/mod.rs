@@ -5,25 +5,30 @@
 //! operation through `DeviceComm` (which routes each tensor: host memory straight to
 //! `TensorComm`, CUDA memory direct or staged through pinned buffers), and compares what arrived with the
 //! values computed here independently of MPI (closed forms over rank and index, reductions
-//! folded in the element type's own arithmetic). Verdicts are combined across ranks; rank 0
+//! folded in the element type's own arithmetic, from inputs whose sums are exact in any
+//! order at any rank count). Verdicts are combined across ranks; rank 0
 //! prints each failure as it happens (every case with `-v`: `PASS`/`FAIL`/`SKIP`/`N/A`/
-//! `KNOWN-BUG` with the reason), then a line per operation, the operation × dtype matrix and
-//! the known MPI-library bugs, and closes with
-//! `N passed, N failed, N skipped, N not applicable`. A failure names the first differing
-//! index, the expected and arrived values, and the rank that saw it. Not applicable: a
-//! combination MPI or DLPack rules out (a reduction on a transfer-only dtype), which is not
-//! a skip.
+//! `NOT-CHECKABLE`/`KNOWN-BUG` with the reason), then a line per operation, the operation ×
+//! dtype matrix and the known MPI-library bugs, and closes with
+//! `N passed, N failed, N skipped, N not applicable` (and `, N not checkable` when a case
+//! was). A failure names the first differing index, the expected and arrived values, and
+//! the rank that saw it. Not applicable: a combination MPI or DLPack rules out (a
+//! reduction on a transfer-only dtype), which is not a skip. Not checkable: a float sum over
+//! more ranks than exact inputs in that few elements can carry (`exact`).
 //!
 //! # Files
 //!
 //! Each file uses only the files listed before it (and `crate::launch`), so there is no
 //! cycle:
 //!
-//! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport` values).
+//! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport`, `--device` and
+//!    `--offset` values); `placement`: where each rank's tensors of a case live (`--device`)
+//!    and at which offset (`--offset`), and the guarded buffer of an offset tensor.
 //! 2. `matrix`: operations ([`matrix::Op`]), layouts, case names.
 //! 3. `context`: the run's and the case's context, passed explicitly; verdicts;
 //!    `nonblocking`: how a case calls its operation (blocking, or posted in an rsmpi scope
-//!    and completed by `wait` or a `test` loop).
+//!    and completed by `wait` or a `test` loop); `exact`: the inputs of the float sums,
+//!    exact in any order at any rank count, and when they cannot carry every rank's data.
 //! 4. `store`: tensor storage by producer (`Owned`, NumPy, JAX, Paddle, cudarc);
 //!    `producers`: which producer makes each dtype (`--producer auto`), JAX/Paddle tensors.
 //! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
@@ -49,11 +54,13 @@ mod args;
 mod cases;
 mod context;
 mod dtypes;
+mod exact;
 mod fused;
 mod kind;
 mod matrix;
 mod mismatch;
 mod nonblocking;
+mod placement;
 mod producers;
 mod report;
 mod run;
@@ -71,7 +78,7 @@ use mpi::traits::*;
 pub use args::CheckArgs;
 // The type of `CheckArgs::producer`, named by main.rs's tests.
 #[cfg(test)]
-pub use args::Producer;
+pub use args::{DeviceChoice, OffsetArg, Producer};
 use context::RunContext;
 use report::Tally;
 use watchdog::{Reports, Stage, Watch};
@@ -93,12 +100,13 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         Err(why) => return refuse(&why),
     };
     let dc = &setup.dc;
-    let Some((made_by, indices)) = select::agree_on_cases(w, &kinds, args, &setup.devices) else {
+    let Some((made_by, indices)) = select::agree_on_cases(w, &kinds, args, &setup.placements)
+    else {
         return ExitCode::from(2);
     };
     let run = RunContext::new(setup.gpu, made_by);
     let producer_line = report::producer_line(w, made_by);
-    let cases = run::cases(&kinds, &indices, dc);
+    let cases = run::cases(&kinds, &indices, &setup.placements);
     let root = w.rank() == 0;
     if args.list {
         if root {

@@ -11,6 +11,9 @@ use std::sync::OnceLock;
 use dlpack_mpi::dtype::{code, DType};
 
 use super::args::Producer;
+use super::matrix::Layout;
+use super::placement::{Form, Offset};
+use crate::launch::Dev;
 
 /// The installed Python producers (bit `i` = `Producer::PYTHON[i]`), as rank 0 found them.
 static INSTALLED: OnceLock<i32> = OnceLock::new();
@@ -99,6 +102,31 @@ pub(super) fn producer_for(run: Producer, dtype: DType, recv: bool) -> Producer 
         .filter(|&p| installed(p) && writable(p) && (run == Producer::Auto || p != Producer::Jax))
         .find(|&p| makes(p, dtype))
         .unwrap_or(Producer::Rust)
+}
+
+/// Who makes a case's send (`recv == false`) or receive tensor of `dtype` on `dev` in
+/// `layout` at `offset` in a run whose producer is `run`: [`producer_for`]'s on `cpu`,
+/// except where that producer cannot make the tensor and Rust (`Owned`) makes it: every
+/// other memory; a negative-stride view, which Paddle lacks, unless Paddle is pinned (its
+/// store then skips the case); at an offset, every producer but NumPy, which makes the
+/// shifted-pointer form only (its `__dlpack__` exports `byte_offset` 0, `data` at the
+/// first element: JAX and Paddle make no misaligned arrays).
+pub(super) fn maker(
+    run: Producer,
+    dtype: DType,
+    (recv, dev): (bool, Dev),
+    layout: Layout,
+    offset: Offset,
+) -> Producer {
+    if dev != Dev::Cpu {
+        return Producer::Rust;
+    }
+    match producer_for(run, dtype, recv) {
+        Producer::Paddle if run != Producer::Paddle && layout == Layout::Negative => Producer::Rust,
+        Producer::Numpy if offset.is_some() && offset.form == Form::ByteOffset => Producer::Rust,
+        Producer::Jax | Producer::Paddle if offset.is_some() => Producer::Rust,
+        p => p,
+    }
 }
 
 /// The installed producers' mask and, when `requested` is pinned to a Python producer that

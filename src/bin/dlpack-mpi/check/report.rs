@@ -9,8 +9,9 @@ use mpi::traits::*;
 
 use super::args::{CheckArgs, Producer};
 use super::context::{Verdict, SATURATING_SUM_BUG};
-use super::matrix::{Comm, Layout, Op};
-use super::producers::{run_producer, send_producer};
+use super::matrix::{Comm, Op};
+use super::placement::Placement;
+use super::producers::{maker, run_producer, send_producer};
 use super::select::Case;
 use super::store::numpy_version;
 use super::summary::{Counts, Outcome, Summary, STAND_IN};
@@ -68,14 +69,14 @@ pub(super) fn header(
     producer_line: &str,
     library: &str,
 ) {
-    let mut devices: Vec<&str> = Vec::new();
+    let mut devices: Vec<String> = Vec::new();
     for c in cases {
-        if !devices.contains(&c.dev.name()) {
-            devices.push(c.dev.name());
+        if !devices.contains(&c.place.name()) {
+            devices.push(c.place.name());
         }
     }
     let gpu = match gpu {
-        Some(g) if cases.iter().any(|c| c.dev.needs_runtime()) => format!(
+        Some(g) if cases.iter().any(|c| c.place.needs_runtime()) => format!(
             " (GPU runtime: {}; rank 0 on {}; CUDA tensors {})",
             g.runtime.describe(),
             g.selection,
@@ -243,10 +244,11 @@ impl Tally {
     ) -> (Option<String>, bool) {
         let producer = case_producer(case);
         let name = self.display_name(case, route);
-        // Every `cpu` line names its producer (other devices' lines name their route), then
-        // with -vv the time.
-        let mut took = match case.dev {
-            Dev::Cpu => format!(" [{}]", producer.name()),
+        // Every line with `cpu` tensors on rank 0 names its producer (other devices' lines
+        // name their route), then with -vv the time.
+        let (send0, recv0) = case.place.on_rank(0);
+        let mut took = match (send0, recv0) {
+            (Dev::Cpu, _) | (_, Dev::Cpu) => format!(" [{}]", producer.name()),
             _ => String::new(),
         };
         if args.verbose >= 2 {
@@ -259,6 +261,11 @@ impl Tally {
             Verdict::NotApplicable(why) => {
                 let line = format!("N/A {name} ({why}){took}");
                 (Outcome::NotApplicable, Some(why), line)
+            }
+            Verdict::NotCheckable(why) => {
+                self.summary.not_checkable(&why, cell, &case.name());
+                let line = format!("NOT-CHECKABLE {name} ({why}){took}");
+                (Outcome::NotCheckable, Some(why), line)
             }
             Verdict::Skip(why) => {
                 self.summary.skip(&why, cell, &case.name());
@@ -279,7 +286,7 @@ impl Tally {
         };
         self.counts.add(outcome);
         // Rust standing in for the Python producers, none of which makes the dtype.
-        let stand_in = case.dev == Dev::Cpu
+        let stand_in = send0 == Dev::Cpu
             && run_producer() == Producer::Auto
             && send_producer(case.kind.dtype()) == Producer::Rust;
         let label = if stand_in { STAND_IN } else { producer.name() };
@@ -294,19 +301,24 @@ impl Tally {
         )
     }
 
-    /// The case's name in its line: `cpu` cases by name, other devices' with the device and
-    /// the route taken (`[cuda:0 staged]`).
+    /// The case's name in its line: `cpu` cases by name, other placements' with rank 0's
+    /// memories (send then receive when they differ) and the route taken (`[cuda:0 staged]`,
+    /// `[cpu:0->cuda:0 staged]`).
     fn display_name(&self, case: &Case<'_>, route: Option<Route>) -> String {
-        match case.dev {
+        if case.place == Placement::Same(Dev::Cpu) {
             // Host memory: the name says it all (`cpu/host`).
-            Dev::Cpu => case.name(),
-            dev => format!(
-                "{} [{} {}]",
-                case.name(),
-                dev.short(self.ordinal),
-                route.map_or_else(|| case.transport.to_string(), |r| r.to_string())
-            ),
+            return case.name();
         }
+        let (send, recv) = case.place.on_rank(0);
+        let on = match send == recv {
+            true => send.short(self.ordinal),
+            false => format!("{}->{}", send.short(self.ordinal), recv.short(self.ordinal)),
+        };
+        format!(
+            "{} [{on} {}]",
+            case.name(),
+            route.map_or_else(|| case.transport.clone(), |r| r.to_string())
+        )
     }
 
     /// Whether a case failed.
@@ -360,6 +372,7 @@ impl Tally {
                 skipped: c.skipped,
                 known_bugs: c.known,
                 not_applicable: c.not_applicable,
+                not_checkable: c.not_checkable,
                 timed_out: timeout,
                 cases: &self.records,
             };
@@ -391,31 +404,31 @@ impl Tally {
             ));
         }
         // The closing line: scripts and tests read its first three counts.
-        lines.push(format!(
+        let mut closing = format!(
             "{} passed, {} failed, {} skipped, {} not applicable",
             c.passed, c.failed, c.skipped, c.not_applicable
-        ));
+        );
+        if c.not_checkable > 0 {
+            closing.push_str(&format!(", {} not checkable", c.not_checkable));
+        }
+        lines.push(closing);
         lines.extend(timeout.map(TimedOut::closing));
         lines
     }
 }
 
-/// Who made `case`'s (send) tensors: `cpu` cases by the run's producer, others by Rust
-/// (`Owned`, cudarc).
+/// Who made `case`'s send tensors on rank 0: on `cpu` the run's producer where it makes
+/// them (`maker`: not Paddle's negative-stride views unless pinned, not JAX's or Paddle's
+/// offset tensors, NumPy's in the shifted-pointer form only), else Rust (`Owned`, cudarc).
 fn case_producer(case: &Case<'_>) -> Producer {
-    match case.dev {
-        Dev::Cpu => match send_producer(case.kind.dtype()) {
-            // Paddle has no negative-stride views: unless pinned, Rust makes those
-            // (`Kind::placed`).
-            Producer::Paddle
-                if case.layout == Layout::Negative && run_producer() != Producer::Paddle =>
-            {
-                Producer::Rust
-            }
-            p => p,
-        },
-        _ => Producer::Rust,
-    }
+    let dev = case.place.on_rank(0).0;
+    maker(
+        run_producer(),
+        case.kind.dtype(),
+        (false, dev),
+        case.layout,
+        case.offset,
+    )
 }
 
 /// One finished case, as the JSON and JUnit reports hold it.
@@ -425,21 +438,27 @@ pub(super) struct Record {
     op: &'static str,
     dtype: &'static str,
     layout: &'static str,
-    device: &'static str,
+    /// The device part of the name: `cpu`, `cpu:cuda` (send and receive memories),
+    /// `even-cpu+odd-cuda` (`--device mpich-all`).
+    device: String,
     /// Who made the send tensors: `numpy`, `jax`, `paddle` or `rust`.
     producer: &'static str,
-    /// The transport part of the name: `host`, `managed`, `direct` or `staged`.
-    transport: &'static str,
+    /// The transport part of the name: `host`, `managed`, `direct` or `staged`, or several
+    /// joined by `+` (`host+staged`).
+    transport: String,
+    /// The offset part of the name (`off3b`, `off3p`); absent without `--offset`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offset: Option<String>,
     /// The route the tensors took (`host`, `managed`, `direct`, `staged`; rank 0's, the
     /// most telling of the case's operations); absent when no operation ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     route: Option<String>,
     /// Logical elements per tensor.
     len: i64,
-    /// `pass`, `fail`, `skip`, `known-bug`, `not-applicable` or `timeout` (ran past
-    /// `--timeout`: the run stopped there).
+    /// `pass`, `fail`, `skip`, `known-bug`, `not-applicable`, `not-checkable` or `timeout`
+    /// (ran past `--timeout`: the run stopped there).
     status: &'static str,
-    /// Why it failed, was skipped, hit a known bug or does not apply.
+    /// Why it failed, was skipped, hit a known bug, does not apply or is not checkable.
     #[serde(skip_serializing_if = "Option::is_none")]
     message: Option<String>,
     /// Wall time of the case on rank 0, including the agreement of the verdicts.
@@ -460,14 +479,16 @@ impl Record {
             op: case.op.name(),
             dtype: case.kind.name(),
             layout: case.layout.name(),
-            device: case.dev.name(),
+            device: case.place.name(),
             producer: producer.name(),
-            transport: case.transport,
+            transport: case.transport.clone(),
+            offset: case.offset.name_part(),
             route: route.map(|r| r.to_string()),
             len: case.len,
             status: match outcome {
                 Outcome::Pass => "pass",
                 Outcome::NotApplicable => "not-applicable",
+                Outcome::NotCheckable => "not-checkable",
                 Outcome::Skip => "skip",
                 Outcome::KnownBug => "known-bug",
                 Outcome::Fail => "fail",
@@ -491,6 +512,9 @@ struct Report<'r> {
     /// Cases of combinations that MPI or DLPack rules out (status `not-applicable`):
     /// counted in none of the other totals.
     not_applicable: u32,
+    /// Float sums whose exact inputs could not carry every rank's data (status
+    /// `not-checkable`, `super::exact`): counted in none of the other totals.
+    not_checkable: u32,
     /// The case that ran past `--timeout` (absent: none did).
     #[serde(skip_serializing_if = "Option::is_none")]
     timed_out: Option<&'r TimedOut>,
@@ -505,9 +529,9 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
             "pass" => TestCaseStatus::success(),
             "fail" => TestCaseStatus::non_success(NonSuccessKind::Failure),
             "timeout" => TestCaseStatus::non_success(NonSuccessKind::Error),
-            // A known MPI-library bug (a wrong result the runner recognised) or a combination
-            // MPI or DLPack rules out: reported with its own type so that CI shows it
-            // without failing the run.
+            // A known MPI-library bug (a wrong result the runner recognised), a combination
+            // MPI or DLPack rules out, or a sum too wide for exact inputs: reported with its
+            // own type so that CI shows it without failing the run.
             _ => TestCaseStatus::skipped(),
         };
         if let Some(m) = &r.message {
@@ -516,6 +540,7 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
         match r.status {
             "known-bug" => status.set_type("known-mpi-library-bug"),
             "not-applicable" => status.set_type("not-applicable"),
+            "not-checkable" => status.set_type("not-checkable"),
             "timeout" => status.set_type("timeout"),
             _ => &mut status,
         };

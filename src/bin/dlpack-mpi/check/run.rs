@@ -10,28 +10,30 @@ use mpi::traits::*;
 use super::args::CheckArgs;
 use super::context::{CaseContext, RunContext, Verdict};
 use super::kind::Runner;
-use super::matrix::{transport_part, Comm, Op, LAYOUTS};
+use super::matrix::{Comm, Op, LAYOUTS};
+use super::placement::{Here, Offset, Placement};
 use super::select::{Case, CaseIndex, Pattern};
 use super::watchdog::{hang_rule, Watch};
-use crate::launch::DEVS;
 
-/// The cases of `indices` (as [`super::select::agree_on_cases`] gives them).
+/// The cases of `indices` (as [`super::select::agree_on_cases`] gives them) on the run's
+/// `placements` (with the transport part of their names).
 pub(super) fn cases<'k>(
     kinds: &'k [Box<dyn Runner>],
     indices: &[CaseIndex],
-    dc: &Comm<'_>,
+    placements: &[(Placement, String)],
 ) -> Vec<Case<'k>> {
     indices
         .iter()
-        .map(|&[o, k, l, len, d]| {
-            let dev = DEVS[d as usize];
+        .map(|&[o, k, l, len, d, ob, of]| {
+            let (place, transport) = placements[d as usize].clone();
             Case {
                 op: Op::ALL[o as usize],
                 kind: kinds[k as usize].as_ref(),
                 layout: LAYOUTS[l as usize],
                 len,
-                dev,
-                transport: transport_part(dev, dc),
+                place,
+                transport,
+                offset: Offset::decode([ob, of]),
             }
         })
         .collect()
@@ -109,7 +111,8 @@ pub(super) fn run_cases(
         let t0 = std::time::Instant::now();
         watch.enter_case(i, case);
         let corrupt = faults.of(case, (w.rank(), w.size()));
-        let cx = CaseContext::new(run, case.dev, case.layout, corrupt);
+        let here = Here::of(case.place, case.offset, w.rank());
+        let cx = CaseContext::new(run, here, case.layout, corrupt);
         let verdict = case.kind.run(&cx, dc, case.op, case.len);
         watch.verdicts();
         let agreed = agree(w, verdict);
@@ -136,14 +139,16 @@ pub(super) fn run_cases(
 
 /// Combines the verdicts of all ranks at rank 0: fail if any rank failed (with every failing
 /// rank's message), else a known bug if any saw one, else skip if any skipped, else not
-/// applicable if any found it so, else pass.
+/// checkable if any found it so (a reduce's root), else not applicable if any found it so,
+/// else pass.
 fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     let (level, msg) = match v {
         Verdict::Pass => (0i32, String::new()),
         Verdict::NotApplicable(m) => (1, m),
-        Verdict::Skip(m) => (2, m),
-        Verdict::KnownBug(m) => (3, m),
-        Verdict::Fail(m) => (4, m),
+        Verdict::NotCheckable(m) => (2, m),
+        Verdict::Skip(m) => (3, m),
+        Verdict::KnownBug(m) => (4, m),
+        Verdict::Fail(m) => (5, m),
     };
     let mut worst = 0i32;
     w.all_reduce_into(&level, &mut worst, SystemOperation::max());
@@ -184,8 +189,9 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     Some(match worst {
         0 => Verdict::Pass,
         1 => Verdict::NotApplicable(text),
-        2 => Verdict::Skip(text),
-        3 => Verdict::KnownBug(text),
+        2 => Verdict::NotCheckable(text),
+        3 => Verdict::Skip(text),
+        4 => Verdict::KnownBug(text),
         _ => Verdict::Fail(text),
     })
 }

@@ -7,8 +7,8 @@ use mpi::traits::*;
 use super::args::{CheckArgs, Producer, DEFAULT_LENS, NONBLOCKING_DEFAULT_LENS};
 use super::kind::Runner;
 use super::matrix::{case_name, Layout, Op, LAYOUTS};
+use super::placement::{Offset, Placement};
 use super::store::resolve_producer;
-use crate::launch::{Dev, DEVS};
 
 /// How a pattern of `-k`/`-e` matches a case name.
 pub(super) enum Pattern {
@@ -43,9 +43,13 @@ pub(super) struct Case<'k> {
     pub kind: &'k dyn Runner,
     pub layout: Layout,
     pub len: i64,
-    pub dev: Dev,
-    /// The transport part of the name (`host`, `managed`, `direct`, `staged`).
-    pub transport: &'static str,
+    /// Where its tensors live.
+    pub place: Placement,
+    /// The transport part of the name (`host`, `managed`, `direct`, `staged`, or several
+    /// joined by `+`).
+    pub transport: String,
+    /// How far past an aligned address its tensors start.
+    pub offset: Offset,
 }
 
 impl Case<'_> {
@@ -54,16 +58,20 @@ impl Case<'_> {
             self.op,
             self.kind.name(),
             self.layout,
-            self.dev,
-            self.transport,
+            (&self.place.name(), &self.transport),
             self.len,
+            self.offset,
         )
     }
 }
 
-/// A case as indices into [`Op::ALL`], the dtype list, [`LAYOUTS`], its length, and an
-/// index into [`DEVS`]: what rank 0 broadcasts so that every rank runs the same list.
-pub(super) type CaseIndex = [i64; 5];
+/// A case as indices into [`Op::ALL`], the dtype list, [`LAYOUTS`], its length, an index
+/// into the run's placements ([`super::setup::Setup::placements`]) and its offset
+/// ([`Offset::encode`]): what rank 0 broadcasts so that every rank runs the same list.
+pub(super) type CaseIndex = [i64; CASE_INDEX_LEN];
+
+/// The integers of a [`CaseIndex`].
+pub(super) const CASE_INDEX_LEN: usize = 7;
 
 /// The patterns of one flag (`-k` or `-e`), with whether each matched a case.
 struct Patterns {
@@ -107,8 +115,8 @@ impl Patterns {
     fn unused(&self) -> Result<(), String> {
         match self.patterns.iter().zip(&self.used).find(|(_, u)| !**u) {
             Some(((text, _), _)) => Err(format!(
-                "{} `{text}` matches no case (names read op/dtype/layout/device/transport/len; \
-                 see --list)",
+                "{} `{text}` matches no case (names read op/dtype/layout/device/transport/len, \
+                 with /offNb or /offNp after an offset; see --list)",
                 self.flag
             )),
             None => Ok(()),
@@ -160,17 +168,18 @@ fn lengths(op: Op, args: &CheckArgs) -> &[i64] {
     }
 }
 
-/// Every case of the matrix that `--op`, `--dtype`, `--layout` and `--len` name, in order,
-/// with its name.
+/// Every case of the matrix that `--op`, `--dtype`, `--layout`, `--len` and `--offset`
+/// name on `placements` (with the transport part of their names), in order, with its name.
 fn matrix(
     kinds: &[Box<dyn Runner>],
     args: &CheckArgs,
-    devices: &[(Dev, &'static str)],
+    placements: &[(Placement, String)],
 ) -> Vec<(CaseIndex, String)> {
     let wanted = |given: &[String], name: &str| given.is_empty() || given.iter().any(|g| g == name);
+    let offsets = Offset::of_args(&args.offset);
     let mut cases = Vec::new();
-    for &(dev, transport) in devices {
-        let d = DEVS.iter().position(|x| *x == dev).unwrap_or(0) as i64;
+    for (d, (place, transport)) in placements.iter().enumerate() {
+        let device = place.name();
         for (o, op) in Op::ALL.iter().enumerate() {
             for (k, kind) in kinds.iter().enumerate() {
                 for (l, layout) in LAYOUTS.iter().enumerate() {
@@ -185,8 +194,19 @@ fn matrix(
                         {
                             continue;
                         }
-                        let name = case_name(*op, kind.name(), *layout, dev, transport, len);
-                        cases.push(([o as i64, k as i64, l as i64, len, d], name));
+                        for offset in &offsets {
+                            let [ob, of] = offset.encode();
+                            let name = case_name(
+                                *op,
+                                kind.name(),
+                                *layout,
+                                (&device, transport),
+                                len,
+                                *offset,
+                            );
+                            let index = [o as i64, k as i64, l as i64, len, d as i64, ob, of];
+                            cases.push((index, name));
+                        }
                     }
                 }
             }
@@ -195,18 +215,18 @@ fn matrix(
     cases
 }
 
-/// Rank 0's choice of cases from the options and the devices every rank can use (with the
-/// transport part of their names), or the one-line reason it refuses them.
+/// Rank 0's choice of cases from the options and the placements every rank can use (with
+/// the transport part of their names), or the one-line reason it refuses them.
 fn select(
     kinds: &[Box<dyn Runner>],
     args: &CheckArgs,
-    devices: &[(Dev, &'static str)],
+    placements: &[(Placement, String)],
 ) -> Result<Vec<CaseIndex>, String> {
     check_names(kinds, args)?;
     let mut include = Patterns::new("-k", &args.include)?;
     let mut exclude = Patterns::new("-e", &args.exclude)?;
     let mut cases = Vec::new();
-    for (index, name) in matrix(kinds, args, devices) {
+    for (index, name) in matrix(kinds, args, placements) {
         if !include.patterns.is_empty() && !include.any_matches(&name) {
             continue;
         }
@@ -242,7 +262,7 @@ pub(super) fn agree_on_cases(
     w: &SimpleCommunicator,
     kinds: &[Box<dyn Runner>],
     args: &CheckArgs,
-    devices: &[(Dev, &'static str)],
+    placements: &[(Placement, String)],
 ) -> Option<(Producer, Vec<CaseIndex>)> {
     let root = w.process_at_rank(0);
     let mut chosen = Vec::new();
@@ -253,7 +273,7 @@ pub(super) fn agree_on_cases(
         // The case selection first: a refused selection then imports no Python producer, so
         // no rank is still loading JAX or Paddle when the others exit with status 2 (Open MPI
         // then kills it and prints its abort notice).
-        match select(kinds, args, devices)
+        match select(kinds, args, placements)
             .and_then(|cases| Ok((resolve_producer(args.producer)?, cases)))
         {
             Ok(((p, mask), cases)) => {
@@ -271,7 +291,7 @@ pub(super) fn agree_on_cases(
     if count < 0 {
         return None;
     }
-    chosen.resize(count as usize * 5, 0);
+    chosen.resize(count as usize * CASE_INDEX_LEN, 0);
     if count > 0 {
         root.broadcast_into(&mut chosen[..]);
     }
@@ -280,8 +300,8 @@ pub(super) fn agree_on_cases(
     Some((
         producer,
         chosen
-            .chunks_exact(5)
-            .map(|c| [c[0], c[1], c[2], c[3], c[4]])
+            .chunks_exact(CASE_INDEX_LEN)
+            .map(|c| std::array::from_fn(|i| c[i]))
             .collect(),
     ))
 }

