@@ -236,8 +236,8 @@ fn same_devices(send: &[&dyn Tensor], recv: &[&mut dyn Tensor], staged: bool) ->
         if a.memory_kind() != b.memory_kind() {
             return Err(Error::MixedDevices {
                 index: 0,
-                device: a.to_string(),
-                first: b.to_string(),
+                device: format!("{a} (the send list's)"),
+                first: format!("{b} (the receive list's)"),
             });
         }
     }
