@@ -8,7 +8,8 @@
 #   ~/.cache/dlpack-mpi/venv-openmpi5 or venv-mpich5, which setup.sh makes; Debian's MPIs
 #   are left alone, and the venv is never put on PATH, so python3 stays the system's).
 # Output (exported): DLPACK_MPI_IMPL; MPIRUN (the launcher of that library, a full command
-#   name such as mpirun.openmpi, mpiexec.mpich or the venv's bin/mpirun); MPICC (its
+#   name such as mpirun.openmpi, mpiexec.mpich, or the venv's bin/mpirun (openmpi5) or
+#   bin/mpiexec (mpich5)); MPICC (its
 #   compiler wrapper, which build-probe-mpi, and so mpi-sys and build.rs, use to find headers
 #   and libraries; build.rs also makes its library directory the binaries' run path);
 #   CARGO_TARGET_DIR (target for Open MPI, target/mpich, target/openmpi5, target/mpich5 for
