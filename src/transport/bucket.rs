@@ -129,7 +129,7 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
         let packed = take(bytes)?;
         let base = packed.as_ref().map_or(std::ptr::null_mut(), PinnedBuf::ptr);
         let send_dev = if blocks > 1 { take(total)? } else { None };
-        let unpack = unpack_copies(members, base, bytes)?;
+        let unpack = bucket_copies(members, base, bytes, Direction::Unpack)?;
         // Whether the bucket itself holds packed members (MPI reads it); a reduce-scatter's
         // members go to the send blocks, and MPI only writes the bucket.
         let packed_in = match &send_dev {
@@ -138,7 +138,7 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
                 false
             }
             None => {
-                let pack = pack_copies(members, base, bytes)?;
+                let pack = bucket_copies(members, base, bytes, Direction::Pack)?;
                 if !pack.is_empty() {
                     // SAFETY: each copy reads a member's elements (device memory of
                     // `device`: the placement checked the pointer, the layout arithmetic
@@ -183,40 +183,27 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
     }
 }
 
-/// The device-to-device copies that pack the members this rank packs into the bucket at
-/// `base` (`bytes` bytes; none for an empty bucket).
-fn pack_copies(members: &[PlacedMember], base: *mut u8, bytes: usize) -> Result<Vec<Copy2d>> {
-    let mut pack = Vec::new();
+/// The device-to-device copies between the bucket at `base` (`bytes` bytes; none for an
+/// empty bucket) and the members this rank packs (`Direction::Pack`) or unpacks
+/// (`Direction::Unpack`).
+fn bucket_copies(
+    members: &[PlacedMember],
+    base: *mut u8,
+    bytes: usize,
+    direction: Direction,
+) -> Result<Vec<Copy2d>> {
+    let mut copies = Vec::new();
     for m in members.iter().filter(|_| bytes > 0) {
-        if let Some(p) = &m.pack {
-            pack.extend(copies_of(
-                p,
-                m.index,
-                base.wrapping_add(m.at),
-                Direction::Pack,
-            )?);
+        let side = match direction {
+            Direction::Pack => &m.pack,
+            Direction::Unpack => &m.unpack,
+        };
+        if let Some(p) = side {
+            copies.extend(copies_of(p, m.index, base.wrapping_add(m.at), direction)?);
         }
     }
-    pack.retain(|c| c.bytes() > 0);
-    Ok(pack)
-}
-
-/// The device-to-device copies that unpack the bucket at `base` into the members this rank
-/// unpacks.
-fn unpack_copies(members: &[PlacedMember], base: *mut u8, bytes: usize) -> Result<Vec<Copy2d>> {
-    let mut unpack = Vec::new();
-    for m in members.iter().filter(|_| bytes > 0) {
-        if let Some(p) = &m.unpack {
-            unpack.extend(copies_of(
-                p,
-                m.index,
-                base.wrapping_add(m.at),
-                Direction::Unpack,
-            )?);
-        }
-    }
-    unpack.retain(|c| c.bytes() > 0);
-    Ok(unpack)
+    copies.retain(|c| c.bytes() > 0);
+    Ok(copies)
 }
 
 /// Packs a reduce-scatter's send buffer at `send` (`blocks` blocks of `bytes` bytes): each
@@ -235,9 +222,9 @@ fn pack_blocks(
     pool: &PinnedPool<'_>,
     runtime: &dyn DeviceRuntime,
 ) -> Result<()> {
-    let sides: Vec<(usize, &Placement)> = members
+    let sides: Vec<(&PlacedMember, &Placement)> = members
         .iter()
-        .filter_map(|m| m.pack.as_ref().map(|p| (m.at, p)))
+        .filter_map(|m| m.pack.as_ref().map(|p| (m, p)))
         .collect();
     let strided_bytes = sides
         .iter()
@@ -249,7 +236,7 @@ fn pack_blocks(
         n => Some(pool.take_device(device, n)?),
     };
     let (mut whole, mut runs, mut tmp_at) = (Vec::new(), Vec::new(), 0usize);
-    for (m, &(at, p)) in members.iter().filter(|m| m.pack.is_some()).zip(&sides) {
+    for &(m, p) in &sides {
         let total = p.facts.packed_bytes()?;
         let src = if p.facts.is_contiguous() {
             p.facts.first.cast_const()
@@ -262,7 +249,7 @@ fn pack_blocks(
         };
         let n = total / blocks;
         runs.push(Copy2d {
-            dst: send.wrapping_add(at).cast(),
+            dst: send.wrapping_add(m.at).cast(),
             dst_pitch: bytes,
             src,
             src_pitch: n,
