@@ -369,6 +369,11 @@ netns_stage() {
 passed=0
 failed=0
 summary=()
+# The last lines of every failed stage, printed after the table: a CI log that keeps only
+# its tail still says why.
+failures=()
+stage_log=$(mktemp)
+trap 'rm -f "$stage_log"' EXIT
 for i in "${chosen[@]}"; do
     name=${names[i]}
     if [[ ${conditions[i]} != - ]]; then
@@ -380,18 +385,32 @@ for i in "${chosen[@]}"; do
     fi
     start=$SECONDS
     echo "== $name"
-    if eval "${commands[i]}"; then
+    # The stage runs in this shell (release_cli's state carries over), its output copied
+    # to the log by a tee that is waited for before the log is read.
+    exec {stage_out}> >(tee "$stage_log")
+    tee_pid=$!
+    if eval "${commands[i]}" >&"$stage_out" 2>&1; then
+        rc=0
+    else
+        rc=$?
+    fi
+    exec {stage_out}>&-
+    wait "$tee_pid" 2>/dev/null || true
+    if ((rc == 0)); then
         passed=$((passed + 1))
         summary+=("PASS  $name ($((SECONDS - start)) s)")
     else
-        echo "== FAILED: $name"
+        echo "== FAILED (exit $rc): $name"
         failed=$((failed + 1))
         summary+=("FAIL  $name ($((SECONDS - start)) s)")
+        failures+=("-- the last lines of \"$name\" (exit $rc):"
+            "$(tail -n 15 "$stage_log" | cut -c1-240)")
     fi
 done
 
 echo
 echo "stages ($DLPACK_MPI_IMPL, $SECONDS s):"
 printf '  %s\n' "${summary[@]}"
+((${#failures[@]} == 0)) || printf '%s\n' "${failures[@]}"
 echo "test.sh: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
