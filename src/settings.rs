@@ -23,7 +23,8 @@
 //! any time, before or after. "At each call" reads the environment anew (these are read
 //! once per communicator or per process anyway). The operations of the crate call the
 //! readers; their errors are the operations' errors (before any MPI call; for
-//! `DLPACK_MPI_AGREEMENT` see [`agreement`]).
+//! `DLPACK_MPI_AGREEMENT` see [`agreement`]). [`check_all`] reads every one at once, for a
+//! program that refuses a typo at start (the CLI's `check` and `bench` do).
 //!
 //! Build-time variables (`DLPACK_MPI_PYTHON`, `DLPACK_MPI_PYTHON_LIBDIR`, set by build.rs
 //! for `python::BUILT_PYTHON`/`BUILT_PYTHON_LIBDIR`) are not settings and are not read here.
@@ -668,6 +669,38 @@ impl ExchangeApi {
     pub fn from_env() -> Result<ExchangeApi> {
         EXCHANGE_API.get_or(ExchangeApi::default)
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// All of them
+// ---------------------------------------------------------------------------------------
+
+/// Reads every setting of the table above now, as the operations would (the "once" ones
+/// through their readers, so that the value is also decided; the "at each call" ones from
+/// the environment): the [`Error::InvalidSetting`] of each that holds a value it refuses, in
+/// the table's order; empty when every one is valid. For programs that want a typo refused
+/// at start rather than by the first operation that reads it (the CLI calls it on every
+/// rank before any case). The pack threshold's default asks `MPI_Get_library_version`,
+/// which MPI allows before `MPI_Init`.
+pub fn check_all() -> Vec<Error> {
+    let mut errors = Vec::new();
+    let mut keep = |r: Result<()>| {
+        if let Err(e) = r {
+            errors.push(e);
+        }
+    };
+    keep(agreement().map(drop));
+    keep(packing().map(drop));
+    keep(pack_threshold_bytes().map(drop));
+    keep(bucket_bytes().map(drop));
+    keep(first_bucket_bytes().map(drop));
+    keep(pool_cap_bytes().map(drop));
+    keep(half_ops().map(drop));
+    keep(cuda_aware_override().map(drop));
+    keep(device_override().map(drop));
+    #[cfg(feature = "python")]
+    keep(ExchangeApi::from_env().map(drop));
+    errors
 }
 
 #[cfg(test)]

@@ -607,6 +607,79 @@ fn regression_check_empty_patterns_and_empty_selection_are_refused() {
     }
 }
 
+/// A `DLPACK_MPI_*` setting that is not one of its values stops `check` and `bench` before
+/// any case or measurement, exit 2, every rank naming the variable and the value (before,
+/// a bad `DLPACK_MPI_HALF_OPS` or `DLPACK_MPI_PACKING` failed each case that read it, exit
+/// 1); one rank's bad value stops the others too. `info` says it and goes on.
+#[test]
+fn bad_settings_are_refused_before_any_case() {
+    for (var, value, args) in [
+        (
+            "DLPACK_MPI_HALF_OPS",
+            "native",
+            &["check", "--dtype", "float16"][..],
+        ),
+        ("DLPACK_MPI_PACKING", "packed", &["check", "-k", "strided"]),
+        ("DLPACK_MPI_BUCKET_BYTES", "0", &["check", "-k", "fused"]),
+        (
+            "DLPACK_MPI_AGREEMENT",
+            "none",
+            &["bench", "--sizes", "8", "--iters", "2"],
+        ),
+    ] {
+        let out = mpirun(2, args, &[(var, value)]);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{var}={value} {args:?}: {stderr}"
+        );
+        for rank in 0..2 {
+            let says = format!(
+                "dlpack-mpi: rank {rank}: environment variable {var}={value:?} is not valid"
+            );
+            assert!(stderr.contains(&says), "{var}: no {says:?} in {stderr}");
+        }
+        assert!(!stdout.contains("passed"), "{var}: cases ran: {stdout}");
+    }
+    // Only the last rank's value is bad: both ranks stop, only it says why.
+    let script = "if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then \
+                  export DLPACK_MPI_HALF_OPS=nativ; fi; exec \"$0\" \"$@\"";
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let out = Command::new(launcher)
+        .args([
+            "-n",
+            "2",
+            "sh",
+            "-c",
+            script,
+            BIN,
+            "check",
+            "-k",
+            "nosuchcase",
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .expect("mpirun starts");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rank 1: environment variable DLPACK_MPI_HALF_OPS=\"nativ\""),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("rank 0: environment"), "{stderr}");
+    // info goes on, and says it.
+    let out = mpirun(1, &["info"], &[("DLPACK_MPI_PACKING", "packed")]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("MPI built against"), "{stdout}");
+    assert!(
+        stderr.contains("DLPACK_MPI_PACKING=\"packed\" is not valid"),
+        "{stderr}"
+    );
+}
+
 /// Regression: a `DLPACK_MPI_CUDA_AWARE` value that is not UTF-8 was read as unset (the
 /// library's own answer was used silently); it is now an invalid setting, named.
 #[cfg(unix)]

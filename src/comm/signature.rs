@@ -7,7 +7,9 @@
 //! is erroneous and MPI need not detect it (it hangs, aborts with `MPI_ERR_TRUNCATE`, or
 //! returns wrong data). Each collective of [`super::TensorComm`] declares its signature: the
 //! operation, the root, the element type, the element count where the operation requires
-//! equal counts, the reduction operator, and the per-rank counts where every rank passes the
+//! equal counts, the reduction operator (for float16 and bfloat16 also its form: MPI's own
+//! datatype or this crate's operations, by `DLPACK_MPI_HALF_OPS`, since the two are
+//! different datatypes on the wire's type signature), and the per-rank counts where every rank passes the
 //! same array (all-gatherv's). The agreement's one all-reduce carries its 64-bit
 //! fingerprint, so a signature that differs on any rank is an error on every rank
 //! ([`crate::Error::CollectiveMismatch`]) before any rank enters the data operation.
@@ -31,7 +33,8 @@ use std::fmt::Write as _;
 
 use mpi::topology::Rank;
 
-use crate::dtype::{DType, ReduceOp};
+use super::reduce::halfops;
+use crate::dtype::{code, DType, ReduceOp};
 
 /// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
 /// elements.
@@ -51,6 +54,25 @@ pub(crate) struct Signature<'a> {
     members: Option<(usize, u64)>,
     /// A fused collective's bucket sizes (first, others; bytes): they decide its messages.
     buckets: Option<(usize, usize)>,
+    /// The half dtypes among the element types (bit 0 float16, bit 1 bfloat16): a reduction
+    /// of them also declares how it reduces them ([`halfops::reduces_natively`]: MPI's own
+    /// datatype or this crate's operations on `MPI_UINT16_T`, by `DLPACK_MPI_HALF_OPS`),
+    /// since ranks that differ there pass different datatypes (MPICH: `MPI_ERR_TRUNCATE`).
+    halves: u8,
+}
+
+/// The half dtypes a [`Signature`] can carry, with their bit in `halves`.
+const HALVES: [(DType, u8); 2] = [
+    (DType::new(code::FLOAT, 16), 1),
+    (DType::new(code::BFLOAT, 16), 2),
+];
+
+/// The bit of `d` in [`Signature`]'s `halves` (0 when it is not half).
+fn half_bit(d: DType) -> u8 {
+    HALVES
+        .iter()
+        .find(|(h, _)| *h == d)
+        .map_or(0, |&(_, bit)| bit)
 }
 
 impl<'a> Signature<'a> {
@@ -65,6 +87,7 @@ impl<'a> Signature<'a> {
             counts: None,
             members: None,
             buckets: None,
+            halves: 0,
         }
     }
 
@@ -77,6 +100,7 @@ impl<'a> Signature<'a> {
     /// The element type every rank's buffers must have.
     pub(crate) fn dtype(mut self, dtype: DType) -> Self {
         self.dtype = Some(dtype);
+        self.halves |= half_bit(dtype);
         self
     }
 
@@ -113,10 +137,20 @@ impl<'a> Signature<'a> {
         for (d, c) in list {
             h.word(dtype_word(d));
             h.word(bits(c));
+            self.halves |= half_bit(d);
             n += 1;
         }
         self.members = Some((n, h.0));
         self
+    }
+
+    /// The half dtypes of a reduction, each with whether it reduces through MPI's own
+    /// datatype; empty unless the signature declares a reduction.
+    fn half_forms(&self) -> impl Iterator<Item = (DType, bool)> + '_ {
+        HALVES.iter().filter_map(move |&(d, bit)| {
+            let op = self.reduce.filter(|_| self.halves & bit != 0)?;
+            Some((d, halfops::reduces_natively(d, op)))
+        })
     }
 
     /// The 64-bit FNV-1a hash of the signature, as the `i64` the agreement reduces.
@@ -139,6 +173,9 @@ impl<'a> Signature<'a> {
             self.buckets
                 .map(|(f, r)| (f as u64).rotate_left(32) ^ r as u64),
         );
+        for (d, native) in self.half_forms() {
+            h.word(dtype_word(d) << 1 | u64::from(native));
+        }
         i64::from_ne_bytes(h.0.to_ne_bytes())
     }
 
@@ -169,6 +206,14 @@ impl<'a> Signature<'a> {
         }
         if let Some((f, r)) = self.buckets {
             let _ = write!(s, " buckets {f}/{r} B");
+        }
+        for (d, native) in self.half_forms() {
+            let how = if native {
+                "MPI's own datatype"
+            } else {
+                "dlpack-mpi's operations"
+            };
+            let _ = write!(s, " ({d} by {how})");
         }
         s
     }
@@ -264,5 +309,46 @@ mod tests {
         assert_eq!(b.describe(), "broadcast float32 × 1000 root 0");
         let v = Signature::of("all_gatherv").dtype(f32).counts(&[2, 1, 3]);
         assert_eq!(v.describe(), "all_gatherv float32 counts [2, 1, 3]");
+    }
+
+    #[test]
+    fn half_reductions_say_how_they_reduce() {
+        let (f16, bf16) = (DType::new(code::FLOAT, 16), DType::new(code::BFLOAT, 16));
+        let form = |d: DType, op| {
+            if halfops::reduces_natively(d, op) {
+                "MPI's own datatype"
+            } else {
+                "dlpack-mpi's operations"
+            }
+        };
+        let s = Signature::of("all_reduce")
+            .dtype(f16)
+            .count(8)
+            .reduce(ReduceOp::Sum);
+        let want = format!(
+            "all_reduce float16 × 8 sum (float16 by {})",
+            form(f16, ReduceOp::Sum)
+        );
+        assert_eq!(s.describe(), want);
+        // Not a reduction, or not half: nothing to say.
+        let b = Signature::of("broadcast").dtype(f16).count(8).root(0);
+        assert_eq!(b.describe(), "broadcast float16 × 8 root 0");
+        let f = Signature::of("all_reduce")
+            .dtype(DType::new(code::FLOAT, 32))
+            .reduce(ReduceOp::Max);
+        assert_eq!(f.describe(), "all_reduce float32 max");
+        // A fused list names each half dtype among its members, in a fixed order.
+        let list = Signature::of("fused_all_reduce")
+            .members([(bf16, 3), (DType::new(code::FLOAT, 32), 2), (f16, 1)])
+            .reduce(ReduceOp::Max);
+        assert!(
+            list.describe().ends_with(&format!(
+                ") (float16 by {}) (bfloat16 by {})",
+                form(f16, ReduceOp::Max),
+                form(bf16, ReduceOp::Max)
+            )),
+            "{}",
+            list.describe()
+        );
     }
 }

@@ -247,6 +247,59 @@ fn device_sum_against_max(w: &SimpleCommunicator) -> Outcome {
     then_all_reduce_works(w)
 }
 
+/// The last rank reduces float16 with dlpack-mpi's own operations
+/// (`DLPACK_MPI_HALF_OPS=library`), the others with the default (`auto`). Where this build's
+/// MPI has its own float16 datatype (MPICH ≥ 5: `MPIX_C_FLOAT16`) the ranks would pass
+/// different datatypes (MPICH aborts the job: "Message truncated"), so every rank returns
+/// the mismatch, naming both forms; elsewhere both settings mean dlpack-mpi's operations and
+/// the sum is exact. The setting is restored afterwards.
+fn half_ops_differ(w: &SimpleCommunicator) -> Outcome {
+    use dlpack_mpi::comm::halfops;
+    use dlpack_mpi::dtype::{code, DType};
+    use dlpack_mpi::settings::{half_ops, set_half_ops, HalfOps};
+    use half::f16;
+    let before = half_ops().map_err(|e| e.to_string())?;
+    let native = halfops::native_datatype(DType::new(code::FLOAT, 16))
+        .map_err(|e| e.to_string())?
+        .is_some();
+    if differs(w) {
+        set_half_ops(HalfOps::Library);
+    }
+    let n = 1000;
+    let send = Owned::new(vec![f16::from_f32(w.rank() as f32 + 1.0); n]);
+    let mut recv = Owned::new(vec![f16::ZERO; n]);
+    let got = {
+        let s = acquire(&send, &opts()).map_err(|e| e.to_string())?;
+        let mut r = acquire(&recv, &opts()).map_err(|e| e.to_string())?;
+        w.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)
+    };
+    set_half_ops(before);
+    if native {
+        expect_mismatch(
+            w,
+            got,
+            "all_reduce float16 × 1000 sum (float16 by MPI's own datatype)",
+            "all_reduce float16 × 1000 sum (float16 by dlpack-mpi's operations)",
+        )?;
+        if w.size() > 1 {
+            ensure!(
+                recv.as_slice().iter().all(|&v| v == f16::ZERO),
+                "recv was written"
+            );
+        }
+    } else {
+        got.map_err(|e| format!("both settings reduce with dlpack-mpi's operations here: {e}"))?;
+        let size = w.size() as f32;
+        let want = f16::from_f32(size * (size + 1.0) / 2.0);
+        ensure!(
+            recv.as_slice().iter().all(|&v| v == want),
+            "after: {:?}",
+            &recv.as_slice()[..4]
+        );
+    }
+    then_all_reduce_works(w)
+}
+
 type Case = fn(&SimpleCommunicator) -> Outcome;
 
 const CASES: &[(&str, Case)] = &[
@@ -257,6 +310,7 @@ const CASES: &[(&str, Case)] = &[
     ("broadcast_against_all_reduce", broadcast_against_all_reduce),
     ("all_gatherv_counts_differ", all_gatherv_counts_differ),
     ("device_sum_against_max", device_sum_against_max),
+    ("half_ops_differ", half_ops_differ),
 ];
 
 /// The names of the cases, for scripts/test.sh's one job per case.

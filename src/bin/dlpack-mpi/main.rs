@@ -74,7 +74,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     };
     let world = universe.world();
-    if let Some(code) = refuse_other_mpi(&world) {
+    // `info` reports with bad settings too (it names each where it matters).
+    let strict = !matches!(cli.command, Command::Info(_));
+    if let Some(code) = refuse_at_start(&world, strict) {
         return code;
     }
     match cli.command {
@@ -84,29 +86,47 @@ fn main() -> ExitCode {
     }
 }
 
-/// Exit status 2 on every rank when a rank loaded another MPI release than the one this
-/// binary was built against ([`dlpack_mpi::mpi_library::MpiLibrary::check`]; the failing
-/// ranks say which), unless `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`. The ranks agree first (one
-/// all-reduce), so none goes on alone.
-fn refuse_other_mpi(world: &mpi::topology::SimpleCommunicator) -> Option<ExitCode> {
+/// Exit status 2 on every rank, before any case or measurement, when a rank
+/// - loaded another MPI release than the one this binary was built against
+///   ([`dlpack_mpi::mpi_library::MpiLibrary::check`]), unless
+///   `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`;
+/// - or, with `strict` (`check` and `bench`), holds a `DLPACK_MPI_*` setting that is not one
+///   of its values ([`dlpack_mpi::settings::check_all`]: a typo would otherwise fail every
+///   case that reads it; without `strict` it is said and the command goes on).
+///
+/// The failing ranks say why on standard error, each line prefixed with the rank; the
+/// ranks agree first (one all-reduce), so none goes on alone.
+fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> Option<ExitCode> {
     use dlpack_mpi::mpi_library::MpiLibrary;
     use mpi::collective::{CommunicatorCollectives, SystemOperation};
     use mpi::topology::Communicator;
+    let rank = world.rank();
     let allowed = std::env::var("DLPACK_MPI_ALLOW_MPI_MISMATCH").is_ok_and(|v| v == "1");
-    let mine = MpiLibrary::current().check();
-    if let Err(err) = &mine {
-        let rank = world.rank();
+    let library = MpiLibrary::current().check();
+    if let Err(err) = &library {
         let action = if allowed {
             "running anyway (DLPACK_MPI_ALLOW_MPI_MISMATCH=1)"
         } else {
             "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 runs it anyway"
         };
-        eprintln!("dlpack-mpi: rank {rank}: {err}; {action}");
+        say(&format!("dlpack-mpi: rank {rank}: {err}; {action}"));
     }
-    let refused = i32::from(mine.is_err() && !allowed);
+    let settings = dlpack_mpi::settings::check_all();
+    for err in &settings {
+        say(&format!("dlpack-mpi: rank {rank}: {err}"));
+    }
+    let refused = i32::from((library.is_err() && !allowed) || (strict && !settings.is_empty()));
     let mut any = 0i32;
     world.all_reduce_into(&refused, &mut any, SystemOperation::max());
     (any != 0).then(|| ExitCode::from(2))
+}
+
+/// `line` and a newline on standard error in one write, so that the lines of ranks that
+/// say something at the same moment do not interleave (`eprintln!` writes its pieces
+/// one by one).
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 #[cfg(test)]

@@ -107,6 +107,15 @@ extern "C" {
     fn dlpack_mpi_native_half(which: c_int) -> MPI_Datatype;
 }
 
+/// Whether this build's `mpi.h` defines MPI's own half datatypes (`MPIX_C_FLOAT16` and
+/// `MPIX_BFLOAT16`: MPICH ≥ 5), whatever [`crate::settings::half_ops`] says.
+pub fn native_available() -> bool {
+    // SAFETY: returns a predefined handle (a constant of mpi.h), or MPI_DATATYPE_NULL.
+    let native = unsafe { dlpack_mpi_native_half(0) };
+    // SAFETY: a predefined handle constant, read without MPI calls.
+    native != unsafe { mpi::ffi::RSMPI_DATATYPE_NULL }
+}
+
 /// The MPI library's own datatype for the half dtype `dtype` (`MPIX_C_FLOAT16`,
 /// `MPIX_BFLOAT16`), when this build's `mpi.h` defines it and [`crate::settings::half_ops`]
 /// is [`crate::settings::HalfOps::Auto`]; `None`: the user-defined operations reduce it.
@@ -145,6 +154,14 @@ pub fn reduction(dtype: DType, op: ReduceOp, unit: MPI_Datatype) -> Result<(MPI_
 /// on this crate's operations.
 pub fn native_takes(dtype: DType, op: ReduceOp) -> bool {
     dtype.code != code::BFLOAT || op == ReduceOp::Sum
+}
+
+/// Whether [`reduction`] reduces the half dtype `dtype` with `op` through MPI's own
+/// datatype (`false` also for a dtype that is not half, and when the setting is invalid:
+/// [`check`] refuses that). Ranks that answer differently put different datatypes into one
+/// reduction, so the agreement's signature carries the answer ([`super::super::signature`]).
+pub(crate) fn reduces_natively(dtype: DType, op: ReduceOp) -> bool {
+    matches!(native_datatype(dtype), Ok(Some(_))) && native_takes(dtype, op)
 }
 
 /// The refusals of [`reduction`] for `dtype` and `op`, without a datatype.

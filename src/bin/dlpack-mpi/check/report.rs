@@ -88,8 +88,16 @@ pub(super) fn header(
         ),
         _ => String::new(),
     };
+    let halves = if cases
+        .iter()
+        .any(|c| matches!(c.kind.name(), "float16" | "bfloat16"))
+    {
+        half_reductions()
+    } else {
+        ""
+    };
     println!(
-        "dlpack-mpi check: {} case{} at {} rank(s), device {}{gpu}, {producer_line}, {}",
+        "dlpack-mpi check: {} case{} at {} rank(s), device {}{gpu}, {producer_line}{halves}, {}",
         cases.len(),
         if cases.len() == 1 { "" } else { "s" },
         w.size(),
@@ -102,6 +110,24 @@ pub(super) fn header(
     );
     if args.verbose >= 2 {
         println!("MPI library: {library}");
+    }
+}
+
+/// How float16 and bfloat16 reduce, for the header: said only where this MPI has its own
+/// half datatypes (MPICH ≥ 5), since elsewhere both settings mean dlpack-mpi's operations.
+fn half_reductions() -> &'static str {
+    use dlpack_mpi::comm::halfops;
+    use dlpack_mpi::dtype::{code, DType};
+    use dlpack_mpi::settings::{half_ops, HalfOps};
+    let f16 = DType::new(code::FLOAT, 16);
+    match (halfops::native_datatype(f16), half_ops()) {
+        (Ok(Some(_)), _) => {
+            ", half reductions by MPI's own datatypes (MPIX_C_FLOAT16; MPIX_BFLOAT16 sums)"
+        }
+        (Ok(None), Ok(HalfOps::Library)) if halfops::native_available() => {
+            ", half reductions by dlpack-mpi's operations (DLPACK_MPI_HALF_OPS=library)"
+        }
+        _ => "",
     }
 }
 
