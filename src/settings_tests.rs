@@ -1,0 +1,197 @@
+//! Unit tests of `settings` (the shared mechanism through a fake environment, and each
+//! setting's values).
+
+use super::*;
+
+/// A setting of a variable no test sets, read through a fake environment.
+fn level() -> Setting<u8> {
+    Setting::new("DLPACK_MPI_TEST_LEVEL", "low or high", |v| {
+        choice(&[("low", 1), ("high", 2)], v)
+    })
+}
+
+fn env(value: &'static str) -> impl FnOnce(&'static str) -> Option<String> {
+    move |name| {
+        assert_eq!(name, "DLPACK_MPI_TEST_LEVEL");
+        Some(value.to_string())
+    }
+}
+
+fn unset(_: &'static str) -> Option<String> {
+    None
+}
+
+fn is_invalid(r: Result<u8>, value: &str) -> bool {
+    matches!(r, Err(Error::InvalidSetting { name, value: v, expected })
+        if name == "DLPACK_MPI_TEST_LEVEL" && v == value && expected == "low or high")
+}
+
+#[test]
+fn strict_parse() {
+    let s = level();
+    assert_eq!(s.parse(None).unwrap(), None);
+    assert_eq!(s.parse(Some("  ")).unwrap(), None);
+    assert_eq!(s.parse(Some(" HIGH ")).unwrap(), Some(2));
+    match s.parse(Some(" hihg ")) {
+        Err(Error::InvalidSetting { name, value, .. }) => {
+            assert_eq!((name, value.as_str()), ("DLPACK_MPI_TEST_LEVEL", "hihg"));
+        }
+        other => panic!("expected InvalidSetting, got {other:?}"),
+    }
+    // An invalid environment value is an error at every read, never the default.
+    let s = level();
+    assert!(is_invalid(s.resolve(env("medium"), || 1), "medium"));
+    assert!(is_invalid(s.resolve(env("medium"), || 1), "medium"));
+}
+
+#[test]
+fn unset_is_the_default_computed_once() {
+    let s = level();
+    assert_eq!(s.resolve(unset, || 1).unwrap(), 1);
+    // Kept: neither the default nor the environment is asked again.
+    assert_eq!(s.resolve(env("high"), || 2).unwrap(), 1);
+    let s = level();
+    assert_eq!(s.resolve(env(""), || 2).unwrap(), 2);
+    // Through the real environment: the variable is unset in tests.
+    assert_eq!(level().get_or(|| 1).unwrap(), 1);
+    assert_eq!(level().env_now().unwrap(), None);
+}
+
+#[test]
+fn environment_is_read_once() {
+    let s = level();
+    assert_eq!(s.resolve(env("high"), || 1).unwrap(), 2);
+    assert_eq!(s.resolve(env("low"), || 1).unwrap(), 2);
+}
+
+#[test]
+fn setter_wins() {
+    // Before the first read: the environment is not consulted.
+    let s = level();
+    s.set(1);
+    assert_eq!(s.resolve(env("high"), || 2).unwrap(), 1);
+    // After a read from the environment, and after an invalid one.
+    let s = level();
+    assert_eq!(s.resolve(env("high"), || 1).unwrap(), 2);
+    s.set(1);
+    assert_eq!(s.resolve(unset, || 2).unwrap(), 1);
+    let s = level();
+    assert!(is_invalid(s.resolve(env("x"), || 1), "x"));
+    s.set(2);
+    assert_eq!(s.resolve(env("x"), || 1).unwrap(), 2);
+}
+
+#[test]
+fn agreement_values() {
+    assert_eq!(parse_agreement(None).unwrap(), None);
+    assert_eq!(parse_agreement(Some(" ")).unwrap(), None);
+    assert_eq!(
+        parse_agreement(Some("Collective")).unwrap(),
+        Some(Agreement::Collective)
+    );
+    assert_eq!(
+        parse_agreement(Some(" LOCAL ")).unwrap(),
+        Some(Agreement::Local)
+    );
+    assert_eq!(Agreement::default(), Agreement::Collective);
+    for bad in ["locale", "none", "0", "collective,local"] {
+        match parse_agreement(Some(bad)) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), (AGREEMENT_ENV, bad));
+            }
+            other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn packing_values() {
+    assert_eq!(parse_packing(None).unwrap(), None);
+    assert_eq!(parse_packing(Some(" ")).unwrap(), None);
+    assert_eq!(parse_packing(Some("copy")).unwrap(), Some(Packing::Copy));
+    assert_eq!(
+        parse_packing(Some("Derived")).unwrap(),
+        Some(Packing::DerivedDatatype)
+    );
+    assert_eq!(parse_packing(Some("AUTO")).unwrap(), Some(Packing::Auto));
+    assert_eq!(Packing::default(), Packing::Auto);
+    match parse_packing(Some("cpoy")) {
+        Err(Error::InvalidSetting { name, value, .. }) => {
+            assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
+        }
+        other => panic!("expected InvalidSetting, got {other:?}"),
+    }
+}
+
+#[test]
+fn byte_count_values() {
+    assert_eq!(parse_pack_threshold(None).unwrap(), None);
+    assert_eq!(parse_pack_threshold(Some("8192")).unwrap(), Some(8192));
+    assert!(matches!(
+        parse_pack_threshold(Some("-1")),
+        Err(Error::InvalidSetting { name, .. }) if name == PACK_THRESHOLD_ENV
+    ));
+    assert_eq!(parse_pool_cap(None).unwrap(), None);
+    assert_eq!(parse_pool_cap(Some(" 1024 ")).unwrap(), Some(1024));
+    assert!(matches!(
+        parse_pool_cap(Some("1M")),
+        Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
+    ));
+}
+
+#[test]
+fn default_threshold_per_library() {
+    let mpich = "MPICH Version:\t4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022";
+    assert_eq!(default_pack_threshold_for(mpich), 64);
+    let ompi = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4";
+    assert_eq!(default_pack_threshold_for(ompi), 16);
+    assert_eq!(default_pack_threshold_for(""), DEFAULT_PACK_THRESHOLD_BYTES);
+}
+
+#[test]
+fn cuda_aware_values() {
+    assert_eq!(parse_cuda_aware(None).unwrap(), None);
+    assert_eq!(parse_cuda_aware(Some(" ")).unwrap(), None);
+    for yes in ["1", "true", "YES", "On"] {
+        assert_eq!(parse_cuda_aware(Some(yes)).unwrap(), Some(true), "{yes}");
+    }
+    for no in ["0", "false", "No", "OFF"] {
+        assert_eq!(parse_cuda_aware(Some(no)).unwrap(), Some(false), "{no}");
+    }
+    match parse_cuda_aware(Some("maybe")) {
+        Err(Error::InvalidSetting { name, value, .. }) => {
+            assert_eq!((name, value.as_str()), (CUDA_AWARE_ENV, "maybe"));
+        }
+        other => panic!("expected InvalidSetting, got {other:?}"),
+    }
+}
+
+#[test]
+fn device_values() {
+    assert_eq!(parse_device_override(None).unwrap(), None);
+    assert_eq!(parse_device_override(Some("  ")).unwrap(), None);
+    assert_eq!(parse_device_override(Some(" 1 ")).unwrap(), Some(1));
+    assert_eq!(parse_device_override(Some("007")).unwrap(), Some(7));
+    for bad in ["-1", "+1", "one", "0,1", "1.0", "99999999999", "GPU-1"] {
+        match parse_device_override(Some(bad)) {
+            Err(Error::InvalidSetting { name, value, .. }) => {
+                assert_eq!((name, value.as_str()), (DEVICE_ENV, bad));
+            }
+            other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
+        }
+    }
+}
+
+#[cfg(feature = "python")]
+#[test]
+fn exchange_api_values() {
+    assert_eq!(
+        EXCHANGE_API.parse(Some("Never")).unwrap(),
+        Some(ExchangeApi::Never)
+    );
+    assert_eq!(EXCHANGE_API.parse(Some("")).unwrap(), None);
+    assert!(matches!(
+        EXCHANGE_API.parse(Some("always")),
+        Err(Error::InvalidSetting { name, .. }) if name == ExchangeApi::ENV
+    ));
+}
