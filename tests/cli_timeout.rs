@@ -272,6 +272,57 @@ fn hang_in_the_mismatch_probes() {
     assert_eq!(report["cases"], serde_json::json!([]));
 }
 
+/// A rank whose `MPI_Finalize` never returns (made to hang where it would call it): the
+/// cases' verdict was printed and the JSON report written, then the process ends after
+/// `--timeout` with exit status 3 and a line naming the finalize, instead of a job that
+/// never ends. (Open MPI's and MPICH's finalize wait for every rank, so rank 0's guard may
+/// fire too.)
+#[test]
+fn hang_in_mpi_finalize() {
+    let json = scratch("finalize.json");
+    let job = check(
+        2,
+        &[
+            "--producer",
+            "rust",
+            "--op",
+            "bcast",
+            "--dtype",
+            "int8",
+            "--len",
+            "7",
+            "--timeout",
+            "2",
+            "--inject-hang",
+            "finalize:1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        "finalize",
+    );
+    let all = format!("{}\n{}", job.stdout, job.stderr);
+    assert_eq!(job.code, Some(TIMED_OUT), "{all}");
+    assert!(job.took < Duration::from_secs(2) + END_WITHIN, "{all}");
+    assert!(
+        job.stderr.contains(
+            "dlpack-mpi: rank 1: MPI_Finalize has not returned after 2 s: ending the process (exit status 3)"
+        ),
+        "{all}"
+    );
+    assert!(job.stdout.contains(" passed, 0 failed"), "{all}");
+    assert!(
+        !job.stdout.contains("TIMEOUT"),
+        "the cases did not time out: {all}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON written")).unwrap();
+    assert!(report["timed_out"].is_null(), "{report}");
+    assert!(
+        !report["cases"].as_array().expect("cases").is_empty(),
+        "{report}"
+    );
+}
+
 #[test]
 fn timeout_refuses_what_is_not_seconds() {
     for bad in ["-1", "soon", "nan"] {

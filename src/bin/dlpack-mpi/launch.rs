@@ -300,3 +300,37 @@ static UNDER_LAUNCHER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 pub fn under_launcher() -> bool {
     *UNDER_LAUNCHER.get_or_init(|| launcher_rank().is_some())
 }
+
+/// The exit status of a process whose `MPI_Finalize` did not return in time
+/// ([`guard_finalize`]); the same as `check`'s for a case that ran past `--timeout`.
+pub const FINALIZE_HUNG_STATUS: u8 = 3;
+
+/// How long `MPI_Finalize` may take after `info` and `bench` (`check`: its `--timeout`).
+pub const FINALIZE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Starts a thread that ends this process with [`FINALIZE_HUNG_STATUS`] if it is still
+/// running `limit` after now, saying so on standard error; the caller then calls
+/// `MPI_Finalize` (drops the `Universe`), and a process whose finalize returns exits as
+/// usual. A hang there (an MPI library's, or a peer's that never arrives) so ends with a
+/// line naming it instead of a job that never ends; what the command printed before
+/// stands. The thread makes no MPI call (MPI_THREAD_SINGLE).
+pub fn guard_finalize(rank: i32, limit: std::time::Duration) {
+    use std::io::Write as _;
+    let watch = move || {
+        std::thread::sleep(limit);
+        let line = format!(
+            "dlpack-mpi: rank {rank}: MPI_Finalize has not returned after {:.0} s: ending the \
+             process (exit status {FINALIZE_HUNG_STATUS}); what was printed before stands\n",
+            limit.as_secs_f64()
+        );
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        std::process::exit(i32::from(FINALIZE_HUNG_STATUS));
+    };
+    if let Err(err) = std::thread::Builder::new()
+        .name("finalize-watch".into())
+        .spawn(watch)
+    {
+        eprintln!("dlpack-mpi: rank {rank}: no thread to watch MPI_Finalize: {err}");
+    }
+}

@@ -79,11 +79,27 @@ fn main() -> ExitCode {
     if let Some(code) = refuse_at_start(&world, strict) {
         return code;
     }
-    match cli.command {
-        Command::Info(args) => info::run(&world, &args),
-        Command::Check(args) => check::run(&world, &args),
-        Command::Bench(args) => bench::run(&world, &args),
-    }
+    let rank = mpi::topology::Communicator::rank(&world);
+    let code = match cli.command {
+        Command::Info(args) => {
+            let code = info::run(&world, &args);
+            launch::guard_finalize(rank, launch::FINALIZE_LIMIT);
+            code
+        }
+        Command::Check(args) => {
+            let code = check::run(&world, &args);
+            check::before_finalize(&world, &args);
+            code
+        }
+        Command::Bench(args) => {
+            let code = bench::run(&world, &args);
+            launch::guard_finalize(rank, launch::FINALIZE_LIMIT);
+            code
+        }
+    };
+    // MPI_Finalize.
+    drop(universe);
+    code
 }
 
 /// Exit status 2 on every rank, before any case or measurement, when a rank

@@ -112,7 +112,8 @@ pub struct CheckArgs {
     #[arg(long, value_name = "PATTERN", hide = true)]
     pub inject_fault: Option<String>,
     /// Testing `--timeout`: rank RANK (default: the last) sleeps for ever at the start of
-    /// the cases matching PATTERN (same rules as `-k`; `probes`: the mismatch probes).
+    /// the cases matching PATTERN (same rules as `-k`; `probes`: the mismatch probes;
+    /// `finalize`: where it would call `MPI_Finalize`, after the cases).
     #[arg(long, value_name = "PATTERN[:RANK]", hide = true)]
     pub inject_hang: Option<String>,
 }

@@ -152,3 +152,17 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         _ => ExitCode::from(2),
     }
 }
+
+/// After [`run`], before `MPI_Finalize`: the finalize may take `--timeout` (none at
+/// `--timeout 0`; [`crate::launch::guard_finalize`]: exit status 3 and a line naming it
+/// after that), and `--inject-hang finalize[:RANK]` makes that rank hang here for ever,
+/// as a finalize that never returns would.
+pub fn before_finalize(w: &SimpleCommunicator, args: &CheckArgs) {
+    if args.timeout > 0.0 && args.timeout.is_finite() {
+        let limit = std::time::Duration::from_secs_f64(args.timeout);
+        crate::launch::guard_finalize(w.rank(), limit);
+    }
+    if let Ok(faults) = run::Faults::new(args, w.size()) {
+        faults.hang_in(report::FINALIZE, w.rank());
+    }
+}

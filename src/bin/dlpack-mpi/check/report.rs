@@ -169,6 +169,9 @@ pub(super) struct TimedOut {
 /// The name of the mismatch probes' stage in `--timeout` reports.
 pub(super) const PROBES: &str = "the mismatched-argument probes";
 
+/// The name `--inject-hang` matches for `MPI_Finalize` (the pattern `finalize`).
+pub(super) const FINALIZE: &str = "finalize";
+
 /// `3.0 s`, or `0.012 s` under a second.
 pub(super) fn seconds_text(s: f64) -> String {
     if s < 1.0 {
