@@ -630,7 +630,14 @@ fn bad_settings_are_refused_before_any_case() {
         (
             "DLPACK_MPI_DEVICE",
             "x",
-            &["check", "--device", "cuda", "--simulate-device", "--op", "bcast"],
+            &[
+                "check",
+                "--device",
+                "cuda",
+                "--simulate-device",
+                "--op",
+                "bcast",
+            ],
         ),
     ] {
         let out = mpirun(2, args, &[(var, value)]);
