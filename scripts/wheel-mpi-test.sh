@@ -42,6 +42,63 @@ fail() {
     exit 1
 }
 
+# descendants PID: the processes under PID and PID itself, "pid ppid stat seconds args" each.
+descendants() {
+    ps -eo pid=,ppid=,stat=,etimes=,args= | awk -v root="$1" '
+        { pid[NR] = $1; ppid[NR] = $2; line[NR] = $0 }
+        END {
+            keep[root] = 1
+            for (changed = 1; changed;) {
+                changed = 0
+                for (i = 1; i <= NR; i++)
+                    if (!(pid[i] in keep) && (ppid[i] in keep)) { keep[pid[i]] = 1; changed = 1 }
+            }
+            for (i = 1; i <= NR; i++) if (pid[i] in keep) print line[i]
+        }'
+}
+
+# job LIMIT WHAT LAUNCHER-COMMAND...: the command, stdin closed, given LIMIT seconds; its
+# exit status. One that overruns has its processes printed and is stopped (status 124). If
+# none of its ranks was left (live processes of $cli or $bin), only the launcher, the hang
+# is the launcher's not exiting after every rank had (reported for Open MPI 5's prterun:
+# open-mpi/ompi#12064, openpmix/prrte#1839, 5-10 % of runs there), said as such, and the job
+# runs once more; a rank still running is the stage's failure.
+job() {
+    local limit=$1 what=$2 attempt pid rc start tree ranks
+    shift 2
+    for attempt in 1 2; do
+        start=$SECONDS
+        "$@" </dev/null &
+        pid=$!
+        while kill -0 "$pid" 2>/dev/null && ((SECONDS - start < limit)); do
+            sleep 0.1
+        done
+        if ! kill -0 "$pid" 2>/dev/null; then
+            rc=0
+            wait "$pid" || rc=$?
+            return "$rc"
+        fi
+        tree=$(descendants "$pid")
+        {
+            echo "wheel-mpi-test: $impl: $what: still running after $limit s (attempt $attempt); its processes:"
+            echo "$tree"
+        } >&2
+        kill -TERM "$pid" 2>/dev/null || true
+        sleep 2
+        for p in $(awk '{print $1}' <<<"$tree"); do kill -KILL "$p" 2>/dev/null || true; done
+        wait "$pid" 2>/dev/null || true
+        # A rank: a live process whose program (its first word, by name) is $cli's or $bin's.
+        ranks=$(awk -v a="${cli##*/}" -v b="${bin##*/}" \
+            '{ n = split($5, w, "/") } $3 !~ /^Z/ && (w[n] == a || w[n] == b)' <<<"$tree")
+        if [[ -n $ranks || $attempt == 2 ]]; then
+            return 124
+        fi
+        local known="the launcher's"
+        [[ $impl == openmpi5 ]] && known="KNOWN-BUG of prterun (open-mpi/ompi#12064)"
+        echo "wheel-mpi-test: $impl: $what: every rank had ended, the launcher had not ($known); running it once more" >&2
+    done
+}
+
 # A first build starts from a copy of the Debian build's release directory (test.sh built it
 # before this stage), less what depends on MPI: mpi-sys, mpi and dlpack-mpi are rebuilt
 # against the wheel (mpi-sys's build script does not rerun by itself when MPICC changes),
@@ -76,7 +133,8 @@ for b in "$cli" "$bin"; do
     [[ $(cd "$(dirname "$found")" && pwd -P) == "$venv_lib" ]] ||
         fail "$b loads $found, not the wheel's library in $venv_lib"
 done
-info=$("$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" info)
+info=$(job 60 "info at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" info) ||
+    fail "info at 2 ranks: exit $?"
 echo "$info" | head -n 3
 grep -q "^MPI built against: .*($DLPACK_MPI_VENV/lib); loaded from $DLPACK_MPI_VENV/lib/libmpi" <<<"$info" ||
     fail "info does not say it loaded the wheel's library"
@@ -113,8 +171,9 @@ else
 fi
 
 # 4. The check matrix.
-# (About 10 s here; a hang is cut short. check's own --timeout names a stuck case.)
-timeout -k 10 300 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" check -q --producer numpy </dev/null ||
+# (About 10 s here. check's own --timeout names a stuck case, and ends a finalize that
+# does not return.)
+job 300 "check at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$cli" check -q --producer numpy ||
     fail "check at 2 ranks: exit $? after $SECONDS s"
 echo "wheel-mpi-test: $impl: check done ($SECONDS s)"
 
@@ -122,11 +181,11 @@ echo "wheel-mpi-test: $impl: check done ($SECONDS s)"
 # (About 20 s here.)
 for suite in mpi_cases immediate nonblocking fused agreement adversarial checked faults \
     device_cases canaries python_cases; do
-    timeout -k 10 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite "$suite" </dev/null ||
+    job 120 "suite $suite at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite "$suite" ||
         fail "suite $suite at 2 ranks: exit $? after $SECONDS s"
 done
 for case in $("$bin" --mismatch-cases); do
-    timeout -k 10 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite mismatch "$case" </dev/null >/dev/null ||
-        fail "mismatch case $case"
+    job 60 "mismatch case $case at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" \
+        --suite mismatch "$case" >/dev/null || fail "mismatch case $case: exit $?"
 done
 echo "wheel-mpi-test: $impl: passed ($SECONDS s)"
