@@ -348,6 +348,12 @@ mod tests {
         assert_eq!(a.layout, bench::BenchLayout::Step);
         assert_eq!(a.csv.as_deref(), Some(std::path::Path::new("b.csv")));
         assert_eq!(a.plot.as_deref(), Some(std::path::Path::new("b.svg")));
+        // --max-size takes the units of --sizes (it took plain bytes only).
+        assert_eq!(bench(&["--max-size", "1M"]).max_size, Some(1 << 20));
+        assert_eq!(bench(&["--max-size", "1048576"]).max_size, Some(1 << 20));
+        for bad in ["4", "6", "2G", "1X"] {
+            assert!(parse(&["bench", "--max-size", bad]).is_err(), "{bad}");
+        }
         // The OSU name and the older one.
         assert_eq!(bench(&["--op", "pingpong"]).op, bench::Op::Latency);
         for op in ["latency", "allreduce", "allgatherv", "alltoall", "strided"] {

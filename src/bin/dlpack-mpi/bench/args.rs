@@ -148,6 +148,17 @@ fn parse_one_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// `--max-size`: one size as in `--sizes`, at least 8 bytes (the smallest latency size).
+fn parse_max_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_one_size(text)?;
+    if bytes < 8 {
+        return Err(format!(
+            "--max-size `{text}` is below 8 B, the smallest size measured"
+        ));
+    }
+    Ok(bytes)
+}
+
 fn parse_sizes(text: &str) -> Result<Sizes, String> {
     let mut out = Vec::new();
     for part in text.split(',').filter(|p| !p.trim().is_empty()) {
@@ -196,7 +207,8 @@ pub struct BenchArgs {
     /// bandwidth and all-reduce up to at most 16 MiB, all-gatherv and all-to-all 4 MiB).
     /// Strided sizes are fixed (a 64 MiB storage); `all` skips them below 64 MiB. With
     /// `--device cuda` the default sizes are 4 KiB … 256 MiB.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(8..=(1 << 30)))]
+    /// Bytes, with the units of --sizes (`1048576`, `1M`), 8 B ..= 1 GiB.
+    #[arg(long, value_parser = parse_max_size)]
     pub max_size: Option<u64>,
     /// Where the tensors live; bench accepts `cpu` and `cuda` only (the other values are
     /// `check`'s). `cuda` (device memory through cudarc: feature `cuda` and a CUDA driver)
