@@ -470,7 +470,7 @@ pub enum Error {
     /// The process loaded another MPI release than the one this build was compiled against
     /// ([`crate::mpi_library::MpiLibrary::check`]): another implementation, or another
     /// major or minor version.
-    #[error("this build of dlpack-mpi was compiled against {built} but the process loaded {loaded} from {file}: start it with the launcher of the MPI it was built against (its library directory first on LD_LIBRARY_PATH), or rebuild it against this one (MPICC)")]
+    #[error("this build of dlpack-mpi was compiled against {built} but the process loaded {loaded} from {file}: the loader found this one first (LD_LIBRARY_PATH, LD_PRELOAD or its default directories): remove that directory from LD_LIBRARY_PATH or put the built library's first, or rebuild it against this one (MPICC)")]
     MpiLibraryMismatch {
         /// The library of the build's `mpi.h`, and the directories it linked.
         built: String,
