@@ -194,8 +194,11 @@ fn choice<T: Copy>(table: &[(&str, T)], value: &str) -> Option<T> {
         .map(|&(_, v)| v)
 }
 
-/// A byte count: decimal digits.
+/// A byte count: decimal digits only (no sign: `+5` is refused, as `-5` is).
 fn byte_count(value: &str) -> Option<usize> {
+    if !value.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     value.parse::<usize>().ok()
 }
 

@@ -137,6 +137,11 @@ fn byte_count_values() {
         parse_pool_cap(Some("1M")),
         Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
     ));
+    // Digits only: a sign is refused either way (`+5` was read as 5).
+    for bad in ["+5", "-0", " +1 "] {
+        assert!(parse_pool_cap(Some(bad)).is_err(), "{bad}");
+        assert!(parse_pack_threshold(Some(bad)).is_err(), "{bad}");
+    }
 }
 
 #[test]

@@ -3,6 +3,10 @@
 //! and errors agreed by every rank.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::runtime::{default_runtime, DeviceRuntime, SimulatedRuntime};
 use dlpack_mpi::transport::{
@@ -305,23 +309,63 @@ pub fn under_launcher() -> bool {
 /// ([`guard_finalize`]); the same as `check`'s for a case that ran past `--timeout`.
 pub const FINALIZE_HUNG_STATUS: u8 = 3;
 
-/// How long `MPI_Finalize` may take after `info` and `bench` (`check`: its `--timeout`).
-pub const FINALIZE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long `MPI_Finalize` may take after `info` and `bench` (`check`: its `--timeout`, at
+/// least [`FINALIZE_FLOOR`]).
+pub const FINALIZE_LIMIT: Duration = Duration::from_secs(60);
+
+/// The least time `MPI_Finalize` is given after `check`, whatever its `--timeout` (a
+/// finalize takes 50–80 ms at 2 ranks here, longer at scale).
+pub const FINALIZE_FLOOR: Duration = Duration::from_secs(5);
+
+/// How much longer than the limit a rank that is inside `MPI_Finalize` waits before it
+/// ends itself: a rank held up before its finalize ends first, and the launcher ends the
+/// others. (Open MPI 4.1.4's `mpirun` crashed in `PMIx_server_finalize`, or hung there for
+/// good, in 7 of 35 runs here when ranks inside `MPI_Finalize` ended themselves; never in
+/// 32 when only the rank outside MPI did.)
+const INSIDE_GRACE: Duration = Duration::from_secs(10);
+
+/// The guard of [`guard_finalize`]: say [`FinalizeGuard::entering`] right before
+/// `MPI_Finalize`.
+pub struct FinalizeGuard {
+    inside: Arc<AtomicBool>,
+}
+
+impl FinalizeGuard {
+    /// The rank calls `MPI_Finalize` now.
+    pub fn entering(&self) {
+        self.inside.store(true, Ordering::SeqCst);
+    }
+}
 
 /// Starts a thread that ends this process with [`FINALIZE_HUNG_STATUS`] if it is still
-/// running `limit` after now, saying so on standard error; the caller then calls
-/// `MPI_Finalize` (drops the `Universe`), and a process whose finalize returns exits as
-/// usual. A hang there (an MPI library's, or a peer's that never arrives) so ends with a
-/// line naming it instead of a job that never ends; what the command printed before
+/// running `limit` after now (a rank not yet inside `MPI_Finalize`; [`INSIDE_GRACE`]
+/// later for one inside it), saying so on standard error; the caller then calls
+/// [`FinalizeGuard::entering`] and `MPI_Finalize` (drops the `Universe`), and a process
+/// whose finalize returns exits as usual. A hang at the end of a job (a rank held up before
+/// its finalize, which the others' finalize waits for; an MPI library's hang in it) so ends
+/// with a line naming it instead of a job that never ends; what the command printed before
 /// stands. The thread makes no MPI call (MPI_THREAD_SINGLE).
-pub fn guard_finalize(rank: i32, limit: std::time::Duration) {
+pub fn guard_finalize(rank: i32, limit: Duration) -> FinalizeGuard {
     use std::io::Write as _;
+    let inside = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&inside);
     let watch = move || {
         std::thread::sleep(limit);
+        let line = if seen.load(Ordering::SeqCst) {
+            std::thread::sleep(INSIDE_GRACE);
+            format!(
+                "MPI_Finalize has not returned after {} s",
+                seconds(limit + INSIDE_GRACE)
+            )
+        } else {
+            format!(
+                "not at MPI_Finalize {} s after the command ended",
+                seconds(limit)
+            )
+        };
         let line = format!(
-            "dlpack-mpi: rank {rank}: MPI_Finalize has not returned after {:.0} s: ending the \
-             process (exit status {FINALIZE_HUNG_STATUS}); what was printed before stands\n",
-            limit.as_secs_f64()
+            "dlpack-mpi: rank {rank}: {line}: ending the process (exit status \
+             {FINALIZE_HUNG_STATUS}); what was printed before stands\n"
         );
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().write_all(line.as_bytes());
@@ -333,4 +377,10 @@ pub fn guard_finalize(rank: i32, limit: std::time::Duration) {
     {
         eprintln!("dlpack-mpi: rank {rank}: no thread to watch MPI_Finalize: {err}");
     }
+    FinalizeGuard { inside }
+}
+
+/// `d` in seconds as people write them: `2`, `0.5`, `12.25`.
+fn seconds(d: Duration) -> String {
+    format!("{}", d.as_secs_f64())
 }

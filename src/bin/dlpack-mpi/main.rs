@@ -80,25 +80,30 @@ fn main() -> ExitCode {
         return code;
     }
     let rank = mpi::topology::Communicator::rank(&world);
-    let code = match cli.command {
+    let (code, guard) = match cli.command {
         Command::Info(args) => {
             let code = info::run(&world, &args);
-            launch::guard_finalize(rank, launch::FINALIZE_LIMIT);
-            code
+            (
+                code,
+                Some(launch::guard_finalize(rank, launch::FINALIZE_LIMIT)),
+            )
         }
         Command::Check(args) => {
             let code = check::run(&world, &args);
-            check::before_finalize(&world, &args);
-            code
+            (code, check::before_finalize(&world, &args))
         }
         Command::Bench(args) => {
             let code = bench::run(&world, &args);
-            launch::guard_finalize(rank, launch::FINALIZE_LIMIT);
-            code
+            (
+                code,
+                Some(launch::guard_finalize(rank, launch::FINALIZE_LIMIT)),
+            )
         }
     };
-    // MPI_Finalize.
-    drop(universe);
+    if let Some(guard) = &guard {
+        guard.entering();
+    }
+    drop(universe); // MPI_Finalize
     code
 }
 

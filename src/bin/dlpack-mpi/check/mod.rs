@@ -153,16 +153,21 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
     }
 }
 
-/// After [`run`], before `MPI_Finalize`: the finalize may take `--timeout` (none at
-/// `--timeout 0`; [`crate::launch::guard_finalize`]: exit status 3 and a line naming it
-/// after that), and `--inject-hang finalize[:RANK]` makes that rank hang here for ever,
-/// as a finalize that never returns would.
-pub fn before_finalize(w: &SimpleCommunicator, args: &CheckArgs) {
-    if args.timeout > 0.0 && args.timeout.is_finite() {
+/// After [`run`], before `MPI_Finalize`: the finalize may take `--timeout`, at least
+/// [`crate::launch::FINALIZE_FLOOR`] (no limit at `--timeout 0`;
+/// [`crate::launch::guard_finalize`]: exit status 3 and a line naming it after that), and
+/// `--inject-hang finalize[:RANK]` makes that rank hang here for ever, before its
+/// finalize, which the others' finalize waits for.
+pub fn before_finalize(
+    w: &SimpleCommunicator,
+    args: &CheckArgs,
+) -> Option<crate::launch::FinalizeGuard> {
+    let guard = (args.timeout > 0.0 && args.timeout.is_finite()).then(|| {
         let limit = std::time::Duration::from_secs_f64(args.timeout);
-        crate::launch::guard_finalize(w.rank(), limit);
-    }
+        crate::launch::guard_finalize(w.rank(), limit.max(crate::launch::FINALIZE_FLOOR))
+    });
     if let Ok(faults) = run::Faults::new(args, w.size()) {
         faults.hang_in(report::FINALIZE, w.rank());
     }
+    guard
 }
