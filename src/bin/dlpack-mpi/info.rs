@@ -225,16 +225,14 @@ fn print_features() {
     } else {
         "cuda not built"
     };
+    // The variable is named once: after the value, or inside the refusal.
     let packing = match dlpack_mpi::comm::packing() {
-        Ok(p) => format!("{p:?}"),
+        Ok(p) => format!("{p:?} (DLPACK_MPI_PACKING)"),
         Err(e) => format!("refused: {e}"),
     };
     let agreement = match dlpack_mpi::comm::agreement() {
-        Ok(a) => format!("{a:?}"),
+        Ok(a) => format!("{a:?} (DLPACK_MPI_AGREEMENT)"),
         Err(e) => format!("refused: {e}"),
     };
-    println!(
-        "features: cli; {python}; {cuda}; packing: {packing} (DLPACK_MPI_PACKING); \
-         agreement: {agreement} (DLPACK_MPI_AGREEMENT)"
-    );
+    println!("features: cli; {python}; {cuda}; packing: {packing}; agreement: {agreement}");
 }
