@@ -9,7 +9,8 @@
 # what this run verified on this machine and what it did not.
 #
 # Usage: scripts/run.sh [extra `dlpack-mpi check` arguments]
-# DLPACK_MPI_IMPL=mpich runs it with MPICH instead of Open MPI (scripts/mpi-env.sh).
+# DLPACK_MPI_IMPL=mpich runs it with MPICH instead of Open MPI (scripts/mpi-env.sh);
+# DLPACK_MPI_RANKS=N at N ranks instead of 4.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,7 +21,11 @@ source scripts/mpi-env.sh
 source scripts/python-env.sh
 
 cargo build --release --features cli,python --bin dlpack-mpi
-ranks=4
+ranks=${DLPACK_MPI_RANKS:-4}
+[[ $ranks =~ ^[1-9][0-9]*$ ]] || {
+    echo "run.sh: DLPACK_MPI_RANKS=$ranks is not a rank count (1, 2, ...)" >&2
+    exit 2
+}
 info=$("$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$ranks" "$TARGET_DIR"/release/dlpack-mpi info)
 printf '%s\n' "$info"
 

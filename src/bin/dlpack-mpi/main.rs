@@ -41,12 +41,17 @@ enum Command {
 }
 
 /// A command-line error as one line: clap's first line without its `error: ` prefix, and a
-/// pointer to `--help`.
+/// pointer to the help of the subcommand given (`dlpack-mpi check --help`), else to
+/// `dlpack-mpi --help`.
 fn one_line(err: &clap::Error) -> String {
     let text = err.to_string();
     let first = text.lines().next().unwrap_or("invalid arguments");
     let first = first.strip_prefix("error: ").unwrap_or(first);
-    format!("dlpack-mpi: {first} (see `dlpack-mpi --help`)")
+    let command = std::env::args()
+        .nth(1)
+        .filter(|a| ["check", "bench", "info"].contains(&a.as_str()))
+        .map_or(String::new(), |a| format!(" {a}"));
+    format!("dlpack-mpi: {first} (see `dlpack-mpi{command} --help`)")
 }
 
 fn main() -> ExitCode {
