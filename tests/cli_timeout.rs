@@ -230,11 +230,10 @@ fn hung_rank_0_still_reports_under_quiet() {
     );
 }
 
-/// A hang before the cases, in the mismatch probes: the verdict says so, the JSON report
-/// holds no case.
-#[test]
-fn hang_in_the_mismatch_probes() {
-    let json = scratch("probes.json");
+/// The bcast cases of int8 at length 7 at 2 ranks, `--timeout 2`, with `--inject-hang
+/// HANG` and a JSON report (its path returned); `tag` names the files.
+fn small_run_hung_in(hang: &str, tag: &str) -> (Job, PathBuf) {
+    let json = scratch(&format!("{tag}.json"));
     let job = check(
         2,
         &[
@@ -249,12 +248,20 @@ fn hang_in_the_mismatch_probes() {
             "--timeout",
             "2",
             "--inject-hang",
-            "probes:1",
+            hang,
             "--json",
             json.to_str().unwrap(),
         ],
-        "probes",
+        tag,
     );
+    (job, json)
+}
+
+/// A hang before the cases, in the mismatch probes: the verdict says so, the JSON report
+/// holds no case.
+#[test]
+fn hang_in_the_mismatch_probes() {
+    let (job, json) = small_run_hung_in("probes:1", "probes");
     let all = format!("{}\n{}", job.stdout, job.stderr);
     assert_eq!(job.code, Some(TIMED_OUT), "{all}");
     assert!(
@@ -280,27 +287,7 @@ fn hang_in_the_mismatch_probes() {
 /// crashed Open MPI 4.1.4's `mpirun` 1 time in 5).
 #[test]
 fn hang_in_mpi_finalize() {
-    let json = scratch("finalize.json");
-    let job = check(
-        2,
-        &[
-            "--producer",
-            "rust",
-            "--op",
-            "bcast",
-            "--dtype",
-            "int8",
-            "--len",
-            "7",
-            "--timeout",
-            "2",
-            "--inject-hang",
-            "finalize:1",
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        "finalize",
-    );
+    let (job, json) = small_run_hung_in("finalize:1", "finalize");
     let all = format!("{}\n{}", job.stdout, job.stderr);
     assert_eq!(job.code, Some(TIMED_OUT), "{all}");
     assert!(job.took < Duration::from_secs(5) + END_WITHIN, "{all}");
