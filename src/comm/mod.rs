@@ -1,23 +1,9 @@
 #![doc = include_str!("overview.md")]
 
-mod agree;
-mod bcast;
-mod blocks;
-mod call;
-mod checks;
-mod collective;
-mod fused;
-mod held;
-mod immediate;
-mod mode;
-mod operands;
-pub(crate) mod p2p;
-mod packing;
-mod pending;
-pub(crate) mod reduce;
-mod signature;
-mod stager;
-mod window;
+#[macro_use]
+mod twins;
+mod engine;
+mod ops;
 
 use std::ops::Range;
 
@@ -27,25 +13,30 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-pub use agree::{
+pub use engine::agree::{
     agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
 };
-pub use bcast::BroadcastBuffer;
-pub use blocks::Blocks;
-pub(crate) use checks::{check_rank, check_tag};
-pub use fused::ALONE_BYTES;
-pub use immediate::{test_any, wait_all, wait_any, TensorRequest};
-pub(crate) use p2p::{recv_matched, unfit};
-pub use packing::{
+pub use engine::bcast::BroadcastBuffer;
+pub use engine::blocks::Blocks;
+pub(crate) use engine::checks::{check_rank, check_tag};
+pub use engine::halfops;
+pub use engine::packing::{
     default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
     parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
     DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
 };
-pub use reduce::halfops;
+pub use engine::request::{test_any, wait_all, wait_any, TensorRequest};
+pub(crate) use engine::stager::sealed::Sealed;
+pub use engine::stager::Endpoint;
 #[doc(hidden)]
-pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
+pub use engine::stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
+pub use ops::fused::ALONE_BYTES;
+pub(crate) use ops::p2p;
+pub(crate) use ops::p2p::{recv_matched, unfit};
 
-use mode::{Blocking, Immediate};
+use engine::mode::Blocking;
+use engine::request::Immediate;
+use ops::{collective, fused, reduce, window};
 
 use crate::dlpack::Tensor;
 use crate::dtype::ReduceOp;
@@ -69,20 +60,15 @@ use crate::spec::{RecvSpec, SendSpec};
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds a value other than
 /// `collective` or `local`. On any error no rank has entered the data operation (under
 /// [`Agreement::Local`]: only this rank).
-pub trait TensorComm {
-    /// The rsmpi communicator the operations run on.
-    type Comm: Communicator + ?Sized;
-
-    /// The communicator the operations run on (`self` for an rsmpi communicator).
-    fn communicator(&self) -> &Self::Comm;
-
-    /// The device staging below the operations; `None` (the default): the operands are
-    /// the caller's tensors, which must be host memory.
-    #[doc(hidden)]
-    fn stager(&self) -> Option<&dyn Stager> {
-        None
-    }
-
+///
+/// Sealed through [`Endpoint`]: it is implemented for every rsmpi communicator and for
+/// `transport::DeviceComm`, and cannot be implemented outside this crate.
+///
+/// ```compile_fail,E0277
+/// struct Mine;
+/// impl dlpack_mpi::comm::TensorComm for Mine {} // refused: `Mine` is no `Endpoint`
+/// ```
+pub trait TensorComm: Endpoint {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
     ///
     /// # Errors
@@ -156,7 +142,7 @@ pub trait TensorComm {
         dest: Rank,
         tag: Tag,
     ) -> Result<TensorRequest<'a, Sc>> {
-        immediate::send(self, scope, tensor, dest, tag)
+        p2p::immediate_send(self, scope, tensor, dest, tag)
     }
 
     /// Nonblocking receive into all elements of `tensor` from `source` inside an rsmpi
@@ -181,7 +167,7 @@ pub trait TensorComm {
         source: Rank,
         tag: Tag,
     ) -> Result<TensorRequest<'a, Sc>> {
-        immediate::recv(self, scope, tensor, source, tag)
+        p2p::immediate_recv(self, scope, tensor, source, tag)
     }
 
     /// Nonblocking send of a prebuilt spec inside an rsmpi scope (`MPI_Isend`, §3.7.2),
@@ -545,188 +531,84 @@ pub trait TensorComm {
         reduce::all_reduce(self, Immediate(scope), send, recv, op)
     }
 
-    /// Nonblocking [`TensorComm::all_reduce_tensor_in_place`] (`MPI_Iallreduce` with
-    /// `MPI_IN_PLACE`); progress and errors as [`TensorComm::immediate_all_reduce_tensor`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensor_in_place`].
-    fn immediate_all_reduce_tensor_in_place<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        tensor: &'a mut dyn Tensor,
-        op: ReduceOp,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        reduce::all_reduce_in_place(self, Immediate(scope), tensor, op)
+    nonblocking! {
+        /// With `MPI_IN_PLACE`.
+        immediate_all_reduce_tensor_in_place of all_reduce_tensor_in_place ("MPI_Iallreduce", "6.12.8")
+        (&'a self, scope: Sc, tensor: &'a mut dyn Tensor, op: ReduceOp)
+        => reduce::all_reduce_in_place(self, Immediate(scope), tensor, op)
     }
 
-    /// Nonblocking [`TensorComm::reduce_tensor`] (`MPI_Ireduce`, §6.12.7).
-    ///
-    /// # Errors
-    /// As [`TensorComm::reduce_tensor`] and [`TensorComm::immediate_all_reduce_tensor`].
-    fn immediate_reduce_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: Option<&'a mut dyn Tensor>,
-        op: ReduceOp,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        reduce::reduce(self, Immediate(scope), send, recv, op, root)
+    nonblocking! {
+        immediate_reduce_tensor of reduce_tensor ("MPI_Ireduce", "6.12.7")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: Option<&'a mut dyn Tensor>, op: ReduceOp, root: Rank)
+        => reduce::reduce(self, Immediate(scope), send, recv, op, root)
     }
 
-    /// Nonblocking [`TensorComm::reduce_scatter_block_tensor`]
-    /// (`MPI_Ireduce_scatter_block`, §6.12.9).
-    ///
-    /// # Errors
-    /// As [`TensorComm::reduce_scatter_block_tensor`].
-    fn immediate_reduce_scatter_block_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: &'a mut dyn Tensor,
-        op: ReduceOp,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        reduce::reduce_scatter_block(self, Immediate(scope), send, recv, op)
+    nonblocking! {
+        immediate_reduce_scatter_block_tensor of reduce_scatter_block_tensor ("MPI_Ireduce_scatter_block", "6.12.9")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: &'a mut dyn Tensor, op: ReduceOp)
+        => reduce::reduce_scatter_block(self, Immediate(scope), send, recv, op)
     }
 
-    /// Nonblocking [`TensorComm::broadcast_tensor`] (`MPI_Ibcast`, §6.12.2).
-    ///
-    /// # Errors
-    /// As [`TensorComm::broadcast_tensor`].
-    fn immediate_broadcast_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        tensor: &'a mut dyn Tensor,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        let buffer = BroadcastBuffer::Recv(tensor);
-        collective::broadcast(self, Immediate(scope), buffer, root)
+    nonblocking! {
+        immediate_broadcast_tensor of broadcast_tensor ("MPI_Ibcast", "6.12.2")
+        (&'a self, scope: Sc, tensor: &'a mut dyn Tensor, root: Rank)
+        => collective::broadcast(self, Immediate(scope), BroadcastBuffer::Recv(tensor), root)
     }
 
-    /// Nonblocking [`TensorComm::broadcast_tensor_from`] (`MPI_Ibcast`, §6.12.2).
-    ///
-    /// # Errors
-    /// As [`TensorComm::broadcast_tensor_from`].
-    fn immediate_broadcast_tensor_from<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        buffer: BroadcastBuffer<'a>,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::broadcast(self, Immediate(scope), buffer, root)
+    nonblocking! {
+        immediate_broadcast_tensor_from of broadcast_tensor_from ("MPI_Ibcast", "6.12.2")
+        (&'a self, scope: Sc, buffer: BroadcastBuffer<'a>, root: Rank)
+        => collective::broadcast(self, Immediate(scope), buffer, root)
     }
 
-    /// Nonblocking [`TensorComm::gather_tensor`] (`MPI_Igather`, §6.12.3).
-    ///
-    /// # Errors
-    /// As [`TensorComm::gather_tensor`].
-    fn immediate_gather_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: Option<&'a mut dyn Tensor>,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::gather(self, Immediate(scope), send, recv, root)
+    nonblocking! {
+        immediate_gather_tensor of gather_tensor ("MPI_Igather", "6.12.3")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: Option<&'a mut dyn Tensor>, root: Rank)
+        => collective::gather(self, Immediate(scope), send, recv, root)
     }
 
-    /// Nonblocking [`TensorComm::gatherv_tensor`] (`MPI_Igatherv`, §6.12.3); the request
-    /// owns the blocks in MPI units.
-    ///
-    /// # Errors
-    /// As [`TensorComm::gatherv_tensor`].
-    fn immediate_gatherv_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: Option<(&'a mut dyn Tensor, Blocks<'a>)>,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        let recv = recv.map(|(t, b)| (t, b.counts, b.displacements));
-        collective::gatherv(self, Immediate(scope), send, recv, root)
+    nonblocking! {
+        /// The request owns the blocks in MPI units.
+        immediate_gatherv_tensor of gatherv_tensor ("MPI_Igatherv", "6.12.3")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: Option<(&'a mut dyn Tensor, Blocks<'a>)>, root: Rank)
+        => collective::gatherv(self, Immediate(scope), send, recv.map(|(t, b)| (t, b.counts, b.displacements)), root)
     }
 
-    /// Nonblocking [`TensorComm::scatter_tensor`] (`MPI_Iscatter`, §6.12.4).
-    ///
-    /// # Errors
-    /// As [`TensorComm::scatter_tensor`].
-    fn immediate_scatter_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: Option<&'a dyn Tensor>,
-        recv: &'a mut dyn Tensor,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::scatter(self, Immediate(scope), send, recv, root)
+    nonblocking! {
+        immediate_scatter_tensor of scatter_tensor ("MPI_Iscatter", "6.12.4")
+        (&'a self, scope: Sc, send: Option<&'a dyn Tensor>, recv: &'a mut dyn Tensor, root: Rank)
+        => collective::scatter(self, Immediate(scope), send, recv, root)
     }
 
-    /// Nonblocking [`TensorComm::scatterv_tensor`] (`MPI_Iscatterv`, §6.12.4).
-    ///
-    /// # Errors
-    /// As [`TensorComm::scatterv_tensor`].
-    fn immediate_scatterv_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: Option<(&'a dyn Tensor, Blocks<'a>)>,
-        recv: &'a mut dyn Tensor,
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        let send = send.map(|(t, b)| (t, b.counts, b.displacements));
-        collective::scatterv(self, Immediate(scope), send, recv, root)
+    nonblocking! {
+        immediate_scatterv_tensor of scatterv_tensor ("MPI_Iscatterv", "6.12.4")
+        (&'a self, scope: Sc, send: Option<(&'a dyn Tensor, Blocks<'a>)>, recv: &'a mut dyn Tensor, root: Rank)
+        => collective::scatterv(self, Immediate(scope), send.map(|(t, b)| (t, b.counts, b.displacements)), recv, root)
     }
 
-    /// Nonblocking [`TensorComm::all_gather_tensor`] (`MPI_Iallgather`, §6.12.5).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_gather_tensor`].
-    fn immediate_all_gather_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: &'a mut dyn Tensor,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::all_gather(self, Immediate(scope), send, recv)
+    nonblocking! {
+        immediate_all_gather_tensor of all_gather_tensor ("MPI_Iallgather", "6.12.5")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: &'a mut dyn Tensor)
+        => collective::all_gather(self, Immediate(scope), send, recv)
     }
 
-    /// Nonblocking [`TensorComm::all_gatherv_tensor`] (`MPI_Iallgatherv`, §6.12.5).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_gatherv_tensor`].
-    fn immediate_all_gatherv_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: &'a mut dyn Tensor,
-        blocks: Blocks<'a>,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        let (counts, displacements) = (blocks.counts, blocks.displacements);
-        collective::all_gatherv(self, Immediate(scope), send, recv, counts, displacements)
+    nonblocking! {
+        immediate_all_gatherv_tensor of all_gatherv_tensor ("MPI_Iallgatherv", "6.12.5")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: &'a mut dyn Tensor, blocks: Blocks<'a>)
+        => collective::all_gatherv(self, Immediate(scope), send, recv, blocks.counts, blocks.displacements)
     }
 
-    /// Nonblocking [`TensorComm::all_to_all_tensor`] (`MPI_Ialltoall`, §6.12.6).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_to_all_tensor`].
-    fn immediate_all_to_all_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a dyn Tensor,
-        recv: &'a mut dyn Tensor,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::all_to_all(self, Immediate(scope), send, recv)
+    nonblocking! {
+        immediate_all_to_all_tensor of all_to_all_tensor ("MPI_Ialltoall", "6.12.6")
+        (&'a self, scope: Sc, send: &'a dyn Tensor, recv: &'a mut dyn Tensor)
+        => collective::all_to_all(self, Immediate(scope), send, recv)
     }
 
-    /// Nonblocking [`TensorComm::all_to_allv_tensor`] (`MPI_Ialltoallv`, §6.12.6).
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_to_allv_tensor`].
-    fn immediate_all_to_allv_tensor<'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: (&'a dyn Tensor, Blocks<'a>),
-        recv: (&'a mut dyn Tensor, Blocks<'a>),
-    ) -> Result<TensorRequest<'a, Sc>> {
-        collective::all_to_allv(
+    nonblocking! {
+        immediate_all_to_allv_tensor of all_to_allv_tensor ("MPI_Ialltoallv", "6.12.6")
+        (&'a self, scope: Sc, send: (&'a dyn Tensor, Blocks<'a>), recv: (&'a mut dyn Tensor, Blocks<'a>))
+        => collective::all_to_allv(
             self,
             Immediate(scope),
             (send.0, send.1.counts, send.1.displacements),
@@ -857,11 +739,4 @@ pub trait TensorComm {
     }
 }
 
-impl<C: Communicator + ?Sized> TensorComm for C {
-    type Comm = C;
-
-    #[inline]
-    fn communicator(&self) -> &C {
-        self
-    }
-}
+impl<C: Communicator + ?Sized> TensorComm for C {}

@@ -273,7 +273,11 @@ fn pack_blocks(
     Ok(())
 }
 
-impl StagedBucket for DeviceBucket<'_, '_> {
+// SAFETY: `buffer` is the pinned host copy of the bucket (when staged) or its packed device
+// buffer (`Reach::MpiOnly`, direct), each allocated by `stage_bucket` for the bucket's
+// `bytes` and owned by this value until it drops; `send_buffer` is the device or host send
+// buffer of `blocks` × `bytes` bytes allocated there and owned alike.
+unsafe impl StagedBucket for DeviceBucket<'_, '_> {
     fn buffer(&self) -> (*mut u8, Reach) {
         match (&self.host, &self.packed) {
             (Some(h), _) => (h.ptr(), Reach::Host),

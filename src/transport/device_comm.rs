@@ -17,7 +17,7 @@ use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_rank, check_tag, p2p, BucketMember, Stager, TensorComm};
+use crate::comm::{check_rank, check_tag, p2p, BucketMember, Endpoint, Sealed, Stager, TensorComm};
 use crate::device::Device;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
@@ -302,7 +302,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     }
 }
 
-impl<'c, C: Communicator + ?Sized> TensorComm for DeviceComm<'c, C> {
+impl<C: Communicator + ?Sized> Sealed for DeviceComm<'_, C> {}
+
+impl<'c, C: Communicator + ?Sized> Endpoint for DeviceComm<'c, C> {
     type Comm = C;
 
     fn communicator(&self) -> &C {
@@ -312,7 +314,9 @@ impl<'c, C: Communicator + ?Sized> TensorComm for DeviceComm<'c, C> {
     fn stager(&self) -> Option<&dyn Stager> {
         Some(self)
     }
+}
 
+impl<C: Communicator + ?Sized> TensorComm for DeviceComm<'_, C> {
     /// [`TensorComm::send_tensor`]; a staged contiguous tensor above the pipeline part size
     /// goes out in parts ([`pipeline`](super::pipeline)).
     ///

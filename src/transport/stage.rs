@@ -321,7 +321,10 @@ impl<'p, 'r> Stage<'p, 'r> {
     }
 }
 
-impl StagedTensor for Stage<'_, '_> {
+// SAFETY: the view is the stand-in this stage owns (a pinned host copy, `Reach::Host`, or a
+// device scratch buffer, `Reach::MpiOnly`) sized from the tensor's facts, or `None` for the
+// caller's own tensor; both stay valid while the stage lives.
+unsafe impl StagedTensor for Stage<'_, '_> {
     fn view(&self) -> Result<Option<TensorView<'_>>> {
         self.stand_in_view()
     }
@@ -350,7 +353,9 @@ fn boxed<'s>(st: Stage<'s, 's>, declared: bool) -> Option<Box<dyn StagedTensor +
     (declared && st.route() != Route::Host).then(|| Box::new(st) as Box<dyn StagedTensor + 's>)
 }
 
-impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
+// SAFETY: every stand-in is a `Stage` and every bucket a `DeviceBucket`, whose own impls
+// keep their contracts; buckets are allocated for the `bytes` and `blocks` asked.
+unsafe impl<C: Communicator + ?Sized> Stager for DeviceComm<'_, C> {
     fn stage(&self, send: Option<Operand<'_>>, recv: Option<Operand<'_>>) -> Result<Staging<'_>> {
         let ps = match send {
             Some(o) => Some((o.tensor, self.place(o.tensor, o.reduce, Access::Read)?)),

@@ -1,16 +1,21 @@
 //! The buffers and MPI calls of the fused collectives' buckets ([`super::Fused`]): packed
 //! buckets in pooled host buffers, direct buckets on a member's own memory, device buckets
-//! made by the stager, and the copies into and out of packed buckets.
+//! made by the stager, the copies into and out of packed buckets, and how a fused list runs
+//! as one [`Batch`] (each bucket packed, reduced or broadcast, and unpacked in turn).
 
 use std::ffi::c_void;
 
 use mpi::raw::AsRaw;
 use mpi::Count;
 
-use super::{FusedKind, Member, OnDevice};
-use crate::comm::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
-use crate::comm::reduce::handles;
-use crate::comm::stager::{BucketMember, StagedBucket};
+use mpi::ffi::{MPI_Comm, MPI_Request};
+
+use super::{Fused, FusedKind, Member, OnDevice};
+use crate::comm::engine::call::handles;
+use crate::comm::engine::call::Batch;
+use crate::comm::engine::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
+use crate::comm::engine::progress;
+use crate::comm::engine::stager::{BucketMember, StagedBucket};
 use crate::error::{Error, Result};
 use crate::raw;
 use crate::spec::facts::Facts;
@@ -114,11 +119,11 @@ pub(super) fn device_bucket(
     bytes: usize,
     on: Option<&OnDevice<'_, '_>>,
 ) -> Result<(Box<dyn StagedBucket + 'static>, Vec<Call>)> {
-    let on = on.ok_or_else(|| crate::comm::checks::missing("fused device list"))?;
+    let on = on.ok_or_else(|| crate::comm::engine::checks::missing("fused device list"))?;
     let element = members[list[0]]
         .facts()
         .map(|f| f.element)
-        .ok_or_else(|| crate::comm::checks::missing("fused member facts"))?;
+        .ok_or_else(|| crate::comm::engine::checks::missing("fused member facts"))?;
     let of: Vec<BucketMember<'_>> = list
         .iter()
         .map(|&i| BucketMember {
@@ -192,7 +197,7 @@ pub(super) fn bucket_buffers(
 pub(super) fn direct_calls(kind: FusedKind, m: &Member) -> Result<Vec<Call>> {
     let f = m
         .facts()
-        .ok_or_else(|| crate::comm::checks::missing("fused member facts"))?;
+        .ok_or_else(|| crate::comm::engine::checks::missing("fused member facts"))?;
     let first = |side: &Option<Facts>| side.as_ref().map(|f| f.first.cast::<u8>());
     let null = std::ptr::null_mut::<u8>();
     let (send, recv) = match kind {
@@ -243,5 +248,139 @@ pub(super) fn copy_out(f: &Facts, data: &[u8]) {
             let done = unsafe { kernels::unpack(data, base, &plan.axes, f.element.size_bytes()) };
             debug_assert!(done);
         }
+    }
+}
+
+impl Fused {
+    /// Copies bucket `b`'s members into its buffer (the members this rank packs; for a
+    /// reduce-scatter, block `r` of each member into rank `r`'s segment).
+    fn pack(&mut self, b: usize) {
+        let bucket = &mut self.buckets[b];
+        let Some(buf) = bucket.buf.as_mut() else {
+            return; // direct: the calls are on the member itself
+        };
+        let seg: usize = bucket.members.iter().map(|&i| self.members[i].bytes).sum();
+        for &i in &bucket.members {
+            let m = &self.members[i];
+            let Some(f) = &m.pack else { continue };
+            match self.kind {
+                FusedKind::ReduceScatter(..) => {
+                    let ranks = buf.len().checked_div(seg).unwrap_or(0);
+                    let mut whole = vec![0u8; m.bytes * ranks];
+                    copy_in(f, &mut whole);
+                    for r in 0..ranks {
+                        let to = r * seg + m.at;
+                        buf[to..to + m.bytes]
+                            .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
+                    }
+                }
+                _ => copy_in(f, &mut buf[m.at..m.at + m.bytes]),
+            }
+        }
+    }
+
+    /// Copies bucket `b`'s buffer (a reduce-scatter's receive buffer) into its members
+    /// (those this rank unpacks).
+    fn unpack(&mut self, b: usize) {
+        let bucket = &self.buckets[b];
+        if let Some(staged) = &bucket.staged {
+            if let Err(e) = staged.unpack() {
+                self.failed.get_or_insert(e);
+            }
+            return;
+        }
+        let Some(data) = bucket.recv.as_ref().or(bucket.buf.as_ref()) else {
+            return; // direct: the calls wrote the member itself
+        };
+        for &i in &bucket.members {
+            let m = &self.members[i];
+            if let Some(f) = &m.unpack {
+                copy_out(f, &data[m.at..m.at + m.bytes]);
+            }
+        }
+    }
+}
+
+impl Batch for Fused {
+    /// Packs and posts every bucket in order on `comm`, pushing the requests to `requests`
+    /// (bucket k+1 is packed while bucket k is on the wire).
+    ///
+    /// # Safety
+    /// Every rank of `comm` posts the same buckets (the agreement said so); `self` stays
+    /// alive and untouched until every pushed request has completed.
+    unsafe fn post(&mut self, comm: MPI_Comm, requests: &mut Vec<MPI_Request>) {
+        for b in 0..self.buckets.len() {
+            self.pack(b);
+            let before = requests.len();
+            for call in &self.buckets[b].calls {
+                // SAFETY: the calls are over the bucket's own buffer, alive as long as
+                // `self`; the caller's contract on `comm`.
+                unsafe { call.post(comm, requests) };
+            }
+            self.buckets[b].posted = requests.len() - before;
+        }
+    }
+
+    /// After the next request (in posting order) completed: unpacks every bucket whose
+    /// requests have all completed.
+    fn completed_one(&mut self) {
+        self.completed += 1;
+        let mut done: usize = self.buckets[..self.landed].iter().map(|b| b.posted).sum();
+        while self.landed < self.buckets.len() {
+            done += self.buckets[self.landed].posted;
+            if done > self.completed {
+                break;
+            }
+            self.unpack(self.landed);
+            self.landed += 1;
+        }
+    }
+
+    /// Runs blocking on `comm`: each bucket in turn packed, reduced or broadcast by the
+    /// blocking collective, and unpacked. (Posting every bucket's nonblocking collective
+    /// and waiting was 1.6–2.5× slower here: Open MPI's nonblocking collectives take other
+    /// algorithms than its blocking ones, and without a progress thread nothing moves
+    /// between the posts anyway; `docs/PERFORMANCE.md`, "Fused collectives".) While
+    /// nonblocking collectives wait for their agreements, the buckets are posted and
+    /// polled instead (`progress::wait_raw`), so that this rank resolves those meanwhile.
+    ///
+    /// # Safety
+    /// As [`Fused::post`].
+    unsafe fn run(&mut self, comm: MPI_Comm) {
+        if progress::active() {
+            let mut requests = Vec::with_capacity(self.buckets.len());
+            // SAFETY: the caller's contract; `self` outlives the waits below.
+            unsafe { self.post(comm, &mut requests) };
+            for r in requests {
+                progress::wait_raw(&mut [r]);
+                self.completed_one();
+            }
+            return;
+        }
+        for b in 0..self.buckets.len() {
+            self.pack(b);
+            for call in &self.buckets[b].calls {
+                // SAFETY: the calls are over the bucket's own buffer (or its one member's
+                // memory), alive as long as `self`; the caller's contract on `comm`.
+                unsafe { call.run(comm) };
+            }
+            self.unpack(b);
+        }
+        self.landed = self.buckets.len();
+    }
+
+    /// After every bucket landed: the first error of unpacking a device bucket, if any.
+    ///
+    /// # Errors
+    /// The stager's copy errors ([`StagedBucket::unpack`]).
+    fn outcome(self: Box<Self>) -> Result<()> {
+        self.failed.map_or(Ok(()), Err)
+    }
+
+    /// Whether any member is strided (packed by the kernels).
+    fn is_packed(&self) -> bool {
+        self.members
+            .iter()
+            .any(|m| m.facts().is_some_and(|f| !f.is_contiguous()))
     }
 }

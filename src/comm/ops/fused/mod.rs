@@ -1,5 +1,5 @@
 //! Many tensors as few messages (issue 25): the fused all-reduce (also in place) and
-//! broadcast over a list of tensors, blocking and nonblocking ([`super::mode`]).
+//! broadcast over a list of tensors, blocking and nonblocking ([`crate::comm::engine::mode`]).
 //!
 //! **Buckets.** The members are grouped by dtype, in the order each dtype first appears;
 //! each group's members, in list order, fill buckets of at most
@@ -10,7 +10,7 @@
 //! row-major order (the pack kernels copy a strided member; a contiguous one is one
 //! `memcpy`), and one collective on it: `MPI_Allreduce` with `MPI_IN_PLACE` (in chunks of
 //! at most 2^30 units; half precision with the user-defined operations of
-//! [`super::halfops`]) or `MPI_Bcast` (in chunks of at most 2^30 units). The buckets of one
+//! [`crate::comm::halfops`]) or `MPI_Bcast` (in chunks of at most 2^30 units). The buckets of one
 //! call are its messages, so every rank must use the same bucket settings and the same
 //! list.
 //!
@@ -41,7 +41,7 @@
 //! **Device lists** (`kDLCUDA` or `kDLCUDAManaged` members on a `DeviceComm`): the stager
 //! packs each bucket's members on the device into one device buffer and hands MPI that
 //! buffer (direct) or one pinned host copy of it (staged): one crossing per bucket, not per
-//! member ([`super::Stager::stage_bucket`]); this happens before the agreement, so that a
+//! member ([`crate::comm::Stager::stage_bucket`]); this happens before the agreement, so that a
 //! placement refusal or a copy error joins it. After MPI, each bucket is copied back once
 //! and unpacked on the device. A reduce-scatter's bucket is packed on the device into a
 //! send buffer of every rank's blocks (rank by rank), which crosses once (staged), and the
@@ -51,17 +51,16 @@
 //! from the scratch pool (or the `DeviceComm`'s pinned and device pools) and handed back at
 //! completion.
 
-use mpi::ffi::{MPI_Comm, MPI_Request};
 use mpi::topology::{Communicator, Rank};
 
-use super::call::{Call, Operation};
-use super::checks::{check_count, check_intra, check_pair, check_rank};
-use super::mode::Mode;
+use crate::comm::engine::call::{Call, Operation};
+use crate::comm::engine::checks::{check_count, check_intra, check_pair, check_rank};
+use crate::comm::engine::mode::Mode;
+use crate::comm::engine::stager::Endpoint;
 mod buckets;
 
-use super::signature::Signature;
-use super::stager::{StagedBucket, Stager};
-use super::TensorComm;
+use crate::comm::engine::signature::Signature;
+use crate::comm::engine::stager::{StagedBucket, Stager};
 use crate::device::MemoryKind;
 use crate::dlpack::Tensor;
 use crate::dtype::{DType, ReduceOp};
@@ -71,11 +70,11 @@ use crate::spec::facts::Facts;
 use crate::spec::kernels;
 use crate::spec::scratch::Scratch;
 use crate::spec::{Access, Reach};
-use buckets::{bucket_buffers, copy_in, copy_out, device_bucket, direct_calls};
+use buckets::{bucket_buffers, device_bucket, direct_calls};
 
 /// What a fused collective does with each bucket.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum FusedKind {
+pub(in crate::comm) enum FusedKind {
     /// An element-wise reduction over every rank into every rank (`MPI_Allreduce`, in place
     /// on the bucket).
     AllReduce(ReduceOp),
@@ -152,7 +151,7 @@ impl std::fmt::Debug for Bucket {
 /// them. The constructors return it as an [`Operation<'t>`], which borrows the list's
 /// tensors for `'t`.
 #[derive(Debug)]
-pub(super) struct Fused {
+pub(in crate::comm) struct Fused {
     kind: FusedKind,
     members: Vec<Member>,
     buckets: Vec<Bucket>,
@@ -164,7 +163,7 @@ pub(super) struct Fused {
 }
 
 /// The signature of the fused collective `name` over `tensors` (in list order).
-pub(super) fn signature<'l>(
+pub(in crate::comm) fn signature<'l>(
     name: &'static str,
     tensors: impl Iterator<Item = &'l dyn Tensor>,
 ) -> Signature<'static> {
@@ -207,7 +206,7 @@ fn facts_of(index: usize, t: &dyn Tensor, access: Access, on_device: bool) -> Re
 /// whether the list is in CUDA device or managed memory on a communicator with a stager
 /// (`staged`), which then packs and stages its buckets. Device members without a stager
 /// are refused by their facts ([`Error::UnsupportedDevice`]).
-pub(super) fn check_devices<'l>(
+pub(in crate::comm) fn check_devices<'l>(
     mut tensors: impl Iterator<Item = &'l dyn Tensor>,
     staged: bool,
 ) -> Result<bool> {
@@ -347,7 +346,7 @@ impl Fused {
     /// count against its pair, the reduction for its dtype); [`Error::ListLengthMismatch`]
     /// for lists of different lengths; [`Error::Member`] around [`Error::BuffersAlias`] for
     /// members sharing memory; the pool's errors.
-    pub(super) fn all_reduce<'t, 'b: 't, 'c: 't>(
+    pub(in crate::comm) fn all_reduce<'t, 'b: 't, 'c: 't>(
         send: Option<&'t [&'c dyn Tensor]>,
         recv: &'t mut [&'b mut dyn Tensor],
         op: ReduceOp,
@@ -404,7 +403,8 @@ impl Fused {
                 .collect(),
             reduces: true,
         });
-        Fused::build(FusedKind::AllReduce(op), members, on_device).map(Operation::fused)
+        Fused::build(FusedKind::AllReduce(op), members, on_device)
+            .map(|f| Operation::batch(Box::new(f)))
     }
 
     /// A fused reduce-scatter: member `i` of `send` (`ranks` × its receive's elements)
@@ -414,7 +414,7 @@ impl Fused {
     /// As [`Fused::all_reduce`], and [`Error::Member`] around [`Error::CountMismatch`] when
     /// a send member does not hold `ranks` × its receive's elements; [`Error::CountTooLarge`]
     /// for a bucket beyond `int` units per rank.
-    pub(super) fn reduce_scatter<'t, 'b: 't, 'c: 't>(
+    pub(in crate::comm) fn reduce_scatter<'t, 'b: 't, 'c: 't>(
         send: &'t [&'c dyn Tensor],
         recv: &'t mut [&'b mut dyn Tensor],
         op: ReduceOp,
@@ -460,7 +460,7 @@ impl Fused {
             reduces: true,
         });
         let kind = FusedKind::ReduceScatter(op, ranks);
-        Fused::build(kind, members, on_device).map(Operation::fused)
+        Fused::build(kind, members, on_device).map(|f| Operation::batch(Box::new(f)))
     }
 
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
@@ -468,7 +468,7 @@ impl Fused {
     /// # Errors
     /// [`Error::Member`] around a member's refusal; [`Error::BuffersAlias`]; the pool's
     /// errors.
-    pub(super) fn broadcast<'t, 'b: 't>(
+    pub(in crate::comm) fn broadcast<'t, 'b: 't>(
         tensors: &'t mut [&'b mut dyn Tensor],
         root: Rank,
         is_root: bool,
@@ -507,7 +507,8 @@ impl Fused {
                 .collect(),
             reduces: false,
         });
-        Fused::build(FusedKind::Broadcast(root), members, on_device).map(Operation::fused)
+        Fused::build(FusedKind::Broadcast(root), members, on_device)
+            .map(|f| Operation::batch(Box::new(f)))
     }
 
     /// Places the members in buckets and takes the buckets' buffers; for a device list,
@@ -541,10 +542,9 @@ impl Fused {
                 }
                 [i] if members[i].is_direct() => (None, None, direct_calls(kind, &members[i])?),
                 _ => {
-                    let element = members[list[0]]
-                        .facts()
-                        .map(|f| f.element)
-                        .ok_or_else(|| super::checks::missing("fused member facts"))?;
+                    let element = members[list[0]].facts().map(|f| f.element).ok_or_else(|| {
+                        crate::comm::engine::checks::missing("fused member facts")
+                    })?;
                     let (buf, recv, calls) = bucket_buffers(kind, element, bytes, ranks)?;
                     (Some(buf), recv, calls)
                 }
@@ -570,142 +570,10 @@ impl Fused {
     }
 }
 
-impl Fused {
-    /// Copies bucket `b`'s members into its buffer (the members this rank packs; for a
-    /// reduce-scatter, block `r` of each member into rank `r`'s segment).
-    fn pack(&mut self, b: usize) {
-        let bucket = &mut self.buckets[b];
-        let Some(buf) = bucket.buf.as_mut() else {
-            return; // direct: the calls are on the member itself
-        };
-        let seg: usize = bucket.members.iter().map(|&i| self.members[i].bytes).sum();
-        for &i in &bucket.members {
-            let m = &self.members[i];
-            let Some(f) = &m.pack else { continue };
-            match self.kind {
-                FusedKind::ReduceScatter(..) => {
-                    let ranks = buf.len().checked_div(seg).unwrap_or(0);
-                    let mut whole = vec![0u8; m.bytes * ranks];
-                    copy_in(f, &mut whole);
-                    for r in 0..ranks {
-                        let to = r * seg + m.at;
-                        buf[to..to + m.bytes]
-                            .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
-                    }
-                }
-                _ => copy_in(f, &mut buf[m.at..m.at + m.bytes]),
-            }
-        }
-    }
-
-    /// Copies bucket `b`'s buffer (a reduce-scatter's receive buffer) into its members
-    /// (those this rank unpacks).
-    fn unpack(&mut self, b: usize) {
-        let bucket = &self.buckets[b];
-        if let Some(staged) = &bucket.staged {
-            if let Err(e) = staged.unpack() {
-                self.failed.get_or_insert(e);
-            }
-            return;
-        }
-        let Some(data) = bucket.recv.as_ref().or(bucket.buf.as_ref()) else {
-            return; // direct: the calls wrote the member itself
-        };
-        for &i in &bucket.members {
-            let m = &self.members[i];
-            if let Some(f) = &m.unpack {
-                copy_out(f, &data[m.at..m.at + m.bytes]);
-            }
-        }
-    }
-
-    /// Packs and posts every bucket in order on `comm`, pushing the requests to `requests`
-    /// (bucket k+1 is packed while bucket k is on the wire).
-    ///
-    /// # Safety
-    /// Every rank of `comm` posts the same buckets (the agreement said so); `self` stays
-    /// alive and untouched until every pushed request has completed.
-    pub(super) unsafe fn post(&mut self, comm: MPI_Comm, requests: &mut Vec<MPI_Request>) {
-        for b in 0..self.buckets.len() {
-            self.pack(b);
-            let before = requests.len();
-            for call in &self.buckets[b].calls {
-                // SAFETY: the calls are over the bucket's own buffer, alive as long as
-                // `self`; the caller's contract on `comm`.
-                unsafe { call.post(comm, requests) };
-            }
-            self.buckets[b].posted = requests.len() - before;
-        }
-    }
-
-    /// After the next request (in posting order) completed: unpacks every bucket whose
-    /// requests have all completed.
-    pub(super) fn completed_one(&mut self) {
-        self.completed += 1;
-        let mut done: usize = self.buckets[..self.landed].iter().map(|b| b.posted).sum();
-        while self.landed < self.buckets.len() {
-            done += self.buckets[self.landed].posted;
-            if done > self.completed {
-                break;
-            }
-            self.unpack(self.landed);
-            self.landed += 1;
-        }
-    }
-
-    /// Runs blocking on `comm`: each bucket in turn packed, reduced or broadcast by the
-    /// blocking collective, and unpacked. (Posting every bucket's nonblocking collective
-    /// and waiting was 1.6–2.5× slower here: Open MPI's nonblocking collectives take other
-    /// algorithms than its blocking ones, and without a progress thread nothing moves
-    /// between the posts anyway; `docs/PERFORMANCE.md`, "Fused collectives".) While
-    /// nonblocking collectives wait for their agreements, the buckets are posted and
-    /// polled instead (`pending::wait_raw`), so that this rank resolves those meanwhile.
-    ///
-    /// # Safety
-    /// As [`Fused::post`].
-    pub(super) unsafe fn run(&mut self, comm: MPI_Comm) {
-        if super::pending::active() {
-            let mut requests = Vec::with_capacity(self.buckets.len());
-            // SAFETY: the caller's contract; `self` outlives the waits below.
-            unsafe { self.post(comm, &mut requests) };
-            for r in requests {
-                super::pending::wait_raw(&mut [r]);
-                self.completed_one();
-            }
-            return;
-        }
-        for b in 0..self.buckets.len() {
-            self.pack(b);
-            for call in &self.buckets[b].calls {
-                // SAFETY: the calls are over the bucket's own buffer (or its one member's
-                // memory), alive as long as `self`; the caller's contract on `comm`.
-                unsafe { call.run(comm) };
-            }
-            self.unpack(b);
-        }
-        self.landed = self.buckets.len();
-    }
-
-    /// After every bucket landed: the first error of unpacking a device bucket, if any.
-    ///
-    /// # Errors
-    /// The stager's copy errors ([`StagedBucket::unpack`]).
-    pub(super) fn outcome(self) -> Result<()> {
-        self.failed.map_or(Ok(()), Err)
-    }
-
-    /// Whether any member is strided (packed by the kernels).
-    pub(super) fn is_packed(&self) -> bool {
-        self.members
-            .iter()
-            .any(|m| m.facts().is_some_and(|f| !f.is_contiguous()))
-    }
-}
-
-/// [`super::TensorComm::all_reduce_tensors`], [`super::TensorComm::all_reduce_tensors_into`]
+/// `all_reduce_tensors`, `all_reduce_tensors_into`
 /// and their nonblocking forms: `send` `None` reduces `recv`'s members in place.
-pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: Option<&'a [&'c dyn Tensor]>,
     recv: &'a mut [&'b mut dyn Tensor],
@@ -729,9 +597,9 @@ pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: 
     mode.prepared(tc, sig, prepared)
 }
 
-/// [`super::TensorComm::broadcast_tensors`] and its nonblocking form.
-pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `broadcast_tensors` and its nonblocking form.
+pub(in crate::comm) fn broadcast_tensors<'a, 'b: 'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     tensors: &'a mut [&'b mut dyn Tensor],
     root: Rank,
@@ -751,9 +619,15 @@ pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>
     mode.prepared(tc, sig, prepared)
 }
 
-/// [`super::TensorComm::reduce_scatter_tensors`] and its nonblocking form.
-pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `reduce_scatter_tensors` and its nonblocking form.
+pub(in crate::comm) fn reduce_scatter_tensors<
+    'a,
+    'b: 'a,
+    'c: 'a,
+    E: Endpoint + ?Sized,
+    M: Mode<'a>,
+>(
+    tc: &'a E,
     mode: M,
     send: &'a [&'c dyn Tensor],
     recv: &'a mut [&'b mut dyn Tensor],

@@ -1,4 +1,4 @@
-//! The packing policy: whether [`super::TensorComm`] hands MPI a strided tensor as one
+//! The packing policy: whether [`crate::comm`] hands MPI a strided tensor as one
 //! derived datatype (zero-copy) or as a packed copy made by the host pack kernels
 //! (`spec/kernels.rs`). Process-wide, set by [`set_packing`] or the
 //! `DLPACK_MPI_PACKING` environment variable (both in [`crate::settings`], with every other

@@ -1,4 +1,4 @@
-//! The local argument checks of [`super::TensorComm`], all made before any MPI call: ranks
+//! The local argument checks of [`crate::comm`], all made before any MPI call: ranks
 //! and tags in range, intra-communicators for collectives, send/receive pairs of one dtype
 //! and disjoint in memory, counts consistent with each other and with the communicator
 //! size, per-rank block lists, and a probed incoming message against its receive buffer.
@@ -64,7 +64,7 @@ pub(crate) fn check_tag(tag: Tag) -> Result<()> {
 
 /// Collectives here are defined for intra-communicators only (an inter-communicator's
 /// collectives use `MPI_ROOT`/`MPI_PROC_NULL` roots and remote-group counts).
-pub(super) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
+pub(in crate::comm) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
     if comm.test_inter() {
         Err(Error::Intercommunicator)
     } else {
@@ -75,7 +75,7 @@ pub(super) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {
 /// MPI forbids a send and a receive buffer of one call to overlap (MPI-4.1 §2.3, "buffers
 /// ... must not alias"); Open MPI aborts with MPI_ERR_BUFFER. Checked on the byte ranges
 /// (conservative for interleaved strided tensors).
-pub(super) fn check_disjoint(s: &Facts, r: &Facts) -> Result<()> {
+pub(in crate::comm) fn check_disjoint(s: &Facts, r: &Facts) -> Result<()> {
     let (s0, s1, r0, r1) = (s.start, s.end, r.start, r.end);
     if s0 < s1 && r0 < r1 && s0 < r1 && r0 < s1 {
         Err(Error::BuffersAlias {
@@ -90,7 +90,7 @@ pub(super) fn check_disjoint(s: &Facts, r: &Facts) -> Result<()> {
 }
 
 /// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
-pub(super) fn check_pair(what: &'static str, s: &Facts, r: &Facts) -> Result<()> {
+pub(in crate::comm) fn check_pair(what: &'static str, s: &Facts, r: &Facts) -> Result<()> {
     let (left, right) = (s.element.dtype, r.element.dtype);
     if left != right {
         return Err(Error::DtypeMismatch { what, left, right });
@@ -98,7 +98,11 @@ pub(super) fn check_pair(what: &'static str, s: &Facts, r: &Facts) -> Result<()>
     check_disjoint(s, r)
 }
 
-pub(super) fn check_count(what: impl FnOnce() -> String, expected: i64, actual: i64) -> Result<()> {
+pub(in crate::comm) fn check_count(
+    what: impl FnOnce() -> String,
+    expected: i64,
+    actual: i64,
+) -> Result<()> {
     if expected == actual {
         Ok(())
     } else {
@@ -112,7 +116,7 @@ pub(super) fn check_count(what: impl FnOnce() -> String, expected: i64, actual: 
 
 /// The error for a buffer the root requires and did not get ([`Error::MissingBuffer`]
 /// naming it, e.g. `"gather receive buffer"`).
-pub(super) fn missing(what: &'static str) -> Error {
+pub(in crate::comm) fn missing(what: &'static str) -> Error {
     Error::MissingBuffer { what }
 }
 
@@ -123,7 +127,7 @@ pub(super) fn missing(what: &'static str) -> Error {
 // the cast loses no sign and truncates nothing.
 #[allow(clippy::cast_sign_loss)]
 #[inline]
-pub(super) fn rank_index(rank: Rank) -> usize {
+pub(in crate::comm) fn rank_index(rank: Rank) -> usize {
     rank as usize
 }
 
@@ -145,7 +149,7 @@ fn check_len<C: Communicator + ?Sized>(comm: &C, counts: &[i64], displs: &[i64])
 /// Per-rank blocks (elements, one per rank of `comm`) of a tensor of `len_elems` elements:
 /// checked (inside it; pairwise disjoint when `disjoint`) and converted to MPI units of its
 /// predefined type ([`spec::blocks_in_units`]).
-pub(super) fn rank_blocks<C: Communicator + ?Sized>(
+pub(in crate::comm) fn rank_blocks<C: Communicator + ?Sized>(
     comm: &C,
     len_elems: i64,
     element: &ElementType,
@@ -160,7 +164,7 @@ pub(super) fn rank_blocks<C: Communicator + ?Sized>(
 /// Compares a probed message with a receive side: the message must be exactly `count`
 /// items of the side's datatype (so strided, packed and large-count receives compare whole
 /// messages); the error reports elements.
-pub(super) fn check_incoming(side: &Side<'_, Out>, status: &Status) -> Result<()> {
+pub(in crate::comm) fn check_incoming(side: &Side<'_, Out>, status: &Status) -> Result<()> {
     if status.count(side.as_datatype()) == side.count() {
         return Ok(());
     }

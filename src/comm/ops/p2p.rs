@@ -1,22 +1,28 @@
-//! The point-to-point operations of [`super::TensorComm`]: send, receive (matched probe
+//! The point-to-point operations of [`crate::comm`]: send, receive (matched probe
 //! first) and send-receive, and [`Unreceived::recv_into`] for a message a receive held.
 //! Each side is encoded for a message ([`Need::Message`]): its own run, one derived
-//! datatype, or a packed copy when the packing policy ([`super::Packing`]) packs it (beyond
+//! datatype, or a packed copy when the packing policy ([`crate::comm::Packing`]) packs it (beyond
 //! MPI's `int` units one large-count datatype), decided on its own.
 //!
 //! A receive matches its message with `MPI_Mprobe` (MPI-4.1 §3.8.2) and receives exactly
 //! that message with `MPI_Mrecv` (§3.8.3), after comparing its size with the tensor; a
 //! message that does not fit is returned in [`Error::Unfit`], held for a later receive.
 
-use mpi::datatype::Buffer;
+use mpi::datatype::{AsDatatype, Buffer, Collection};
 use mpi::point_to_point::{Destination, Source, Status};
+use mpi::request::Scope;
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
-use super::checks::{check_disjoint, check_incoming, check_rank, check_tag};
-use super::operands::{read_facts, read_side, side_in, side_out, write_facts, write_side};
-use super::stager::{with_pair, with_read, with_write, Kind};
-use super::TensorComm;
+use crate::comm::engine::checks::{check_disjoint, check_incoming, check_rank, check_tag};
+use crate::comm::engine::operands::{
+    read_facts, read_side, side_in, side_out, write_facts, write_side,
+};
+use crate::comm::engine::request::{post_recv, post_send, TensorRequest};
+use crate::comm::engine::stager::{
+    read_stand_in, with_pair, with_read, with_write, write_stand_in,
+};
+use crate::comm::engine::stager::{Endpoint, Kind};
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Matched, Result, Unreceived};
@@ -24,9 +30,9 @@ use crate::spec::encoding::Need;
 use crate::spec::side::{Out, Side};
 use crate::spec::{Access, Reach};
 
-/// [`super::TensorComm::send_tensor`].
-pub(crate) fn send<T: TensorComm + ?Sized>(
-    tc: &T,
+/// `send_tensor`.
+pub(crate) fn send<E: Endpoint + ?Sized>(
+    tc: &E,
     tensor: &dyn Tensor,
     dest: Rank,
     tag: Tag,
@@ -36,12 +42,12 @@ pub(crate) fn send<T: TensorComm + ?Sized>(
     check_tag(tag)?;
     with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let side = read_side(t, reach, Need::Message)?;
-        if !super::pending::active() {
+        if !crate::comm::engine::progress::active() {
             comm.process_at_rank(dest).send_with_tag(&side, tag);
             return Ok(());
         }
         // Nonblocking collectives wait for their agreements: send nonblocking and resolve
-        // them while the send completes (`comm::pending::wait_raw`).
+        // them while the send completes (`progress::wait_raw`).
         use mpi::datatype::{AsDatatype, Collection, Pointer};
         use mpi::raw::AsRaw;
         let datatype = side.as_datatype().as_raw();
@@ -58,7 +64,7 @@ pub(crate) fn send<T: TensorComm + ?Sized>(
                 comm.as_raw(),
             )
         }?;
-        super::pending::wait_raw(&mut [posted.into_raw()]);
+        crate::comm::engine::progress::wait_raw(&mut [posted.into_raw()]);
         Ok(())
     })
 }
@@ -85,9 +91,9 @@ fn receive(
     Ok(status)
 }
 
-/// [`super::TensorComm::recv_tensor`].
-pub(crate) fn recv<T: TensorComm + ?Sized>(
-    tc: &T,
+/// `recv_tensor`.
+pub(crate) fn recv<E: Endpoint + ?Sized>(
+    tc: &E,
     tensor: &mut dyn Tensor,
     source: Rank,
     tag: Tag,
@@ -132,7 +138,7 @@ pub(crate) fn recv_matched(
 impl Unreceived {
     /// Receives the held message into `tensor` (`MPI_Mrecv`, MPI-4.1 §3.8.3), which must be
     /// exactly its size (any layout: a strided tensor receives in logical row-major order,
-    /// as [`super::TensorComm::recv_tensor`]).
+    /// as `recv_tensor`).
     ///
     /// # Errors
     /// - [`Error::Unfit`] (with this same held message inside, still held) when `tensor`
@@ -142,7 +148,7 @@ impl Unreceived {
     ///
     /// # Examples
     /// ```no_run
-    /// use dlpack_mpi::comm::TensorComm;
+    /// use dlpack_mpi::comm::*;
     /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
     /// use dlpack_mpi::Error;
     /// let universe = mpi::initialize().unwrap();
@@ -186,10 +192,10 @@ impl Unreceived {
     }
 }
 
-/// [`super::TensorComm::sendrecv_tensor`].
+/// `sendrecv_tensor`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn sendrecv<T: TensorComm + ?Sized>(
-    tc: &T,
+pub(crate) fn sendrecv<E: Endpoint + ?Sized>(
+    tc: &E,
     send: &dyn Tensor,
     (dest, send_tag): (Rank, Tag),
     recv: &mut dyn Tensor,
@@ -240,4 +246,40 @@ fn exchange<P: Destination + Source, S: Buffer>(
         req.wait();
         result
     })
+}
+
+/// `immediate_send_tensor`: the nonblocking form of [`send`] (`MPI_Isend`, MPI-4.1
+/// §3.7.2), the request owning a packed copy until it completes.
+pub(in crate::comm) fn immediate_send<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
+    tc: &'a E,
+    scope: Sc,
+    tensor: &'a dyn Tensor,
+    dest: Rank,
+    tag: Tag,
+) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
+    check_rank(dest, comm.target_size())?;
+    check_tag(tag)?;
+    let (held, (tensor, reach)) = read_stand_in(tc.stager(), tensor)?;
+    let side = read_side(tensor, reach, Need::Counted)?;
+    Ok(post_send(comm, scope, side, None, dest, tag)?.holding(held))
+}
+
+/// `immediate_recv_tensor`: the nonblocking form of [`recv`] (`MPI_Irecv`), its
+/// completion checking the arrived size and unpacking.
+pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
+    tc: &'a E,
+    scope: Sc,
+    tensor: &'a mut dyn Tensor,
+    source: Rank,
+    tag: Tag,
+) -> Result<TensorRequest<'a, Sc>> {
+    let comm = tc.communicator();
+    check_rank(source, comm.target_size())?;
+    check_tag(tag)?;
+    let (held, (tensor, reach)) = write_stand_in(tc.stager(), tensor, Access::Write)?;
+    let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
+    let expected = (side.len_elems(), side.element().size_bytes_i64());
+    let posting = (side.ptr().cast::<u8>(), side.count(), side.as_datatype());
+    Ok(post_recv(comm, scope, side, posting, expected, (source, tag))?.holding(held))
 }

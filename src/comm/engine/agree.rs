@@ -1,7 +1,7 @@
 //! Agreement before a collective: no rank is left waiting in MPI for a rank that refused its
 //! arguments.
 //!
-//! A collective of [`super::TensorComm`] first runs every local check (and builds its
+//! A collective of [`crate::comm`] first runs every local check (and builds its
 //! buffers: specs, packed copies, scratch), then — under [`Agreement::Collective`], the
 //! default — the ranks agree on whether every one of them can proceed, and only then enter
 //! the data operation. The local checks can differ between ranks (a root-only buffer that
@@ -47,6 +47,9 @@ use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 
+use mpi::ffi::{MPI_Comm, MPI_Request};
+
+use super::progress;
 use super::signature::Signature;
 use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
@@ -84,38 +87,54 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
         return local;
     }
     // Held agreements of nonblocking collectives come first (see `pending`).
-    super::pending::before_blocking(comm);
+    progress::before_blocking(comm);
     let fp = signature.fingerprint();
     let mine = votes(local.is_err(), comm.rank(), size, fp);
     let mut min = [0i64; 3];
-    if super::pending::active() {
+    if progress::active() {
         // Nonblocking collectives wait for their agreements: agree nonblocking and resolve
-        // them meanwhile (`comm::pending::wait_raw`).
-        // SAFETY: a constant handle of the MPI library.
-        let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
-        // SAFETY: both arrays are three int64, alive and untouched until the request
-        // completes in `wait_raw` below; every rank posts this agreement here.
-        unsafe {
-            mpi::ffi::MPI_Iallreduce(
-                mine.as_ptr().cast(),
-                min.as_mut_ptr().cast(),
-                3,
-                i64::equivalent_datatype().as_raw(),
-                SystemOperation::min().as_raw(),
-                comm.as_raw(),
-                &mut req,
-            )
-        };
-        super::pending::wait_raw(&mut [req]);
+        // them meanwhile (`progress::wait_raw`).
+        let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
+        // SAFETY: `both` is alive and untouched until the request completes in `wait_raw`
+        // below; every rank posts this agreement here.
+        let req = unsafe { post_votes(comm.as_raw(), &mut both) };
+        progress::wait_raw(&mut [req]);
+        min.copy_from_slice(&both[3..]);
     } else {
         comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
     }
     decide(comm, min, signature, local)
 }
 
+/// Posts the votes `votes[0..3]` (`MPI_Iallreduce` of three `int64_t` with `MPI_MIN`,
+/// MPI-4.1 §6.12.8) on `comm`, their minimum over the ranks going to `votes[3..6]`; returns
+/// the request.
+///
+/// # Safety
+/// `comm` is a live intra-communicator on which every rank posts its agreement at this
+/// point, and `votes` stays alive and untouched until the request completes.
+pub(in crate::comm) unsafe fn post_votes(comm: MPI_Comm, votes: &mut [i64; 6]) -> MPI_Request {
+    let (mine, min) = votes.split_at_mut(3);
+    // SAFETY: a constant handle of the MPI library.
+    let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: both halves are three int64 (the caller's contract on their life and `comm`).
+    unsafe {
+        mpi::ffi::MPI_Iallreduce(
+            mine.as_ptr().cast(),
+            min.as_mut_ptr().cast(),
+            3,
+            i64::equivalent_datatype().as_raw(),
+            SystemOperation::min().as_raw(),
+            comm,
+            &mut req,
+        )
+    };
+    req
+}
+
 /// This rank's three votes of an agreement: `[status, fp, !fp]`, `status` this rank when
 /// its local checks `failed`, else the communicator `size`.
-pub(super) fn votes(failed: bool, rank: Rank, size: Rank, fp: i64) -> [i64; 3] {
+pub(in crate::comm) fn votes(failed: bool, rank: Rank, size: Rank, fp: i64) -> [i64; 3] {
     let status = i64::from(if failed { rank } else { size });
     [status, fp, !fp]
 }
@@ -123,7 +142,7 @@ pub(super) fn votes(failed: bool, rank: Rank, size: Rank, fp: i64) -> [i64; 3] {
 /// The outcome of an agreement whose all-reduce gave `min` (the element-wise minimum of
 /// every rank's [`votes`]): `local` when every rank succeeded with the same signature; else
 /// the error path's messages on `comm` (every rank takes the same path) and its error.
-pub(super) fn decide<C: Communicator + ?Sized, T>(
+pub(in crate::comm) fn decide<C: Communicator + ?Sized, T>(
     comm: &C,
     min: [i64; 3],
     signature: &Signature<'_>,

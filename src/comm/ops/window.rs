@@ -10,7 +10,7 @@
 //! layouts): a send packs it and sends the window's part; a receive packs the current
 //! values, receives into the window's part and unpacks the whole, so the elements outside
 //! the window keep their values. That costs one pass over the tensor, whatever the policy
-//! ([`super::Packing`]) says (a derived datatype for a window of a strided layout is not
+//! ([`crate::comm::Packing`]) says (a derived datatype for a window of a strided layout is not
 //! built).
 
 use std::ops::Range;
@@ -23,12 +23,13 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::Equivalence;
 use mpi::Tag;
 
-use super::checks::{check_incoming, check_rank, check_tag};
-use super::immediate::{post_recv, post_send, read_stand_in, write_stand_in, TensorRequest};
-use super::operands::{read_facts, side_in, side_out, write_facts};
 use super::p2p::unfit;
-use super::stager::{with_read, with_write, Kind};
-use super::TensorComm;
+use crate::comm::engine::checks::{check_incoming, check_rank, check_tag};
+use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
+use crate::comm::engine::request::{post_recv, post_send, TensorRequest};
+use crate::comm::engine::stager::Endpoint;
+use crate::comm::engine::stager::{read_stand_in, write_stand_in};
+use crate::comm::engine::stager::{with_read, with_write, Kind};
 use crate::dlpack::Tensor;
 use crate::error::{Error, Matched, Result};
 use crate::layout;
@@ -83,9 +84,9 @@ fn window_out<'t>(
     Ok((side_out(tensor, facts, Need::Copy, Access::Update)?, true))
 }
 
-/// [`super::TensorComm::send_tensor_range`].
-pub(super) fn send<T: TensorComm + ?Sized>(
-    tc: &T,
+/// `send_tensor_range`.
+pub(in crate::comm) fn send<E: Endpoint + ?Sized>(
+    tc: &E,
     tensor: &dyn Tensor,
     elems: Range<i64>,
     dest: Rank,
@@ -120,9 +121,9 @@ pub(super) fn send<T: TensorComm + ?Sized>(
     })
 }
 
-/// [`super::TensorComm::recv_tensor_range`].
-pub(super) fn recv<T: TensorComm + ?Sized>(
-    tc: &T,
+/// `recv_tensor_range`.
+pub(in crate::comm) fn recv<E: Endpoint + ?Sized>(
+    tc: &E,
     tensor: &mut dyn Tensor,
     elems: Range<i64>,
     source: Rank,
@@ -190,9 +191,9 @@ fn check_arrived(
     })
 }
 
-/// [`super::TensorComm::immediate_send_tensor_range`].
-pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &'a T,
+/// `immediate_send_tensor_range`.
+pub(in crate::comm) fn immediate_send<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
+    tc: &'a E,
     scope: Sc,
     tensor: &'a dyn Tensor,
     elems: Range<i64>,
@@ -203,7 +204,7 @@ pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     check_rank(dest, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let (held, (tensor, reach)) = read_stand_in(tc, tensor)?;
+    let (held, (tensor, reach)) = read_stand_in(tc.stager(), tensor)?;
     let (side, part) = window_in(tensor, reach, window)?;
     let posting = if part {
         let (ptr, units, datatype) = side.window(window.0, window.1)?;
@@ -214,9 +215,9 @@ pub(super) fn immediate_send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     Ok(post_send(comm, scope, side, posting, dest, tag)?.holding(held))
 }
 
-/// [`super::TensorComm::immediate_recv_tensor_range`].
-pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &'a T,
+/// `immediate_recv_tensor_range`.
+pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
+    tc: &'a E,
     scope: Sc,
     tensor: &'a mut dyn Tensor,
     elems: Range<i64>,
@@ -227,7 +228,7 @@ pub(super) fn immediate_recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
     check_rank(source, comm.target_size())?;
     check_tag(tag)?;
     let window = displacement_count(&elems);
-    let (held, (tensor, reach)) = write_stand_in(tc, tensor, Access::Update)?;
+    let (held, (tensor, reach)) = write_stand_in(tc.stager(), tensor, Access::Update)?;
     let (side, part) = window_out(tensor, reach, window)?;
     let expected = (window.1, side.element().size_bytes_i64());
     let posting = if part {

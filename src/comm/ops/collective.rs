@@ -1,10 +1,10 @@
-//! The collectives of [`super::TensorComm`] that move data without reducing it: broadcast,
+//! The collectives of [`crate::comm`] that move data without reducing it: broadcast,
 //! gather, scatter, all-gather and all-to-all, with their v-variants.
 //!
 //! Each operation declares its operands to the communicator's stager (what MPI does with
 //! each, [`Access`]), then runs every fallible step on the stand-ins in one preparation
 //! (facts, checks against each other, sides with their packed copies), agrees on the
-//! outcome across the ranks (`agree`, see [`super::Agreement`]), and only then calls MPI:
+//! outcome across the ranks (`agree`, see [`crate::comm::Agreement`]), and only then calls MPI:
 //! after agreement nothing can fail before the data operation. Per-rank blocks need a
 //! buffer that splits into equal units of the predefined type ([`Need::Units`]: a strided
 //! side travels as a packed copy); a broadcast's buffers and a gather's send follow the
@@ -13,28 +13,28 @@
 use mpi::topology::{Communicator, Rank};
 use mpi::Count;
 
-use super::bcast::BroadcastBuffer;
-use super::call::{Buf, Call, Operation, Varying};
-use super::checks::{
+use crate::comm::engine::bcast::BroadcastBuffer;
+use crate::comm::engine::call::{Buf, Call, Operation, Varying};
+use crate::comm::engine::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use super::mode::{Declared, Mode};
-use super::operands::{
+use crate::comm::engine::mode::Mode;
+use crate::comm::engine::operands::{
     pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
-use super::signature::Signature;
-use super::stager::Unused;
-use super::TensorComm;
+use crate::comm::engine::signature::Signature;
+use crate::comm::engine::stager::Unused;
+use crate::comm::engine::stager::{Declared, Endpoint};
 use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
 use crate::error::Result;
 use crate::spec::encoding::Need;
 use crate::spec::Access;
 
-/// [`super::TensorComm::broadcast_tensor_from`], [`super::TensorComm::broadcast_tensor`]
+/// `broadcast_tensor_from`, `broadcast_tensor`
 /// and their nonblocking forms.
-pub(super) fn broadcast<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn broadcast<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     buffer: BroadcastBuffer<'a>,
     root: Rank,
@@ -87,11 +87,11 @@ pub(super) fn broadcast<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::gather_tensor`] and its nonblocking form. A `recv` given at a
+/// `gather_tensor` and its nonblocking form. A `recv` given at a
 /// non-root rank is checked as at the root (and not used); a device stager does not take it
 /// there.
-pub(super) fn gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: Option<&'a mut dyn Tensor>,
@@ -180,11 +180,11 @@ fn own_blocks<C: Communicator + ?Sized>(
     Ok(blocks)
 }
 
-/// [`super::TensorComm::gatherv_tensor`] and its nonblocking form. A `recv` given at a
+/// `gatherv_tensor` and its nonblocking form. A `recv` given at a
 /// non-root rank is checked as at the root (its `counts[rank]` against this rank's send;
 /// not used).
-pub(super) fn gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: Option<(&'a mut dyn Tensor, &'a [i64], &'a [i64])>,
@@ -248,11 +248,11 @@ pub(super) fn gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::scatter_tensor`] and its nonblocking form. A `send` given at a
+/// `scatter_tensor` and its nonblocking form. A `send` given at a
 /// non-root rank is checked as at the root (and not used); a device stager does not take it
 /// there.
-pub(super) fn scatter<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn scatter<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: Option<&'a dyn Tensor>,
     recv: &'a mut dyn Tensor,
@@ -309,14 +309,14 @@ pub(super) fn scatter<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::scatterv_tensor`] and its nonblocking form. A `send` given at a
+/// `scatterv_tensor` and its nonblocking form. A `send` given at a
 /// non-root rank is checked as at the root (its `counts[rank]` against this rank's receive;
 /// not used). The receive is an update: its count is this rank's block at the root, but the
 /// root's array is not fingerprinted, so a root that sends fewer elements (an erroneous
 /// program, MPI-4.1 §6.6) leaves the rest of the tensor as it was, never a previous
 /// message's bytes from a pooled copy.
-pub(super) fn scatterv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn scatterv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: Option<(&'a dyn Tensor, &'a [i64], &'a [i64])>,
     recv: &'a mut dyn Tensor,
@@ -380,9 +380,9 @@ pub(super) fn scatterv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::all_gather_tensor`] and its nonblocking form.
-pub(super) fn all_gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `all_gather_tensor` and its nonblocking form.
+pub(in crate::comm) fn all_gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: &'a mut dyn Tensor,
@@ -422,9 +422,9 @@ pub(super) fn all_gather<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::all_gatherv_tensor`] and its nonblocking form.
-pub(super) fn all_gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `all_gatherv_tensor` and its nonblocking form.
+pub(in crate::comm) fn all_gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: &'a mut dyn Tensor,
@@ -465,9 +465,9 @@ pub(super) fn all_gatherv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::all_to_all_tensor`] and its nonblocking form.
-pub(super) fn all_to_all<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `all_to_all_tensor` and its nonblocking form.
+pub(in crate::comm) fn all_to_all<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: &'a mut dyn Tensor,
@@ -510,9 +510,9 @@ pub(super) fn all_to_all<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::all_to_allv_tensor`] and its nonblocking form.
-pub(super) fn all_to_allv<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `all_to_allv_tensor` and its nonblocking form.
+pub(in crate::comm) fn all_to_allv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     (send, send_counts, send_displacements): (&'a dyn Tensor, &'a [i64], &'a [i64]),
     (recv, recv_counts, recv_displacements): (&'a mut dyn Tensor, &'a [i64], &'a [i64]),

@@ -1,6 +1,7 @@
-//! Nonblocking point-to-point operations on tensors (`MPI_Isend`/`MPI_Irecv`, MPI-4.1
-//! §3.7.2) that follow the packing policy ([`super::Packing`]) as the blocking ones do, and
-//! the request type they return, [`TensorRequest`].
+//! The request every nonblocking operation returns ([`TensorRequest`]): a point-to-point
+//! send or receive (`MPI_Isend`/`MPI_Irecv`, MPI-4.1 §3.7.2, posted by [`post_send`] and
+//! [`post_recv`]) or a collective (its state driven by [`super::pending`], posted in the
+//! nonblocking [`Mode`], [`Immediate`]); and `wait_all`, `wait_any`, `test_any`.
 //!
 //! **The pack buffer lives in the request.** When the policy packs a strided tensor, the
 //! packed copy (a buffer of the bounded scratch pool, see [`crate::spec::scratch::pool_cap_bytes`])
@@ -22,9 +23,7 @@
 //! the scope aborts the process at its end (rsmpi's rule for uncompleted requests), before
 //! the tensors' borrows end.
 
-use std::cell::RefCell;
 use std::fmt;
-use std::rc::Rc;
 
 use mpi::datatype::{AsDatatype, Collection, DatatypeRef, Pointer};
 use mpi::point_to_point::Status;
@@ -34,25 +33,21 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::Equivalence;
 use mpi::{Count, Tag};
 
-use super::checks::missing;
-use super::checks::{check_rank, check_tag};
-use super::mode::Declared;
-use super::operands::{read_side, write_side};
-use super::pending::{stand_ins, Collective, Held};
-use super::stager::{ReadIn, WriteIn};
-use super::TensorComm;
-use crate::dlpack::Tensor;
+use super::call::Operation;
+use super::mode::Mode;
+use super::pending::{self, State};
+use super::progress::progress_all;
+use super::signature::Signature;
+use super::stager::{Declared, Endpoint, Held, ReadIn, WriteIn};
 use crate::error::{Error, Result};
 use crate::raw;
-use crate::spec::encoding::Need;
 use crate::spec::side::{In, Out, Side};
-use crate::spec::Access;
 
 /// A posted nonblocking send or receive of a tensor, registered with an rsmpi scope `Sc`;
-/// made by [`super::TensorComm::immediate_send_tensor`],
-/// [`super::TensorComm::immediate_recv_tensor`] and their windowed forms.
+/// made by `immediate_send_tensor`,
+/// `immediate_recv_tensor` and their windowed forms.
 ///
-/// It borrows the tensor for `'a` and, when the packing policy ([`super::Packing`]) packs
+/// It borrows the tensor for `'a` and, when the packing policy ([`crate::comm::Packing`]) packs
 /// the tensor, owns the packed copy: a buffer of the bounded scratch pool
 /// ([`crate::spec::scratch::pool_cap_bytes`]) that MPI reads (send) or writes (receive)
 /// until the request completes. Completion ([`TensorRequest::wait`],
@@ -72,7 +67,7 @@ use crate::spec::Access;
 /// end, before the tensors' borrows end (rsmpi's rule for uncompleted requests).
 ///
 /// ```no_run
-/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::comm::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use mpi::traits::*;
 ///
@@ -102,13 +97,13 @@ use crate::spec::Access;
 /// ```
 ///
 /// The same holds for the nonblocking collectives
-/// ([`super::TensorComm::immediate_all_reduce_tensor`] and the others): the request
+/// (`immediate_all_reduce_tensor` and the others): the request
 /// borrows every tensor it was posted with until it completes, so the borrow checker
 /// refuses to release a tensor, read a receive tensor or let the request leave its scope
 /// before then.
 ///
 /// ```compile_fail,E0505
-/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::comm::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -124,7 +119,7 @@ use crate::spec::Access;
 /// ```
 ///
 /// ```compile_fail,E0502
-/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::comm::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -140,7 +135,7 @@ use crate::spec::Access;
 /// ```
 ///
 /// ```compile_fail,E0521
-/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::comm::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -170,7 +165,7 @@ enum Inner<'a, Sc: Scope<'a>> {
         held: Option<Box<Held<'a>>>,
     },
     /// A collective: its agreement, then its data operation ([`super::pending`]).
-    Collective(Rc<RefCell<Collective<'a, Sc>>>),
+    Collective(State<'a, Sc>),
 }
 
 /// The side of a posted request and what its completion does with it.
@@ -210,7 +205,7 @@ fn completed_twice() -> Error {
 
 impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// A posted collective's request.
-    pub(super) fn collective(state: Rc<RefCell<Collective<'a, Sc>>>) -> Self {
+    pub(in crate::comm) fn collective(state: State<'a, Sc>) -> Self {
         TensorRequest {
             inner: Inner::Collective(state),
         }
@@ -228,26 +223,18 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     }
 
     /// This request with the device stand-ins its side borrows.
-    pub(super) fn holding(mut self, stand_ins: Option<Held<'a>>) -> Self {
+    pub(in crate::comm) fn holding(mut self, stand_ins: Option<Held<'a>>) -> Self {
         if let Inner::PointToPoint { held, .. } = &mut self.inner {
             *held = stand_ins.map(Box::new);
         }
         self
     }
 
-    /// Whether this collective's rank refused its own arguments (resolved at posting).
-    pub(super) fn refused_here(&self) -> bool {
-        match &self.inner {
-            Inner::Collective(c) => c.borrow().refused_here(),
-            Inner::PointToPoint { .. } => false,
-        }
-    }
-
     /// Waits for the operation (`MPI_Wait`, MPI-4.1 §3.7.3) and finishes it: a packed
     /// receive is unpacked into its tensor, a staged one copied back to the device, and the
     /// buffers go back to their pools. For a collective, first the agreement (and, in
     /// posting order, every earlier collective's on the same communicator, see
-    /// [`super::TensorComm::immediate_all_reduce_tensor`]), then the data operation; the
+    /// `immediate_all_reduce_tensor`), then the data operation; the
     /// status is MPI's empty status of a collective.
     ///
     /// # Errors
@@ -302,10 +289,11 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
 
     /// Completes the request (waiting when `block`): `None` while it is pending.
     fn poll(&mut self, block: bool) -> Option<Result<Status>> {
-        super::pending::progress_all();
+        progress_all();
         match &mut self.inner {
-            Inner::Collective(c) => super::pending::complete(c, block)
-                .map(|r| r.and_then(|s| s.ok_or_else(completed_twice))),
+            Inner::Collective(c) => {
+                pending::complete(c, block).map(|r| r.and_then(|s| s.ok_or_else(completed_twice)))
+            }
             Inner::PointToPoint {
                 request,
                 side,
@@ -434,40 +422,11 @@ fn units(count: Count) -> usize {
 }
 
 /// `(first byte, count, datatype)` of a posted buffer.
-pub(super) type Posting<P> = (P, Count, DatatypeRef<'static>);
-
-/// The stand-in of a nonblocking operation's one read operand: the caller's tensor, or
-/// the copy a device stager made (the request owns it, [`Held`]).
-///
-/// # Errors
-/// The stager's refusals and copy errors.
-pub(super) fn read_stand_in<'a, T: TensorComm + ?Sized>(
-    tc: &'a T,
-    tensor: &'a dyn Tensor,
-) -> Result<(Option<Held<'a>>, ReadIn<'a>)> {
-    let (held, ins) = stand_ins(tc.stager(), Declared::read(tensor));
-    let (s, _) = ins?;
-    Ok((held, s.ok_or_else(|| missing("send buffer"))?))
-}
-
-/// The stand-in of a nonblocking operation's one written operand (`access`
-/// [`Access::Write`] or [`Access::Update`]), as [`read_stand_in`].
-///
-/// # Errors
-/// As [`read_stand_in`].
-pub(super) fn write_stand_in<'a, T: TensorComm + ?Sized>(
-    tc: &'a T,
-    tensor: &'a mut dyn Tensor,
-    access: Access,
-) -> Result<(Option<Held<'a>>, WriteIn<'a>)> {
-    let (held, ins) = stand_ins(tc.stager(), Declared::write((tensor, access), None));
-    let (_, r) = ins?;
-    Ok((held, r.ok_or_else(|| missing("receive buffer"))?))
-}
+pub(in crate::comm) type Posting<P> = (P, Count, DatatypeRef<'static>);
 
 /// Posts `side` to `dest` (the whole of it, or the part `window` of its packed copy) and
 /// returns the request that owns it.
-pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
+pub(in crate::comm) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
     side: Side<'a, In>,
@@ -501,7 +460,7 @@ pub(super) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
 /// Posts a receive into `posting` (the side's whole buffer, or a window of its packed
 /// copy); completion unpacks a packed side into its tensor. `expected_elems`: (elements
 /// posted, bytes each).
-pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
+pub(in crate::comm) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     comm: &C,
     scope: Sc,
     side: Side<'a, Out>,
@@ -539,36 +498,46 @@ pub(super) fn post_recv<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     ))
 }
 
-/// [`super::TensorComm::immediate_send_tensor`].
-pub(super) fn send<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &'a T,
-    scope: Sc,
-    tensor: &'a dyn Tensor,
-    dest: Rank,
-    tag: Tag,
-) -> Result<TensorRequest<'a, Sc>> {
-    let comm = tc.communicator();
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
-    let (held, (tensor, reach)) = read_stand_in(tc, tensor)?;
-    let side = read_side(tensor, reach, Need::Counted)?;
-    Ok(post_send(comm, scope, side, None, dest, tag)?.holding(held))
-}
+/// The nonblocking form of a collective ([`Mode`]), inside the rsmpi scope `Sc`: returns a
+/// [`TensorRequest`] that owns the prepared operation (and any staged copies) until MPI
+/// completes it ([`super::pending`] drives it).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::comm) struct Immediate<Sc>(pub(in crate::comm) Sc);
 
-/// [`super::TensorComm::immediate_recv_tensor`].
-pub(super) fn recv<'a, T: TensorComm + ?Sized, Sc: Scope<'a>>(
-    tc: &'a T,
-    scope: Sc,
-    tensor: &'a mut dyn Tensor,
-    source: Rank,
-    tag: Tag,
-) -> Result<TensorRequest<'a, Sc>> {
-    let comm = tc.communicator();
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
-    let (held, (tensor, reach)) = write_stand_in(tc, tensor, Access::Write)?;
-    let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
-    let expected = (side.len_elems(), side.element().size_bytes_i64());
-    let posting = (side.ptr().cast::<u8>(), side.count(), side.as_datatype());
-    Ok(post_recv(comm, scope, side, posting, expected, (source, tag))?.holding(held))
+impl<'a, Sc: Scope<'a> + Copy> Mode<'a> for Immediate<Sc> {
+    type Out = TensorRequest<'a, Sc>;
+
+    #[inline]
+    fn collective<E, P>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        declared: Declared<'a>,
+        prepare: P,
+    ) -> Result<TensorRequest<'a, Sc>>
+    where
+        E: Endpoint + ?Sized,
+        P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
+    {
+        pending::post(tc, self.0, sig, declared, prepare).map(TensorRequest::collective)
+    }
+
+    fn prepared<E: Endpoint + ?Sized>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        pending::start(tc.communicator(), self.0, sig, prepared, None)
+            .map(TensorRequest::collective)
+    }
+
+    fn refuse<E: Endpoint + ?Sized>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        e: Error,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        pending::refuse(tc.communicator(), self.0, sig, e).map(TensorRequest::collective)
+    }
 }

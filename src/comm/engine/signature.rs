@@ -5,7 +5,7 @@
 //! data received", the root and the reduction operator must be the same on every rank, and
 //! every rank must call the same collectives in the same order; a program that breaks this
 //! is erroneous and MPI need not detect it (it hangs, aborts with `MPI_ERR_TRUNCATE`, or
-//! returns wrong data). Each collective of [`super::TensorComm`] declares its signature: the
+//! returns wrong data). Each collective of [`crate::comm`] declares its signature: the
 //! operation, the root, the element type, the element count where the operation requires
 //! equal counts, the reduction operator (for float16 and bfloat16 also its form: MPI's own
 //! datatype or this crate's operations, by `DLPACK_MPI_HALF_OPS`, since the two are
@@ -33,14 +33,14 @@ use std::fmt::Write as _;
 
 use mpi::topology::Rank;
 
-use super::reduce::halfops;
+use super::halfops;
 use crate::dtype::{code, DType, ReduceOp};
 
 /// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
 /// elements.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Signature<'a> {
-    /// The collective, named as [`super::TensorComm`]'s method without `_tensor`
+    /// The collective, named as [`crate::comm`]'s method without `_tensor`
     /// (`all_reduce`, `broadcast`, …): declared by the operation's body, so that a new
     /// collective needs no entry anywhere else.
     op: &'static str,

@@ -1,31 +1,30 @@
-//! The reductions of [`super::TensorComm`]: reduce, all-reduce (also in place) and
+//! The reductions of [`crate::comm`]: reduce, all-reduce (also in place) and
 //! reduce-scatter-block, each one body for the blocking and the nonblocking form
-//! ([`super::mode`]).
+//! ([`crate::comm::engine::mode`]).
 //!
 //! Both sides are contiguous runs of a predefined datatype for MPI's reduction: MPI's
 //! predefined operations take predefined datatypes only, so a strided side is reduced as a
 //! packed copy ([`Encoding::Chunked`]); more than 2^30 units are reduced in chunks of at most
-//! 2^30 (an element-wise reduction may be cut anywhere, [`super::call`]); and half-precision
+//! 2^30 (an element-wise reduction may be cut anywhere, [`crate::comm::engine::call`]); and half-precision
 //! dtypes use the user-defined operations of [`halfops`].
 //!
 //! Each reduction runs every check and builds its buffers first, then agrees across the
-//! ranks (`agree`, see [`super::Agreement`]) before the first MPI call.
+//! ranks (`agree`, see [`crate::comm::Agreement`]) before the first MPI call.
 
-pub mod halfops;
-
-use mpi::ffi::{MPI_Datatype, MPI_Op};
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 
-use super::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
-use super::checks::{check_count, check_intra, check_pair, check_rank, missing};
-use super::mode::{Declared, Mode};
-use super::operands::{read_facts, side_in, side_out, write_facts};
-use super::signature::Signature;
-use super::stager::{ReadIn, Unused, WriteIn};
-use super::TensorComm;
+use crate::comm::engine::call::{check_handles, handles};
+use crate::comm::engine::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
+use crate::comm::engine::checks::{check_count, check_intra, check_pair, check_rank, missing};
+use crate::comm::engine::halfops;
+use crate::comm::engine::mode::Mode;
+use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
+use crate::comm::engine::signature::Signature;
+use crate::comm::engine::stager::{Declared, Endpoint};
+use crate::comm::engine::stager::{ReadIn, Unused, WriteIn};
 use crate::dlpack::Tensor;
-use crate::dtype::{DType, ReduceOp};
+use crate::dtype::ReduceOp;
 use crate::error::Result;
 use crate::raw;
 #[cfg(doc)]
@@ -55,37 +54,6 @@ fn need(chunked: bool) -> Need {
         Need::Chunks
     } else {
         Need::Units
-    }
-}
-
-/// The datatype and MPI operation that reduce `dtype` with `op` when its units travel as
-/// `unit`: `unit` and the predefined operation; for half precision MPI's own half datatype
-/// and predefined operation, or `unit` and the user-defined one ([`halfops::reduction`]).
-///
-/// # Errors
-/// [`halfops::reduction`]'s for half precision ([`crate::Error::UnsupportedReduction`],
-/// [`crate::Error::MpiNotInitialized`], [`crate::Error::InvalidSetting`]).
-pub(super) fn handles(
-    op: ReduceOp,
-    dtype: DType,
-    unit: MPI_Datatype,
-) -> Result<(MPI_Datatype, MPI_Op)> {
-    if halfops::is_half(dtype) {
-        halfops::reduction(dtype, op, unit)
-    } else {
-        Ok((unit, op.system_operation().as_raw()))
-    }
-}
-
-/// [`handles`]'s refusals, before the sides exist.
-///
-/// # Errors
-/// As [`handles`].
-fn check_handles(op: ReduceOp, dtype: DType) -> Result<()> {
-    if halfops::is_half(dtype) {
-        halfops::check(dtype, op)
-    } else {
-        Ok(())
     }
 }
 
@@ -140,11 +108,11 @@ fn prepare_pair<'x>(
     })
 }
 
-/// [`super::TensorComm::reduce_tensor`] and its nonblocking form. A `recv` given at a
+/// `reduce_tensor` and its nonblocking form. A `recv` given at a
 /// non-root rank is checked as at the root (and not used); a device stager does not take it
 /// there.
-pub(super) fn reduce<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn reduce<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: Option<&'a mut dyn Tensor>,
@@ -210,9 +178,9 @@ fn reduce_at_leaf<'x>(
     })
 }
 
-/// [`super::TensorComm::all_reduce_tensor`] and its nonblocking form.
-pub(super) fn all_reduce<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `all_reduce_tensor` and its nonblocking form.
+pub(in crate::comm) fn all_reduce<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: &'a mut dyn Tensor,
@@ -234,11 +202,11 @@ pub(super) fn all_reduce<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::all_reduce_tensor_in_place`] and its nonblocking form: the tensor's
+/// `all_reduce_tensor_in_place` and its nonblocking form: the tensor's
 /// own run, or a packed copy of its values, reduced in place (`MPI_IN_PLACE`) in chunks of
 /// at most 2^30 units (one call for most tensors).
-pub(super) fn all_reduce_in_place<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+pub(in crate::comm) fn all_reduce_in_place<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     tensor: &'a mut dyn Tensor,
     op: ReduceOp,
@@ -280,9 +248,9 @@ pub(super) fn all_reduce_in_place<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     })
 }
 
-/// [`super::TensorComm::reduce_scatter_block_tensor`] and its nonblocking form.
-pub(super) fn reduce_scatter_block<'a, T: TensorComm + ?Sized, M: Mode<'a>>(
-    tc: &'a T,
+/// `reduce_scatter_block_tensor` and its nonblocking form.
+pub(in crate::comm) fn reduce_scatter_block<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+    tc: &'a E,
     mode: M,
     send: &'a dyn Tensor,
     recv: &'a mut dyn Tensor,

@@ -9,10 +9,10 @@ use mpi::topology::Rank;
 use crate::dlpack::Tensor;
 use crate::error::{Error, Result};
 
-/// One rank's buffer of [`super::TensorComm::broadcast_tensor_from`].
+/// One rank's buffer of `broadcast_tensor_from`.
 ///
 /// ```no_run
-/// use dlpack_mpi::comm::{BroadcastBuffer, TensorComm};
+/// use dlpack_mpi::comm::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use mpi::traits::*;
 ///
@@ -38,13 +38,13 @@ pub enum BroadcastBuffer<'b> {
     /// other rank ([`Error::BroadcastNotRoot`]).
     Send(&'b dyn Tensor),
     /// At any rank: a tensor of the root's count and dtype; received into at the other
-    /// ranks, only read at the root (the form of [`super::TensorComm::broadcast_tensor`]).
+    /// ranks, only read at the root (the form of `broadcast_tensor`).
     Recv(&'b mut dyn Tensor),
 }
 
 impl<'b> BroadcastBuffer<'b> {
     /// The tensor the root sends (either form).
-    pub(super) fn sent(&self) -> &dyn Tensor {
+    pub(in crate::comm) fn sent(&self) -> &dyn Tensor {
         match self {
             BroadcastBuffer::Send(t) => *t,
             BroadcastBuffer::Recv(t) => &**t,
@@ -52,7 +52,7 @@ impl<'b> BroadcastBuffer<'b> {
     }
 
     /// The same buffer, borrowed for a shorter `'x`.
-    pub(super) fn reborrow<'x>(self) -> BroadcastBuffer<'x>
+    pub(in crate::comm) fn reborrow<'x>(self) -> BroadcastBuffer<'x>
     where
         'b: 'x,
     {
@@ -63,7 +63,7 @@ impl<'b> BroadcastBuffer<'b> {
     }
 
     /// The tensor the root sends, for the whole borrow (either form).
-    pub(super) fn into_sent(self) -> &'b dyn Tensor {
+    pub(in crate::comm) fn into_sent(self) -> &'b dyn Tensor {
         match self {
             BroadcastBuffer::Send(t) => t,
             BroadcastBuffer::Recv(t) => t,
@@ -74,7 +74,7 @@ impl<'b> BroadcastBuffer<'b> {
     ///
     /// # Errors
     /// [`Error::BroadcastNotRoot`] for a [`BroadcastBuffer::Send`].
-    pub(super) fn received(self, rank: Rank, root: Rank) -> Result<&'b mut dyn Tensor> {
+    pub(in crate::comm) fn received(self, rank: Rank, root: Rank) -> Result<&'b mut dyn Tensor> {
         match self {
             BroadcastBuffer::Recv(t) => Ok(t),
             BroadcastBuffer::Send(_) => Err(Error::BroadcastNotRoot { rank, root }),

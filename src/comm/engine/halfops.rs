@@ -159,7 +159,7 @@ pub fn native_takes(dtype: DType, op: ReduceOp) -> bool {
 /// Whether [`reduction`] reduces the half dtype `dtype` with `op` through MPI's own
 /// datatype (`false` also for a dtype that is not half, and when the setting is invalid:
 /// [`check`] refuses that). Ranks that answer differently put different datatypes into one
-/// reduction, so the agreement's signature carries the answer ([`super::super::signature`]).
+/// reduction, so the agreement's signature carries the answer ([`super::signature`]).
 pub(crate) fn reduces_natively(dtype: DType, op: ReduceOp) -> bool {
     matches!(native_datatype(dtype), Ok(Some(_))) && native_takes(dtype, op)
 }

@@ -71,9 +71,9 @@ impl Matched {
         let mut handle = MaybeUninit::<MPI_Message>::uninit();
         let mut status = MaybeUninit::<MPI_Status>::uninit();
         // While nonblocking collectives of this thread wait for their agreements, poll
-        // (`MPI_Improbe`) and resolve them in between (`comm::pending`), so that a peer
+        // (`MPI_Improbe`) and resolve them in between (`comm::engine::progress`), so that a peer
         // waiting for one of their data operations is not left waiting on this probe.
-        while super::pending::active() {
+        while super::progress::active() {
             let mut flag = 0;
             // SAFETY: as below; MPI writes both out parameters when it sets the flag.
             unsafe {
@@ -92,7 +92,7 @@ impl Matched {
                     };
                 }
             }
-            super::pending::progress_all();
+            super::progress::progress_all();
             std::thread::yield_now();
         }
         // SAFETY: a valid rank and communicator (the caller checked the rank); both out

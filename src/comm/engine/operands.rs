@@ -17,7 +17,7 @@ use crate::spec::{Access, Reach};
 /// # Errors
 /// As [`Facts::of`].
 #[inline]
-pub(super) fn read_facts(t: &dyn Tensor, reach: Option<Reach>) -> Result<Facts> {
+pub(in crate::comm) fn read_facts(t: &dyn Tensor, reach: Option<Reach>) -> Result<Facts> {
     Facts::of(t, Access::Read, reach)
 }
 
@@ -26,7 +26,11 @@ pub(super) fn read_facts(t: &dyn Tensor, reach: Option<Reach>) -> Result<Facts> 
 /// # Errors
 /// As [`Facts::of`].
 #[inline]
-pub(super) fn write_facts(t: &dyn Tensor, access: Access, reach: Option<Reach>) -> Result<Facts> {
+pub(in crate::comm) fn write_facts(
+    t: &dyn Tensor,
+    access: Access,
+    reach: Option<Reach>,
+) -> Result<Facts> {
     Facts::of(t, access, reach)
 }
 
@@ -35,7 +39,11 @@ pub(super) fn write_facts(t: &dyn Tensor, access: Access, reach: Option<Reach>) 
 /// # Errors
 /// As [`Encoding::choose`] and [`Side::<In>::new`].
 #[inline]
-pub(super) fn side_in<'t>(t: &'t dyn Tensor, facts: Facts, need: Need) -> Result<Side<'t, In>> {
+pub(in crate::comm) fn side_in<'t>(
+    t: &'t dyn Tensor,
+    facts: Facts,
+    need: Need,
+) -> Result<Side<'t, In>> {
     let encoding = Encoding::choose(&facts, need, packs_block)?;
     Side::<In>::new(t, facts, encoding)
 }
@@ -45,7 +53,7 @@ pub(super) fn side_in<'t>(t: &'t dyn Tensor, facts: Facts, need: Need) -> Result
 /// # Errors
 /// As [`Encoding::choose`] and [`Side::<Out>::new`].
 #[inline]
-pub(super) fn side_out<'t>(
+pub(in crate::comm) fn side_out<'t>(
     t: &'t mut dyn Tensor,
     facts: Facts,
     need: Need,
@@ -60,7 +68,7 @@ pub(super) fn side_out<'t>(
 /// # Errors
 /// As both.
 #[inline]
-pub(super) fn read_side<'t>(
+pub(in crate::comm) fn read_side<'t>(
     t: &'t dyn Tensor,
     reach: Option<Reach>,
     need: Need,
@@ -74,7 +82,7 @@ pub(super) fn read_side<'t>(
 /// # Errors
 /// As both.
 #[inline]
-pub(super) fn write_side<'t>(
+pub(in crate::comm) fn write_side<'t>(
     t: &'t mut dyn Tensor,
     access: Access,
     reach: Option<Reach>,
@@ -91,7 +99,7 @@ pub(super) fn write_side<'t>(
 /// # Errors
 /// As [`read_facts`], [`write_facts`] and [`check_pair`], in that order.
 #[inline]
-pub(super) fn pair_facts(
+pub(in crate::comm) fn pair_facts(
     what: &'static str,
     (s, s_reach): (&dyn Tensor, Option<Reach>),
     (r, access, r_reach): (&dyn Tensor, Access, Option<Reach>),

@@ -1,0 +1,109 @@
+//! How a collective runs once its body has declared its operands and how to prepare its
+//! data operation ([`Mode`]): blocking ([`Blocking`]: stage, prepare, agree, run, finish,
+//! all in the call) or nonblocking (`Immediate`, one layer up in [`super::request`]: the
+//! same steps, with the agreement and the data operation posted and completed by the
+//! returned request). Each collective of [`crate::comm`] is one body generic
+//! over the mode, so its blocking and nonblocking forms check, encode and call MPI in the
+//! same way.
+
+use mpi::raw::AsRaw;
+
+use super::agree::agree;
+use super::call::Operation;
+use super::signature::Signature;
+use super::stager::{with_stand_ins, Declared, Endpoint, Kind, ReadIn, WriteIn};
+use crate::error::{Error, Result};
+
+/// How a collective's prepared operation runs.
+pub(in crate::comm) trait Mode<'a> {
+    /// What the collective returns: `()` blocking, a request nonblocking.
+    type Out;
+
+    /// Stages `declared`, prepares the operation on the stand-ins with `prepare` (every
+    /// fallible step), agrees on `sig` and the outcome across the ranks, and runs the
+    /// operation (or posts it).
+    ///
+    /// # Errors
+    /// The stager's, `prepare`'s and the agreement's, and for a nonblocking collective the
+    /// posting errors of the nonblocking driver.
+    fn collective<E, P>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        declared: Declared<'a>,
+        prepare: P,
+    ) -> Result<Self::Out>
+    where
+        E: Endpoint + ?Sized,
+        P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>;
+
+    /// Agrees on `sig` and the outcome of a preparation made without a stager (a fused
+    /// list's), and runs the operation (or posts it).
+    ///
+    /// # Errors
+    /// `prepared`'s and the agreement's.
+    fn prepared<E: Endpoint + ?Sized>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<Self::Out>;
+
+    /// A refusal found before any operand was declared: agreed as the collective's outcome
+    /// (the peers return [`Error::PeerRefused`]), then returned.
+    ///
+    /// # Errors
+    /// `e`, always.
+    fn refuse<E: Endpoint + ?Sized>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        e: Error,
+    ) -> Result<Self::Out>;
+}
+
+/// The blocking form: everything happens in the call.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::comm) struct Blocking;
+
+impl<'a> Mode<'a> for Blocking {
+    type Out = ();
+
+    #[inline]
+    fn collective<E, P>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        declared: Declared<'a>,
+        prepare: P,
+    ) -> Result<()>
+    where
+        E: Endpoint + ?Sized,
+        P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
+    {
+        let comm = tc.communicator();
+        with_stand_ins(
+            tc.stager(),
+            comm,
+            Kind::Collective(sig),
+            declared.send,
+            declared.recv,
+            (declared.reduce, declared.unused),
+            |s, r| agree(comm, &sig, prepare(s, r))?.run(comm.as_raw()),
+        )
+    }
+
+    fn prepared<E: Endpoint + ?Sized>(
+        self,
+        tc: &'a E,
+        sig: Signature<'a>,
+        prepared: Result<Operation<'a>>,
+    ) -> Result<()> {
+        let comm = tc.communicator();
+        agree(comm, &sig, prepared)?.run(comm.as_raw())
+    }
+
+    fn refuse<E: Endpoint + ?Sized>(self, tc: &'a E, sig: Signature<'a>, e: Error) -> Result<()> {
+        agree(tc.communicator(), &sig, Err(e))
+    }
+}
