@@ -30,11 +30,11 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs};
 use super::common::{
-    all_ranks, allreduce_factor, fmt_size, measure_rounds, met, timed, value, Aligned, Samples,
-    ELEM,
+    allreduce_factor, fmt_size, measure_rounds, met, timed, value, Aligned, Samples, ELEM,
 };
 use super::fused_mpi4py::{Members, Mpi4py, Way};
 use super::json::JsonRow;
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 

@@ -16,10 +16,11 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs, BenchLayout, Op, DEFAULT_MAX_SIZE};
 use super::common::{
-    all_ranks, fmt_size, round_trips_ticked, timed_laps, value, Aligned, Elem, Laps, Leg, ELEM,
+    fmt_size, round_trips_ticked, timed_laps, value, Aligned, Elem, Laps, Leg, ELEM,
 };
 use super::report::{print_row, print_sweep_footer, print_sweep_header, Path, Row, PATHS};
 use super::sampled::{measure, Plan, Run, Timing};
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 

@@ -103,9 +103,9 @@ use std::process::ExitCode;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
+use crate::common::library_line;
 use args::DEFAULT_MAX_SIZE;
 pub use args::{BenchArgs, BenchLayout, Op};
-use common::library_line;
 
 /// Refuses options this build or this job cannot honour, in one line; `None` = go on.
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
@@ -208,12 +208,7 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
             status = 2;
         }
     }
-    world.process_at_rank(0).broadcast_into(&mut status);
-    match status {
-        0 => ExitCode::SUCCESS,
-        1 => ExitCode::FAILURE,
-        _ => ExitCode::from(2),
-    }
+    crate::common::agreed_exit(world, status)
 }
 
 /// Whether `--op all` skips the strided bench: it needs the default sizes up to at least its
@@ -302,7 +297,7 @@ fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String>
         objects.extend(strided_report::json_rows(&m.strided, ranks));
         objects.extend(overlap_report::json_rows(&m.overlap, ranks));
         objects.extend(fused::json_rows(&m.fused, ranks));
-        json::write_json(path, &objects)?;
+        crate::common::write_json(path, &objects)?;
     }
     if let Some(path) = &args.plot {
         let library = library_line();
