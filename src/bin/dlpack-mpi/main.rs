@@ -162,19 +162,23 @@ mod tests {
         Cli::try_parse_from(std::iter::once("dlpack-mpi").chain(args.iter().copied()))
     }
 
+    /// The command `subcommand args` parsed.
+    fn command(subcommand: &str, args: &[&str]) -> Command {
+        let all: Vec<&str> = std::iter::once(subcommand)
+            .chain(args.iter().copied())
+            .collect();
+        parse(&all).expect("parses").command
+    }
+
     fn check(args: &[&str]) -> check::CheckArgs {
-        let mut all = vec!["check"];
-        all.extend_from_slice(args);
-        match parse(&all).expect("parses").command {
+        match command("check", args) {
             Command::Check(a) => a,
             other => panic!("not check: {other:?}"),
         }
     }
 
     fn bench(args: &[&str]) -> bench::BenchArgs {
-        let mut all = vec!["bench"];
-        all.extend_from_slice(args);
-        match parse(&all).expect("parses").command {
+        match command("bench", args) {
             Command::Bench(a) => a,
             other => panic!("not bench: {other:?}"),
         }

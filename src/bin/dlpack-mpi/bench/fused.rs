@@ -227,6 +227,11 @@ impl Bufs {
         })
     }
 
+    /// Every member, acquired.
+    fn acquired_members(&self) -> Res<Vec<ManagedTensor<'_>>> {
+        self.members.iter().map(|m| acquired(&m.0)).collect()
+    }
+
     /// The NumPy members, for mpi4py's `way`.
     fn numpy(&self, path: FusedPath) -> Res<(&Members, Way)> {
         match (&self.py, path.way()) {
@@ -296,11 +301,7 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
     let sum = ReduceOp::Sum;
     let elapsed = match path {
         FusedPath::OneByOne => {
-            let mut ts: Vec<_> = bufs
-                .members
-                .iter()
-                .map(|m| acquired(&m.0))
-                .collect::<Res<_>>()?;
+            let mut ts = bufs.acquired_members()?;
             timed(world, || {
                 for _ in 0..iters {
                     for t in ts.iter_mut() {
@@ -311,11 +312,7 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
             })?
         }
         FusedPath::Fused => {
-            let mut ts: Vec<_> = bufs
-                .members
-                .iter()
-                .map(|m| acquired(&m.0))
-                .collect::<Res<_>>()?;
+            let mut ts = bufs.acquired_members()?;
             let mut refs: Vec<&mut dyn Tensor> =
                 ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
             timed(world, || {
