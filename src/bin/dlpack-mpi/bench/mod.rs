@@ -59,13 +59,14 @@
 //!
 //! # Files, in dependency order
 //!
-//! Each file uses only the files before it, so there is no cycle:
+//! Each file uses only the files before it (and `crate::common`, which `check` and `info`
+//! share, and `crate::launch`), so there is no cycle:
 //!
 //! 1. `common`: the element type, aligned buffers, the values sent, samples and
 //!    percentiles, the per-batch timer, the timing driver (warm-up, rotated rounds),
 //!    ping-pong legs, bus-bandwidth factors, size formatting;
-//! 2. `sampled`: the sweeps' driver (batches, `--check`); `json`: the `--json` object and
-//!    its writer;
+//! 2. `sampled`: the sweeps' driver (batches, `--check`); `json`: the `--json` object
+//!    (`crate::common::write_json` writes the array);
 //! 3. `args`: the options, sizes and iteration counts;
 //! 4. `strided_report`, `overlap_report`: the strided and overlap rows, tables, summaries
 //!    and `--json` objects;

@@ -18,8 +18,8 @@
 //!
 //! # Files
 //!
-//! Each file uses only the files listed before it (and `crate::launch`), so there is no
-//! cycle:
+//! Each file uses only the files listed before it (and `crate::common`, which `bench` and
+//! `info` share, and `crate::launch`), so there is no cycle:
 //!
 //! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport`, `--device` and
 //!    `--offset` values); `placement`: where each rank's tensors of a case live (`--device`)
