@@ -3,7 +3,7 @@
 //! the same averaged SGD update, so the copies stay equal.
 //!
 //! The model is ResNet-50's parameter list (torchvision's `named_parameters()` order: 161
-//! tensors, the shapes of `../shared/data/gradients-resnet50.txt`, built by [`resnet50`]
+//! tensors, the shapes of `benches/data/gradients-resnet50.txt`, built by [`resnet50`]
 //! and checked against that file's totals) at a quarter of its widths: every dimension of
 //! 64 or more is divided by [`SCALE`] (the full model's 25.6 M elements become 1.6 M, 6.1
 //! MiB of `f32` gradients), so that it runs at 1–4 ranks on 2 cores in a few seconds, well
@@ -62,7 +62,7 @@ const SCALE: i64 = 4;
 /// The learning rate, a power of two so that the update is exact.
 const LR: f32 = 0.125;
 const ROOT: i32 = 0;
-/// The full model's totals, as `../shared/data/gradients-resnet50.txt` states them.
+/// The full model's totals, as `benches/data/gradients-resnet50.txt` states them.
 const RESNET50_TENSORS: usize = 161;
 const RESNET50_ELEMENTS: i64 = 25_557_032;
 /// The groups, in the order the backward pass finishes them, by the first component of

@@ -1051,6 +1051,11 @@ fn bench_fused_json_and_mpi4py_paths() {
     let skipped = has("mpi4py-loop, mpi4py-concat: skipped (");
     assert_ne!(skipped, has("faster way on every list: "), "{stdout}");
     let rows = std::fs::read_to_string(&json).unwrap();
+    // The model lists are built into the binary: a plain clone runs them too.
+    for case in ["resnet50", "bert-base", "256x1KiB"] {
+        let n = rows.matches(&format!("\"case\": \"{case}\"")).count();
+        assert_eq!(n, if skipped { 3 } else { 5 }, "{case}: {rows}");
+    }
     let n = rows.matches("\"mpi4py-").count();
     assert_eq!(n, 6 * usize::from(!skipped), "{rows}");
 }

@@ -4,11 +4,10 @@ use std::process::ExitCode;
 
 use dlpack_mpi::runtime::DeviceRuntime;
 use dlpack_mpi::transport::CudaAwareness;
-use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
-use mpi::Count;
 
+use crate::common::{gather_text, library_line};
 use crate::launch::{Gpu, GpuArgs, NoGpu};
 
 /// Options of `info`.
@@ -46,37 +45,6 @@ pub fn run(world: &SimpleCommunicator, args: &InfoArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Every rank's `text`, in rank order, on rank 0; `None` on the others. Collective.
-fn gather_text(world: &SimpleCommunicator, text: &str) -> Option<Vec<String>> {
-    let root = world.process_at_rank(0);
-    let len = Count::try_from(text.len()).unwrap_or(Count::MAX);
-    let bytes = &text.as_bytes()[..len as usize];
-    if world.rank() != 0 {
-        root.gather_into(&len);
-        root.gather_varcount_into(bytes);
-        return None;
-    }
-    let mut lens: Vec<Count> = vec![0; world.size() as usize];
-    root.gather_into_root(&len, &mut lens[..]);
-    let displs: Vec<Count> = lens
-        .iter()
-        .scan(0, |at, &n| {
-            let here = *at;
-            *at += n;
-            Some(here)
-        })
-        .collect();
-    let mut all = vec![0u8; lens.iter().map(|&n| n as usize).sum()];
-    let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
-    root.gather_varcount_into_root(bytes, &mut part);
-    let texts = displs
-        .iter()
-        .zip(&lens)
-        .map(|(&at, &n)| String::from_utf8_lossy(&all[at as usize..(at + n) as usize]).into_owned())
-        .collect();
-    Some(texts)
-}
-
 /// This rank's line of `GPU device:`: the selection, or why there is none.
 fn device_line(gpu: &Result<Gpu, NoGpu>) -> String {
     match gpu {
@@ -91,20 +59,8 @@ fn print_mpi(world: &SimpleCommunicator, mut hosts: Vec<String>) {
     hosts.sort();
     hosts.dedup();
     let (major, minor) = mpi::environment::version();
-    let library =
-        mpi::environment::library_version().unwrap_or_else(|e| format!("(unreadable: {e})"));
     println!("dlpack-mpi {}", env!("CARGO_PKG_VERSION"));
-    // MPICH's version string goes on for lines of configure options: the first line names
-    // the library and its version.
-    println!(
-        "MPI library: {}",
-        library
-            .trim_end_matches(['\0', '\n'])
-            .trim()
-            .lines()
-            .next()
-            .unwrap_or("")
-    );
+    println!("MPI library: {}", library_line());
     let built = dlpack_mpi::mpi_library::MpiLibrary::current();
     let dirs: Vec<String> = built
         .built_dirs

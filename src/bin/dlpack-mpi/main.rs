@@ -5,6 +5,7 @@
 
 mod bench;
 mod check;
+mod common;
 mod info;
 mod launch;
 
@@ -124,7 +125,6 @@ fn main() -> ExitCode {
 /// ranks agree first (one all-reduce), so none goes on alone.
 fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> Option<ExitCode> {
     use dlpack_mpi::mpi_library::MpiLibrary;
-    use mpi::collective::{CommunicatorCollectives, SystemOperation};
     use mpi::topology::Communicator;
     let rank = world.rank();
     let allowed = std::env::var("DLPACK_MPI_ALLOW_MPI_MISMATCH").is_ok_and(|v| v == "1");
@@ -141,10 +141,8 @@ fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> O
     for err in &settings {
         say(&format!("dlpack-mpi: rank {rank}: {err}"));
     }
-    let refused = i32::from((library.is_err() && !allowed) || (strict && !settings.is_empty()));
-    let mut any = 0i32;
-    world.all_reduce_into(&refused, &mut any, SystemOperation::max());
-    (any != 0).then(|| ExitCode::from(2))
+    let refused = (library.is_err() && !allowed) || (strict && !settings.is_empty());
+    (!common::all_ranks(world, !refused)).then(|| ExitCode::from(2))
 }
 
 /// `line` and a newline on standard error in one write, so that the lines of ranks that
@@ -164,19 +162,23 @@ mod tests {
         Cli::try_parse_from(std::iter::once("dlpack-mpi").chain(args.iter().copied()))
     }
 
+    /// The command `subcommand args` parsed.
+    fn command(subcommand: &str, args: &[&str]) -> Command {
+        let all: Vec<&str> = std::iter::once(subcommand)
+            .chain(args.iter().copied())
+            .collect();
+        parse(&all).expect("parses").command
+    }
+
     fn check(args: &[&str]) -> check::CheckArgs {
-        let mut all = vec!["check"];
-        all.extend_from_slice(args);
-        match parse(&all).expect("parses").command {
+        match command("check", args) {
             Command::Check(a) => a,
             other => panic!("not check: {other:?}"),
         }
     }
 
     fn bench(args: &[&str]) -> bench::BenchArgs {
-        let mut all = vec!["bench"];
-        all.extend_from_slice(args);
-        match parse(&all).expect("parses").command {
+        match command("bench", args) {
             Command::Bench(a) => a,
             other => panic!("not bench: {other:?}"),
         }

@@ -1,10 +1,9 @@
 //! What every bench uses: the element type, aligned exporter-owned buffers, the values sent,
 //! per-round samples and their percentiles, the per-batch timer, the warm-up-then-rotated-rounds
-//! driver, the ping-pong leg order, collective agreement on a verdict, nccl-tests'
-//! bus-bandwidth factors, and size formatting. Uses nothing of `bench/`.
+//! driver, the ping-pong leg order, nccl-tests' bus-bandwidth factors, and size formatting.
+//! Uses nothing of `bench/` (what `check` and `info` also use is in `crate::common`).
 
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
-use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -44,20 +43,6 @@ pub fn fmt_size(bytes: usize) -> String {
 /// MB/s (10^6 bytes per second) of messages of `bytes` taking `us` µs each.
 pub fn mb_per_s(bytes: usize, us: f64) -> f64 {
     bytes as f64 / us
-}
-
-/// The MPI library's version string, first line.
-pub fn library_line() -> String {
-    mpi::environment::library_version()
-        .map(|s| {
-            s.trim_end_matches(['\0', '\n'])
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_default()
 }
 
 /// Per-round times of one path at one size (µs per message in the host benches, seconds in
@@ -183,13 +168,6 @@ pub fn allreduce_factor(n: i32) -> f64 {
 /// ranks: (n − 1)/n.
 pub fn gather_factor(n: i32) -> f64 {
     f64::from(n - 1) / f64::from(n)
-}
-
-/// Whether `ok` holds on every rank (collective).
-pub fn all_ranks(world: &SimpleCommunicator, ok: bool) -> bool {
-    let mut all = 0i32;
-    world.all_reduce_into(&i32::from(ok), &mut all, SystemOperation::min());
-    all == 1
 }
 
 /// A barrier, then `f`, timed: the seconds `f` took on this rank.

@@ -7,10 +7,10 @@
 //! `json`, `args` and `fused_mpi4py`; prints its own table. Not part of `all`.
 //!
 //! Cases: the gradient lists of ResNet-50 (161 tensors, 25.6 M f32) and BERT-base (199,
-//! 109.5 M), read at run time from `../shared/data/gradients-*.txt` relative to
-//! `CARGO_MANIFEST_DIR` (one tensor a line: a name, then its dimensions; `#` comments; a case
-//! whose file is missing is skipped with a line), every member's element count divided by
-//! `--fused-scale` (rounded up); and 256 tensors of 256 f32 (1 KiB each, never scaled).
+//! 109.5 M), from `benches/data/gradients-*.txt`, built into the binary (one tensor a line:
+//! a name, then its dimensions; `#` comments; a list that does not parse is skipped with a
+//! line), every member's element count divided by `--fused-scale` (rounded up); and 256
+//! tensors of 256 f32 (1 KiB each, never scaled).
 //!
 //! Timing runs on zeros (sums stay zeros, no overflow to infinities over the iterations);
 //! after the timing every path runs once more on distinct values per rank, and every element
@@ -30,11 +30,11 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs};
 use super::common::{
-    all_ranks, allreduce_factor, fmt_size, measure_rounds, met, timed, value, Aligned, Samples,
-    ELEM,
+    allreduce_factor, fmt_size, measure_rounds, met, timed, value, Aligned, Samples, ELEM,
 };
 use super::fused_mpi4py::{Members, Mpi4py, Way};
 use super::json::JsonRow;
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 
@@ -152,14 +152,25 @@ fn parse_shapes(text: &str) -> Result<Vec<Vec<i64>>, String> {
     Ok(out)
 }
 
-/// The model list `file` (in ../shared/data), every member's elements divided by `scale`
+/// The model lists, built into the binary (so that an installed binary and a plain clone
+/// both have them): the case's name, the file's name in `benches/data`, its text.
+const MODEL_LISTS: [(&str, &str, &str); 2] = [
+    (
+        "resnet50",
+        "gradients-resnet50.txt",
+        include_str!("../../../../benches/data/gradients-resnet50.txt"),
+    ),
+    (
+        "bert-base",
+        "gradients-bert-base-uncased.txt",
+        include_str!("../../../../benches/data/gradients-bert-base-uncased.txt"),
+    ),
+];
+
+/// The model list `text` (`benches/data/{file}`), every member's elements divided by `scale`
 /// (rounded up; the member becomes 1-D); `Err` says why it cannot be read.
-fn model_list(name: &str, file: &str, scale: u64) -> Result<List, String> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/data")
-        .join(file);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let shapes = parse_shapes(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+fn model_list(name: &str, (file, text): (&str, &str), scale: u64) -> Result<List, String> {
+    let shapes = parse_shapes(text).map_err(|e| format!("benches/data/{file}: {e}"))?;
     let shapes = if scale == 1 {
         shapes
     } else {
@@ -175,11 +186,8 @@ fn model_list(name: &str, file: &str, scale: u64) -> Result<List, String> {
 /// The cases: the two model lists (those that can be read) and `256x1KiB`.
 fn lists(scale: u64, root: bool) -> Vec<List> {
     let mut out = Vec::new();
-    for (name, file) in [
-        ("resnet50", "gradients-resnet50.txt"),
-        ("bert-base", "gradients-bert-base-uncased.txt"),
-    ] {
-        match model_list(name, file, scale) {
+    for (name, file, text) in MODEL_LISTS {
+        match model_list(name, (file, text), scale) {
             Ok(l) => out.push(l),
             Err(why) if root => println!("{name}: skipped ({why})"),
             Err(_) => {}
@@ -217,6 +225,11 @@ impl Bufs {
             total,
             py,
         })
+    }
+
+    /// Every member, acquired.
+    fn acquired_members(&self) -> Res<Vec<ManagedTensor<'_>>> {
+        self.members.iter().map(|m| acquired(&m.0)).collect()
     }
 
     /// The NumPy members, for mpi4py's `way`.
@@ -288,11 +301,7 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
     let sum = ReduceOp::Sum;
     let elapsed = match path {
         FusedPath::OneByOne => {
-            let mut ts: Vec<_> = bufs
-                .members
-                .iter()
-                .map(|m| acquired(&m.0))
-                .collect::<Res<_>>()?;
+            let mut ts = bufs.acquired_members()?;
             timed(world, || {
                 for _ in 0..iters {
                     for t in ts.iter_mut() {
@@ -303,11 +312,7 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
             })?
         }
         FusedPath::Fused => {
-            let mut ts: Vec<_> = bufs
-                .members
-                .iter()
-                .map(|m| acquired(&m.0))
-                .collect::<Res<_>>()?;
+            let mut ts = bufs.acquired_members()?;
             let mut refs: Vec<&mut dyn Tensor> =
                 ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
             timed(world, || {
@@ -553,4 +558,25 @@ pub fn json_rows(rows: &[FusedRow], ranks: i32) -> Vec<JsonRow> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The built-in model lists parse to the members and totals their headers state.
+    #[test]
+    fn model_lists_are_built_in() {
+        let sizes: Vec<(usize, i64)> = MODEL_LISTS
+            .iter()
+            .map(|&(name, file, text)| {
+                let l = model_list(name, (file, text), 1).expect("parses");
+                let total = l.shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+                (l.shapes.len(), total)
+            })
+            .collect();
+        assert_eq!(sizes, [(161, 25_557_032), (199, 109_482_240)]);
+        let scaled = model_list("resnet50", (MODEL_LISTS[0].1, MODEL_LISTS[0].2), 1000).unwrap();
+        assert!(scaled.shapes.iter().all(|s| s.len() == 1 && s[0] >= 1));
+    }
 }

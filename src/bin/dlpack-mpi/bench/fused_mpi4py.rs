@@ -163,7 +163,7 @@ def check(xs, ranks):
                 dlpack_mpi::python::check_libpython(py).map_err(|e| e.to_string())?;
                 let err = |e: PyErr| format!("the embedded Python: {e}");
                 let ns = PyDict::new(py);
-                ns.set_item("library", super::super::common::library_line())
+                ns.set_item("library", crate::common::library_line())
                     .map_err(err)?;
                 ns.set_item("size", world.size()).map_err(err)?;
                 ns.set_item("rank", world.rank()).map_err(err)?;

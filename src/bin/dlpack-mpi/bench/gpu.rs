@@ -35,11 +35,12 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::args::{iters_for, sizes, BenchArgs, BenchLayout, Op};
-use super::common::{library_line, round_trips, value, Leg, Samples};
+use super::common::{round_trips, value, Leg, Samples};
 use super::report::{
     print_gpu_header, print_gpu_intro, print_gpu_row, print_gpu_target, print_gpu_values, GpuPath,
     GpuRow, GPU_PATHS, GPU_TARGET_BYTES,
 };
+use crate::common::library_line;
 use crate::launch::Gpu;
 
 type Res<T> = Result<T, String>;

@@ -16,10 +16,11 @@ use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs, BenchLayout, Op, DEFAULT_MAX_SIZE};
 use super::common::{
-    all_ranks, fmt_size, round_trips_ticked, timed_laps, value, Aligned, Elem, Laps, Leg, ELEM,
+    fmt_size, round_trips_ticked, timed_laps, value, Aligned, Elem, Laps, Leg, ELEM,
 };
 use super::report::{print_row, print_sweep_footer, print_sweep_header, Path, Row, PATHS};
 use super::sampled::{measure, Plan, Run, Timing};
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 
@@ -169,6 +170,26 @@ fn recv_specs<'t>(ts: &'t mut [ManagedTensor<'_>]) -> Res<Vec<RecvSpec<'t>>> {
     ts.iter_mut().map(RecvSpec::new).collect()
 }
 
+/// Posts the requests `posts` makes, one by one, until one fails, then waits for every one
+/// posted: the first failure.
+fn post_window<'a, B: ?Sized + 'a, S: Scope<'a>>(
+    posts: impl Iterator<Item = Res<Request<'a, B, S>>>,
+) -> Res<()> {
+    let mut reqs = Vec::with_capacity(posts.size_hint().0);
+    let mut failed = None;
+    for post in posts {
+        match post {
+            Ok(r) => reqs.push(r),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    wait_all(reqs);
+    failed.map_or(Ok(()), Err)
+}
+
 /// Posts one nonblocking receive from rank 0 per spec (through `TensorComm` when `checked`,
 /// else rsmpi directly) and waits for all of them.
 fn recv_window(
@@ -179,23 +200,13 @@ fn recv_window(
 ) -> Res<()> {
     let peer = world.process_at_rank(0);
     scope(|sc| {
-        let mut reqs = Vec::with_capacity(specs.len());
-        let mut failed = None;
-        for spec in specs.iter_mut() {
+        post_window(specs.iter_mut().map(|spec| {
             if checked {
-                match world.immediate_recv_spec(sc, spec, 0, tag) {
-                    Ok(r) => reqs.push(r),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
+                world.immediate_recv_spec(sc, spec, 0, tag)
             } else {
-                reqs.push(peer.immediate_receive_into_with_tag(sc, spec, tag));
+                Ok(peer.immediate_receive_into_with_tag(sc, spec, tag))
             }
-        }
-        wait_all(reqs);
-        failed.map_or(Ok(()), Err)
+        }))
     })
 }
 
@@ -211,24 +222,14 @@ fn send_window(
 ) -> Res<()> {
     let peer = world.process_at_rank(1);
     scope(|sc| {
-        let mut reqs = Vec::with_capacity(window);
-        let mut failed = None;
-        for i in 0..window {
+        post_window((0..window).map(|i| {
             let spec = specs.get(i).unwrap_or(reused);
             if checked {
-                match world.immediate_send_spec(sc, spec, 1, tag) {
-                    Ok(r) => reqs.push(r),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
+                world.immediate_send_spec(sc, spec, 1, tag)
             } else {
-                reqs.push(peer.immediate_send_with_tag(sc, spec, tag));
+                Ok(peer.immediate_send_with_tag(sc, spec, tag))
             }
-        }
-        wait_all(reqs);
-        failed.map_or(Ok(()), Err)
+        }))
     })
 }
 

@@ -1,8 +1,7 @@
 //! `--json`: one array of objects, one per (operation, case, size, path) that ran, whatever
 //! the operation (docs/CLI.md, "`--json`", has the schema). Each bench turns its rows into
-//! [`JsonRow`]s; this file only defines the object and writes the array. Uses `common`.
-
-use std::io::Write as _;
+//! [`JsonRow`]s; this file only defines the object (`crate::common::write_json` writes the
+//! array). Uses `common`.
 
 use super::common::Samples;
 
@@ -115,15 +114,6 @@ impl JsonRow {
 /// GB/s (10^9 bytes per second) of `bytes` in `us` µs.
 pub fn algbw_gbs(bytes: usize, us: f64) -> f64 {
     bytes as f64 / us / 1e3
-}
-
-/// Writes `rows` to `path` as one JSON array (pretty-printed, a newline at the end).
-pub fn write_json(path: &std::path::Path, rows: &[JsonRow]) -> Result<(), String> {
-    let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let file = std::fs::File::create(path).map_err(|e| fail(&e))?;
-    let mut w = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut w, rows).map_err(|e| fail(&e))?;
-    writeln!(w).and_then(|()| w.flush()).map_err(|e| fail(&e))
 }
 
 #[cfg(test)]

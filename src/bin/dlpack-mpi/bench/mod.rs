@@ -47,9 +47,9 @@
 //! path).
 //!
 //! `--op fused` all-reduces lists of tensors (the gradients of ResNet-50 and BERT-base from
-//! ../shared/data, and 256 tensors of 1 KiB): one `all_reduce_tensor_in_place` per member,
-//! one fused `all_reduce_tensors` over the list, and one tensor of the same total elements
-//! (the limit); next to them, with feature `python`, mpi4py's two ways on NumPy arrays of the
+//! benches/data, built in, and 256 tensors of 1 KiB): one `all_reduce_tensor_in_place` per
+//! member, one fused `all_reduce_tensors` over the list, and one tensor of the same total
+//! elements (the limit); next to them, with feature `python`, mpi4py's two ways on NumPy arrays of the
 //! same shapes (`mpi4py-loop`: one `Allreduce` per member; `mpi4py-concat`: `np.concatenate`,
 //! one `Allreduce`, copied back), timed in Python. `--json` writes one object per (case,
 //! path).
@@ -59,13 +59,14 @@
 //!
 //! # Files, in dependency order
 //!
-//! Each file uses only the files before it, so there is no cycle:
+//! Each file uses only the files before it (and `crate::common`, which `check` and `info`
+//! share, and `crate::launch`), so there is no cycle:
 //!
 //! 1. `common`: the element type, aligned buffers, the values sent, samples and
 //!    percentiles, the per-batch timer, the timing driver (warm-up, rotated rounds),
 //!    ping-pong legs, bus-bandwidth factors, size formatting;
-//! 2. `sampled`: the sweeps' driver (batches, `--check`); `json`: the `--json` object and
-//!    its writer;
+//! 2. `sampled`: the sweeps' driver (batches, `--check`); `json`: the `--json` object
+//!    (`crate::common::write_json` writes the array);
 //! 3. `args`: the options, sizes and iteration counts;
 //! 4. `strided_report`, `overlap_report`: the strided and overlap rows, tables, summaries
 //!    and `--json` objects;
@@ -103,9 +104,9 @@ use std::process::ExitCode;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
+use crate::common::library_line;
 use args::DEFAULT_MAX_SIZE;
 pub use args::{BenchArgs, BenchLayout, Op};
-use common::library_line;
 
 /// Refuses options this build or this job cannot honour, in one line; `None` = go on.
 fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
@@ -208,12 +209,7 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
             status = 2;
         }
     }
-    world.process_at_rank(0).broadcast_into(&mut status);
-    match status {
-        0 => ExitCode::SUCCESS,
-        1 => ExitCode::FAILURE,
-        _ => ExitCode::from(2),
-    }
+    crate::common::agreed_exit(world, status)
 }
 
 /// Whether `--op all` skips the strided bench: it needs the default sizes up to at least its
@@ -302,7 +298,7 @@ fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String>
         objects.extend(strided_report::json_rows(&m.strided, ranks));
         objects.extend(overlap_report::json_rows(&m.overlap, ranks));
         objects.extend(fused::json_rows(&m.fused, ranks));
-        json::write_json(path, &objects)?;
+        crate::common::write_json(path, &objects)?;
     }
     if let Some(path) = &args.plot {
         let library = library_line();

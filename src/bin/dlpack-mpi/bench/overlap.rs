@@ -21,11 +21,12 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs, DEFAULT_MAX_SIZE};
-use super::common::{all_ranks, fmt_size, measure_rounds, timed, value, Aligned, ELEM};
+use super::common::{fmt_size, measure_rounds, timed, value, Aligned, ELEM};
 use super::overlap_report::{
     print_overlap_header, print_overlap_row, print_overlap_summary, print_overlap_verdict,
     print_post_row, OverlapPath, OverlapRow, Progress, OVERLAP_PATHS, POST_PATHS,
 };
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 

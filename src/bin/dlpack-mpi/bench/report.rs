@@ -644,51 +644,48 @@ pub fn write_csv(
 ) -> Result<(), String> {
     let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let mut w = csv::Writer::from_path(path).map_err(|e| fail(&e))?;
-    let layout = args.layout.name();
     let device = args.device.name();
+    // One line: the operation and layout, size and iterations, the path, its samples and
+    // its ratios to the baseline.
+    let mut line = |(op, layout): (&str, &str), (bytes, iters), path, x: &Samples, ratios| {
+        let (ratio_median, ratio_best) = ratios;
+        w.serialize(CsvRow {
+            op,
+            layout,
+            device,
+            ranks,
+            bytes,
+            iters,
+            path,
+            median_us: x.median(),
+            best_us: x.best(),
+            ratio_median,
+            ratio_best,
+            mb_per_s: mb_per_s(bytes, x.median()),
+        })
+        .map_err(|e| fail(&e))
+    };
     for r in rows {
         for p in PATHS {
             if r.paths[p as usize].is_none() {
                 continue;
             }
-            let x = r.get(p);
-            w.serialize(CsvRow {
-                op: r.op.name(),
-                layout,
-                device,
-                ranks,
-                bytes: r.bytes,
-                iters: r.iters,
-                path: p.name(),
-                median_us: x.median(),
-                best_us: x.best(),
-                ratio_median: r.ratio_median(p),
-                ratio_best: r.ratio_best(p),
-                mb_per_s: mb_per_s(r.bytes, x.median()),
-            })
-            .map_err(|e| fail(&e))?;
+            let ratios = (r.ratio_median(p), r.ratio_best(p));
+            let op = (r.op.name(), args.layout.name());
+            line(op, (r.bytes, r.iters), p.name(), r.get(p), ratios)?;
         }
     }
     for r in strided {
         let op = format!("strided {}", r.name);
         for p in STRIDED_PATHS {
-            let x = r.get(p);
-            let (ratio_median, ratio_best) = r.ratios(p, StridedPath::Contiguous);
-            w.serialize(CsvRow {
-                op: &op,
-                layout: "strided",
-                device,
-                ranks,
-                bytes: r.bytes,
-                iters: r.iters,
-                path: p.name(),
-                median_us: x.median(),
-                best_us: x.best(),
-                ratio_median,
-                ratio_best,
-                mb_per_s: mb_per_s(r.bytes, x.median()),
-            })
-            .map_err(|e| fail(&e))?;
+            let ratios = r.ratios(p, StridedPath::Contiguous);
+            line(
+                (&op, "strided"),
+                (r.bytes, r.iters),
+                p.name(),
+                r.get(p),
+                ratios,
+            )?;
         }
     }
     w.flush().map_err(|e| fail(&e))

@@ -9,11 +9,12 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::args::{iters_for, BenchArgs};
-use super::common::{all_ranks, measure_rounds, timed, Aligned, Elem, ELEM};
+use super::common::{measure_rounds, timed, Aligned, Elem, ELEM};
 use super::strided_report::{
     print_strided_header, print_strided_row, print_strided_summary, StridedPath, StridedRow,
     STRIDED_PATHS,
 };
+use crate::common::all_ranks;
 
 type Res<T> = dlpack_mpi::Result<T>;
 

@@ -80,14 +80,7 @@ struct VBlocks {
 impl VBlocks {
     fn new(p: i32, n: i64) -> VBlocks {
         let counts: Vec<i64> = (0..i64::from(p)).map(|i| (i + n) % (n + 1)).collect();
-        let displs: Vec<i64> = counts
-            .iter()
-            .scan(0, |acc, &c| {
-                let d = *acc;
-                *acc += c;
-                Some(d)
-            })
-            .collect();
+        let displs = crate::common::displacements(&counts);
         let total = counts.iter().sum();
         VBlocks {
             counts,

@@ -10,11 +10,11 @@ use dlpack_mpi::comm::{agreement, Agreement, Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::Error;
-use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
 use super::matrix::Comm;
+use crate::common::all_ranks;
 
 /// One probe: its name, and its call on this rank (`differs`: this rank is the one whose
 /// arguments differ).
@@ -80,14 +80,7 @@ const PROBES: &[Probe] = &[
             if differs {
                 counts.rotate_left(1);
             }
-            let displs: Vec<i64> = counts
-                .iter()
-                .scan(0, |at, &c| {
-                    let d = *at;
-                    *at += c;
-                    Some(d)
-                })
-                .collect();
+            let displs = crate::common::displacements(&counts);
             let rank = usize::try_from(w.rank()).unwrap_or(0);
             let mine = usize::try_from(counts[rank.min(size - 1)]).unwrap_or(0);
             let total = usize::try_from(counts.iter().sum::<i64>()).unwrap_or(0);
@@ -119,26 +112,24 @@ pub(super) fn run(w: &SimpleCommunicator, dc: &Comm<'_>, quiet: bool) -> bool {
     let differs = w.rank() == w.size() - 1;
     let mut failures = Vec::new();
     for (name, probe) in PROBES {
-        let bad = match probe(dc, differs) {
-            Err(Error::CollectiveMismatch { .. }) => 0i32,
+        let ended = match probe(dc, differs) {
+            Err(Error::CollectiveMismatch { .. }) => true,
             Err(e) => {
                 eprintln!(
                     "dlpack-mpi check: rank {}: mismatch probe {name}: {e}",
                     w.rank()
                 );
-                1
+                false
             }
             Ok(()) => {
                 eprintln!(
                     "dlpack-mpi check: rank {}: mismatch probe {name}: returned Ok",
                     w.rank()
                 );
-                1
+                false
             }
         };
-        let mut any = 0i32;
-        w.all_reduce_into(&bad, &mut any, SystemOperation::max());
-        if any != 0 {
+        if !all_ranks(w, ended) {
             failures.push(*name);
         }
     }
@@ -183,8 +174,5 @@ fn matching_all_reduce(w: &SimpleCommunicator, dc: &Comm<'_>) -> bool {
     let size = w.size();
     let mut r = r;
     let exact = done && r.as_slice().iter().all(|&v| v == size * (size + 1) / 2);
-    let mine = i32::from(!exact);
-    let mut any = 0i32;
-    w.all_reduce_into(&mine, &mut any, SystemOperation::max());
-    any == 0
+    all_ranks(w, exact)
 }

@@ -18,8 +18,8 @@
 //!
 //! # Files
 //!
-//! Each file uses only the files listed before it (and `crate::launch`), so there is no
-//! cycle:
+//! Each file uses only the files listed before it (and `crate::common`, which `bench` and
+//! `info` share, and `crate::launch`), so there is no cycle:
 //!
 //! 1. `args`: the command line ([`CheckArgs`], [`Producer`], `--transport`, `--device` and
 //!    `--offset` values); `placement`: where each rank's tensors of a case live (`--device`)
@@ -114,7 +114,8 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let library = report::library_name();
+    // Whole in the reports and under -vv; the header shows its first line up to the first comma.
+    let library = crate::common::library_version();
     if root && !args.quiet {
         let gpu = (dc, setup.gpu);
         report::header(w, args, &cases, gpu, &producer_line, &library);
@@ -145,12 +146,7 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
             status = 2;
         }
     }
-    w.process_at_rank(0).broadcast_into(&mut status);
-    match status {
-        0 => ExitCode::SUCCESS,
-        1 => ExitCode::FAILURE,
-        _ => ExitCode::from(2),
-    }
+    crate::common::agreed_exit(w, status)
 }
 
 /// After [`run`], before `MPI_Finalize`: the finalize may take `--timeout`, at least

@@ -17,16 +17,6 @@ use super::store::numpy_version;
 use super::summary::{Counts, Outcome, Summary, STAND_IN};
 use crate::launch::{Dev, Gpu};
 
-/// The MPI library's version string (`-v`, reports); the header shows its first line up to
-/// the first comma.
-pub(super) fn library_name() -> String {
-    mpi::environment::library_version()
-        .unwrap_or_default()
-        .trim_end_matches(['\0', '\n'])
-        .trim()
-        .to_string()
-}
-
 /// Who made the tensors, for the header (every rank checks NumPy; one that cannot import it
 /// aborts the run).
 pub(super) fn producer_line(w: &SimpleCommunicator, made_by: Producer) -> String {
@@ -405,7 +395,7 @@ impl Tally {
                 timed_out: timeout,
                 cases: &self.records,
             };
-            write_json(path, &report)?;
+            crate::common::write_json(path, &report)?;
         }
         Ok(())
     }
@@ -585,12 +575,4 @@ fn write_junit(path: &std::path::Path, records: &[Record], seconds: f64) -> Resu
     report
         .serialize(std::io::BufWriter::new(file))
         .map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn write_json(path: &std::path::Path, report: &Report<'_>) -> Result<(), String> {
-    let file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut out, report)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(out).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -3,7 +3,6 @@
 //! rank's [`Watch`] knows which case it is in, for `--timeout`.
 
 use mpi::collective::SystemOperation;
-use mpi::datatype::PartitionMut;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 
@@ -152,40 +151,9 @@ fn agree(w: &SimpleCommunicator, v: Verdict) -> Option<Verdict> {
     };
     let mut worst = 0i32;
     w.all_reduce_into(&level, &mut worst, SystemOperation::max());
-    // Every contribution is at least one byte (a trailing newline): an empty Rust slice has
-    // the dangling address 0x1, which Open MPI reads as MPI_IN_PLACE.
-    let mut mine: Vec<u8> = if level == worst {
-        msg.into_bytes()
-    } else {
-        Vec::new()
-    };
-    mine.push(b'\n');
-    let root = w.process_at_rank(0);
-    let len = mine.len() as i32;
-    if w.rank() != 0 {
-        root.gather_into(&len);
-        root.gather_varcount_into(&mine[..]);
-        return None;
-    }
-    let mut lens = vec![0i32; w.size() as usize];
-    root.gather_into_root(&len, &mut lens[..]);
-    let displs: Vec<i32> = lens
-        .iter()
-        .scan(0, |acc, &l| {
-            let d = *acc;
-            *acc += l;
-            Some(d)
-        })
-        .collect();
-    let mut all = vec![0u8; lens.iter().sum::<i32>() as usize];
-    {
-        let mut part = PartitionMut::new(&mut all[..], &lens[..], &displs[..]);
-        root.gather_varcount_into_root(&mine[..], &mut part);
-    }
-    let messages = lens.iter().zip(&displs).map(|(l, d)| {
-        String::from_utf8_lossy(&all[*d as usize..(*d + *l - 1) as usize]).into_owned()
-    });
-    let text = grouped(messages);
+    let mine = if level == worst { msg } else { String::new() };
+    let messages = crate::common::gather_text(w, &mine)?;
+    let text = grouped(messages.into_iter());
     Some(match worst {
         0 => Verdict::Pass,
         1 => Verdict::NotApplicable(text),

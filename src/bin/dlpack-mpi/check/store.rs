@@ -364,15 +364,9 @@ impl<S: AnyBits> Store<S> {
         first: usize,
     ) -> Res<Store<S>> {
         use pyo3::types::PyAnyMethods;
-        let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
-            return Err(format!(
-                "{}NumPy has no dtype {dtype}",
-                super::context::SKIP_MARK
-            ));
-        };
-        let esize = dtype.size_bytes().unwrap_or(0) as i64;
+        let name = numpy_name(dtype)?;
+        let esize = dtype.size_bytes().unwrap_or(0);
         pyo3::Python::attach(|py| -> Result<Store<S>, String> {
-            let py_err = |what: &str, err: pyo3::PyErr| format!("NumPy: {what}: {err}");
             let np = dlpack_mpi::python::numpy(py).map_err(e)?;
             let base = np
                 .call_method1("zeros", (storage.len(), name))
@@ -385,17 +379,7 @@ impl<S: AnyBits> Store<S> {
             let from = base
                 .get_item(pyo3::types::PySlice::new(py, first as isize, isize::MAX, 1))
                 .map_err(|err| py_err("slice", err))?;
-            let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize).collect();
-            let kwargs = pyo3::types::PyDict::new(py);
-            kwargs
-                .set_item("shape", shape.to_vec())
-                .and_then(|()| kwargs.set_item("strides", byte_strides))
-                .map_err(|err| py_err("kwargs", err))?;
-            let view = np
-                .getattr("lib")
-                .and_then(|l| l.getattr("stride_tricks"))
-                .and_then(|st| st.call_method("as_strided", (from,), Some(&kwargs)))
-                .map_err(|err| py_err("as_strided", err))?;
+            let view = as_strided(&np, from, shape, strides, esize)?;
             Ok(Store::Numpy {
                 base: base.unbind(),
                 view: view.unbind(),
@@ -421,17 +405,11 @@ impl<S: AnyBits> Store<S> {
         (offset, rank): (Offset, i32),
     ) -> Res<Store<S>> {
         use pyo3::types::PyAnyMethods;
-        let Some(name) = dlpack_mpi::python::numpy_dtype_name(dtype) else {
-            return Err(format!(
-                "{}NumPy has no dtype {dtype}",
-                super::context::SKIP_MARK
-            ));
-        };
+        let name = numpy_name(dtype)?;
         let bytes = storage_bytes(storage.clone())?;
         let esize = dtype.size_bytes().unwrap_or(1);
         let total = Frame::total(bytes.len(), offset.bytes, esize);
         pyo3::Python::attach(|py| -> Result<Store<S>, String> {
-            let py_err = |what: &str, err: pyo3::PyErr| format!("NumPy: {what}: {err}");
             let np = dlpack_mpi::python::numpy(py).map_err(e)?;
             let base = np
                 .call_method1("zeros", (total, "uint8"))
@@ -454,17 +432,7 @@ impl<S: AnyBits> Store<S> {
                 .get_item(pyo3::types::PySlice::new(py, at, at + esize as isize, 1))
                 .and_then(|b| b.call_method1("view", (name,)))
                 .map_err(|err| py_err("view", err))?;
-            let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize as i64).collect();
-            let kwargs = pyo3::types::PyDict::new(py);
-            kwargs
-                .set_item("shape", shape.to_vec())
-                .and_then(|()| kwargs.set_item("strides", byte_strides))
-                .map_err(|err| py_err("kwargs", err))?;
-            let view = np
-                .getattr("lib")
-                .and_then(|l| l.getattr("stride_tricks"))
-                .and_then(|st| st.call_method("as_strided", (element,), Some(&kwargs)))
-                .map_err(|err| py_err("as_strided", err))?;
+            let view = as_strided(&np, element, shape, strides, esize)?;
             Ok(Store::NumpyFramed {
                 base: base.unbind(),
                 view: view.unbind(),
@@ -482,6 +450,42 @@ impl<S: AnyBits> Store<S> {
     ) -> Res<Store<S>> {
         Err("this build has no Python support (feature `python`)".into())
     }
+}
+
+/// A NumPy error as a case's message: what was being done, then NumPy's exception.
+#[cfg(feature = "python")]
+fn py_err(what: &str, err: pyo3::PyErr) -> String {
+    format!("NumPy: {what}: {err}")
+}
+
+/// NumPy's name of `dtype`; a skip (`SKIP_MARK`) when NumPy has no such dtype.
+#[cfg(feature = "python")]
+fn numpy_name(dtype: DType) -> Res<&'static str> {
+    dlpack_mpi::python::numpy_dtype_name(dtype)
+        .ok_or_else(|| format!("{}NumPy has no dtype {dtype}", super::context::SKIP_MARK))
+}
+
+/// `np.lib.stride_tricks.as_strided(from, shape=shape, strides=…)`: a view of `from` with
+/// `shape` and `strides` (elements of `esize` bytes).
+#[cfg(feature = "python")]
+fn as_strided<'py>(
+    np: &pyo3::Bound<'py, pyo3::types::PyModule>,
+    from: pyo3::Bound<'py, pyo3::PyAny>,
+    shape: &[i64],
+    strides: &[i64],
+    esize: usize,
+) -> Res<pyo3::Bound<'py, pyo3::PyAny>> {
+    use pyo3::types::PyAnyMethods;
+    let byte_strides: Vec<i64> = strides.iter().map(|s| s * esize as i64).collect();
+    let kwargs = pyo3::types::PyDict::new(np.py());
+    kwargs
+        .set_item("shape", shape.to_vec())
+        .and_then(|()| kwargs.set_item("strides", byte_strides))
+        .map_err(|err| py_err("kwargs", err))?;
+    np.getattr("lib")
+        .and_then(|l| l.getattr("stride_tricks"))
+        .and_then(|st| st.call_method("as_strided", (from,), Some(&kwargs)))
+        .map_err(|err| py_err("as_strided", err))
 }
 
 /// The run's producer and the installed Python producers' mask: a pinned producer checked
