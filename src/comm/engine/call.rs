@@ -383,6 +383,16 @@ pub(in crate::comm) struct Operation<'t> {
 }
 
 impl<'t> Operation<'t> {
+    /// The operation of `call` over its sides (`None`: the rank takes no part in that
+    /// direction).
+    pub(in crate::comm) fn new(
+        send: Option<Side<'t, In>>,
+        recv: Option<Side<'t, Out>>,
+        call: Call,
+    ) -> Self {
+        Operation { send, recv, call }
+    }
+
     /// An operation of several calls over buffers of its own (a fused list's buckets), no
     /// sides.
     pub(in crate::comm) fn batch(batch: Box<dyn Batch>) -> Self {

@@ -10,9 +10,13 @@ use mpi::raw::AsRaw;
 
 use super::agree::agree;
 use super::call::Operation;
+use super::checks::{check_intra, missing};
 use super::signature::Signature;
 use super::stager::{with_stand_ins, Declared, Endpoint, Kind, ReadIn, WriteIn};
+use crate::dlpack::Tensor;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::spec::Access;
 
 /// How a collective's prepared operation runs.
 pub(in crate::comm) trait Mode<'a> {
@@ -86,9 +90,7 @@ impl<'a> Mode<'a> for Blocking {
             tc.stager(),
             comm,
             Kind::Collective(sig),
-            declared.send,
-            declared.recv,
-            (declared.reduce, declared.unused),
+            declared,
             |s, r| agree(comm, &sig, prepare(s, r))?.run(comm.as_raw()),
         )
     }
@@ -106,4 +108,35 @@ impl<'a> Mode<'a> for Blocking {
     fn refuse<E: Endpoint + ?Sized>(self, tc: &'a E, sig: Signature<'a>, e: Error) -> Result<()> {
         agree(tc.communicator(), &sig, Err(e))
     }
+}
+
+/// The opening every collective with a send and a receive operand on each rank shares
+/// (all-gather(v), all-to-all(v), all-reduce, reduce-scatter-block; the role of mpi4py's
+/// `for_cco_send`/`for_cco_recv`): `tc`'s communicator checked as an intra-communicator,
+/// `send` (read) and `recv` (written with `access`) declared to its stager (`reduce`: the
+/// dtype of a reduction both take part in), and the collective run in `mode` with
+/// `prepare` on both stand-ins (`what` names them if one is missing).
+///
+/// # Errors
+/// [`crate::Error::Intercommunicator`], and as [`Mode::collective`].
+pub(in crate::comm) fn pair_collective<'a, E, M, P>(
+    tc: &'a E,
+    mode: M,
+    sig: Signature<'a>,
+    (send, recv, access): (&'a dyn Tensor, &'a mut dyn Tensor, Access),
+    reduce: Option<DType>,
+    what: &'static str,
+    prepare: P,
+) -> Result<M::Out>
+where
+    E: Endpoint + ?Sized,
+    M: Mode<'a>,
+    P: for<'x> FnOnce(ReadIn<'x>, WriteIn<'x>) -> Result<Operation<'x>>,
+{
+    check_intra(tc.communicator())?;
+    let declared = Declared::pair(send, (recv, access), reduce);
+    mode.collective(tc, sig, declared, move |s, r| {
+        let (s, r) = s.zip(r).ok_or_else(|| missing(what))?;
+        prepare(s, r)
+    })
 }

@@ -34,6 +34,7 @@ use std::fmt::Write as _;
 use mpi::topology::Rank;
 
 use super::halfops;
+use crate::dlpack::Tensor;
 use crate::dtype::{code, DType, ReduceOp};
 
 /// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
@@ -89,6 +90,14 @@ impl<'a> Signature<'a> {
             buckets: None,
             halves: 0,
         }
+    }
+
+    /// The signature of the collective `op` whose every rank passes `tensor`'s dtype and
+    /// element count ([`Signature::dtype`], [`Signature::count`]).
+    pub(crate) fn of_tensor(op: &'static str, tensor: &dyn Tensor) -> Self {
+        Signature::of(op)
+            .dtype(tensor.dtype())
+            .count(tensor.num_elements())
     }
 
     /// The root every rank must name.

@@ -293,86 +293,33 @@ impl<'a> Declared<'a> {
     }
 }
 
-/// Runs `body` on the stand-ins of `send` (read) and `recv` (written with `recv_access`)
-/// that `stager` makes, then finishes the receive's staging. Without a stager `body` gets
-/// the caller's tensors. `reduce`: the dtype of a reduction both take part in. An `unused`
-/// operand is not declared to the stager: `body` gets the caller's tensor as
-/// [`Reach::MpiOnly`] (its facts and checks, no host access: memory only a stager knows
-/// how to reach is never read for an operand MPI does not take).
+/// Runs `body` on the stand-ins of the `declared` operands that `stager` makes
+/// ([`stand_ins`]), then finishes the receive's staging (copies it back). Without a stager
+/// `body` gets the caller's tensors. An operand the root only uses, at another rank, is not
+/// declared to the stager: `body` gets the caller's tensor as [`Reach::MpiOnly`] (its facts
+/// and checks, no host access).
 ///
 /// # Errors
 /// The stager's (for a [`Kind::Collective`], agreed with the peers first) and `body`'s.
-#[allow(clippy::too_many_arguments)]
 #[inline]
-pub(in crate::comm) fn with_stand_ins<C: Communicator + ?Sized, R>(
-    stager: Option<&dyn Stager>,
+pub(in crate::comm) fn with_stand_ins<'a, C: Communicator + ?Sized, R>(
+    stager: Option<&'a dyn Stager>,
     comm: &C,
     kind: Kind<'_>,
-    send: Option<&dyn Tensor>,
-    recv: Option<(&mut dyn Tensor, Access)>,
-    (reduce, unused): (Option<DType>, Unused),
+    declared: Declared<'a>,
     body: impl for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<R>,
 ) -> Result<R> {
-    let Some(stager) = stager else {
-        let send = send.map(|t| (t, None));
-        let recv = recv.map(|(t, _)| (t as &mut dyn Tensor, None));
-        return body(send, recv);
-    };
-    let declared = |tensor, access| Operand {
-        tensor,
-        access,
-        reduce,
-    };
-    let s_op = send
-        .filter(|_| unused != Unused::Send)
-        .map(|t| declared(t, Access::Read));
-    let r_op = recv
-        .as_ref()
-        .filter(|_| unused != Unused::Recv)
-        .map(|(t, a)| declared(&**t, *a));
-    let staging = match stager.stage(s_op, r_op) {
-        Ok(s) => s,
+    let (held, ins) = stand_ins(stager, declared);
+    let (send, recv) = match ins {
+        Ok(ins) => ins,
         Err(e) => return agreed(comm, kind, e),
     };
-    let out = {
-        let (sv, mut s_reach) = stand_in(staging.send.as_deref(), kind, comm)?;
-        let (mut rv, mut r_reach) = stand_in(staging.recv.as_deref(), kind, comm)?;
-        match unused {
-            Unused::Send => s_reach = Some(Reach::MpiOnly),
-            Unused::Recv => r_reach = Some(Reach::MpiOnly),
-            Unused::Neither => {}
-        }
-        let s = send.map(|t| (sv.as_ref().map_or(t, |v| v as &dyn Tensor), s_reach));
-        let r = match recv {
-            Some((t, _)) => Some((
-                match rv.as_mut() {
-                    Some(v) => v as &mut dyn Tensor,
-                    None => t,
-                },
-                r_reach,
-            )),
-            None => None,
-        };
-        body(s, r)?
-    };
-    if let Some(r) = &staging.recv {
-        r.finish()?;
-    }
-    Ok(out)
-}
-
-/// The view and reach of one staged operand (`None`, `None`: not staged).
-fn stand_in<'s, C: Communicator + ?Sized>(
-    staged: Option<&'s (dyn StagedTensor + 's)>,
-    kind: Kind<'_>,
-    comm: &C,
-) -> Result<(Option<TensorView<'s>>, Option<Reach>)> {
-    let Some(st) = staged else {
-        return Ok((None, None));
-    };
-    match st.view() {
-        Ok(v) => Ok((v, Some(st.reach()))),
-        Err(e) => agreed(comm, kind, e),
+    // `body` takes the stand-ins for any lifetime and returns nothing that borrows them, so
+    // they are gone when `held`, which owns the views they point to, drops below.
+    let out = body(send, recv)?;
+    match held {
+        Some(h) => h.finish().map(|()| out),
+        None => Ok(out),
     }
 }
 
@@ -397,19 +344,11 @@ pub(in crate::comm) fn with_pair<E: Endpoint + ?Sized, R>(
     reduce: Option<DType>,
     body: impl FnOnce(ReadIn<'_>, WriteIn<'_>) -> Result<R>,
 ) -> Result<R> {
-    let comm = tc.communicator();
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        kind,
-        Some(send),
-        Some(recv),
-        (reduce, Unused::Neither),
-        |s, r| {
-            let (s, r) = s.zip(r).ok_or_else(|| missing("send and receive"))?;
-            body(s, r)
-        },
-    )
+    let declared = Declared::pair(send, (&mut *recv.0, recv.1), reduce);
+    with_stand_ins(tc.stager(), tc.communicator(), kind, declared, |s, r| {
+        let (s, r) = s.zip(r).ok_or_else(|| missing("send and receive"))?;
+        body(s, r)
+    })
 }
 
 /// [`with_stand_ins`] for an operation with one read operand.
@@ -423,17 +362,10 @@ pub(in crate::comm) fn with_read<E: Endpoint + ?Sized, R>(
     send: &dyn Tensor,
     body: impl FnOnce(ReadIn<'_>) -> Result<R>,
 ) -> Result<R> {
-    let comm = tc.communicator();
-    let declared = (None, Unused::Neither);
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        kind,
-        Some(send),
-        None,
-        declared,
-        |s, _| body(s.ok_or_else(|| missing("send"))?),
-    )
+    let declared = Declared::read(send);
+    with_stand_ins(tc.stager(), tc.communicator(), kind, declared, |s, _| {
+        body(s.ok_or_else(|| missing("send"))?)
+    })
 }
 
 /// [`with_stand_ins`] for an operation with one written (or updated) operand.
@@ -448,17 +380,10 @@ pub(in crate::comm) fn with_write<E: Endpoint + ?Sized, R>(
     reduce: Option<DType>,
     body: impl FnOnce(WriteIn<'_>) -> Result<R>,
 ) -> Result<R> {
-    let comm = tc.communicator();
-    let declared = (reduce, Unused::Neither);
-    with_stand_ins(
-        tc.stager(),
-        comm,
-        kind,
-        None,
-        Some(recv),
-        declared,
-        |_, r| body(r.ok_or_else(|| missing("receive"))?),
-    )
+    let declared = Declared::write((&mut *recv.0, recv.1), reduce);
+    with_stand_ins(tc.stager(), tc.communicator(), kind, declared, |_, r| {
+        body(r.ok_or_else(|| missing("receive"))?)
+    })
 }
 
 /// The stand-ins a device stager made for one nonblocking operation, owned by its request

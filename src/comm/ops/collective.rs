@@ -18,7 +18,7 @@ use crate::comm::engine::call::{Buf, Call, Operation, Varying};
 use crate::comm::engine::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use crate::comm::engine::mode::Mode;
+use crate::comm::engine::mode::{pair_collective, Mode};
 use crate::comm::engine::operands::{
     pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
@@ -29,6 +29,7 @@ use crate::dlpack::Tensor;
 use crate::dtype::ElementType;
 use crate::error::Result;
 use crate::spec::encoding::Need;
+use crate::spec::facts::Facts;
 use crate::spec::Access;
 
 /// `broadcast_tensor_from`, `broadcast_tensor`
@@ -57,11 +58,7 @@ pub(in crate::comm) fn broadcast<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
                 buf: Buf::of(&side),
                 root,
             };
-            Ok(Operation {
-                send: Some(side),
-                recv: None,
-                call,
-            })
+            Ok(Operation::new(Some(side), None, call))
         });
     }
     // A non-root that passed the root's form (`BroadcastBuffer::Send`) refuses like any
@@ -79,11 +76,7 @@ pub(in crate::comm) fn broadcast<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             buf: Buf::of(&side),
             root,
         };
-        Ok(Operation {
-            send: None,
-            recv: Some(side),
-            call,
-        })
+        Ok(Operation::new(None, Some(side), call))
     })
 }
 
@@ -98,10 +91,7 @@ pub(in crate::comm) fn gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     root: Rank,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("gather")
-        .root(root)
-        .dtype(send.dtype())
-        .count(send.num_elements());
+    let sig = Signature::of_tensor("gather", send).root(root);
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let declared = Declared {
@@ -140,11 +130,7 @@ pub(in crate::comm) fn gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
                 .map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
             root,
         };
-        Ok(Operation {
-            send: Some(side),
-            recv: rf,
-            call,
-        })
+        Ok(Operation::new(Some(side), rf, call))
     })
 }
 
@@ -240,11 +226,7 @@ pub(in crate::comm) fn gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
                 },
             ),
         };
-        Ok(Operation {
-            send: Some(side),
-            recv,
-            call,
-        })
+        Ok(Operation::new(Some(side), recv, call))
     })
 }
 
@@ -259,10 +241,7 @@ pub(in crate::comm) fn scatter<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     root: Rank,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("scatter")
-        .root(root)
-        .dtype(recv.dtype())
-        .count(recv.num_elements());
+    let sig = Signature::of_tensor("scatter", recv).root(root);
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let declared = Declared {
@@ -301,11 +280,7 @@ pub(in crate::comm) fn scatter<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             recv: Buf::of(&side),
             root,
         };
-        Ok(Operation {
-            send: sf,
-            recv: Some(side),
-            call,
-        })
+        Ok(Operation::new(sf, Some(side), call))
     })
 }
 
@@ -372,11 +347,7 @@ pub(in crate::comm) fn scatterv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
                 },
             ),
         };
-        Ok(Operation {
-            send,
-            recv: Some(side),
-            call,
-        })
+        Ok(Operation::new(send, Some(side), call))
     })
 }
 
@@ -388,21 +359,11 @@ pub(in crate::comm) fn all_gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     recv: &'a mut dyn Tensor,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("all_gather")
-        .dtype(send.dtype())
-        .count(send.num_elements());
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Write), None);
+    let sig = Signature::of_tensor("all_gather", send);
     let size = comm.size();
-    mode.collective(tc, sig, declared, move |s, r| {
-        let ((s, s_reach), (r, r_reach)) = s
-            .zip(r)
-            .ok_or_else(|| missing("all-gather send and receive"))?;
-        let (sf, rf) = pair_facts(
-            "all-gather send vs receive",
-            (s, s_reach),
-            (&*r, Access::Write, r_reach),
-        )?;
+    let names = ("all-gather send and receive", "all-gather send vs receive");
+    let operands = (send, recv, Access::Write);
+    moving_pair(tc, mode, sig, operands, names, move |(s, sf), (r, rf)| {
         check_count(
             || format!("all-gather receive (= send count × {size} ranks)"),
             sf.len_elems.saturating_mul(i64::from(size)),
@@ -414,11 +375,7 @@ pub(in crate::comm) fn all_gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             send: Buf::of(&side),
             recv: Buf::of(&rf).per_rank(size),
         };
-        Ok(Operation {
-            send: Some(side),
-            recv: Some(rf),
-            call,
-        })
+        Ok(Operation::new(Some(side), Some(rf), call))
     })
 }
 
@@ -435,17 +392,12 @@ pub(in crate::comm) fn all_gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     let sig = Signature::of("all_gatherv")
         .dtype(send.dtype())
         .counts(counts);
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Update), None);
-    mode.collective(tc, sig, declared, move |s, r| {
-        let ((s, s_reach), (r, r_reach)) = s
-            .zip(r)
-            .ok_or_else(|| missing("all-gatherv send and receive"))?;
-        let (sf, rf) = pair_facts(
-            "all-gatherv send vs receive",
-            (s, s_reach),
-            (&*r, Access::Update, r_reach),
-        )?;
+    let names = (
+        "all-gatherv send and receive",
+        "all-gatherv send vs receive",
+    );
+    let operands = (send, recv, Access::Update);
+    moving_pair(tc, mode, sig, operands, names, move |(s, sf), (r, rf)| {
         let (shape, own) = ((rf.len_elems, &rf.element), sf.len_elems);
         let blocks = own_blocks(comm, "all-gatherv", shape, counts, displacements, true, own)?;
         let rf = side_out(r, rf, Need::Units, Access::Update)?;
@@ -457,11 +409,7 @@ pub(in crate::comm) fn all_gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             send: Buf::of(&side),
             recv: Varying::of(&rf, blocks),
         };
-        Ok(Operation {
-            send: Some(side),
-            recv: Some(rf),
-            call,
-        })
+        Ok(Operation::new(Some(side), Some(rf), call))
     })
 }
 
@@ -473,21 +421,11 @@ pub(in crate::comm) fn all_to_all<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     recv: &'a mut dyn Tensor,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("all_to_all")
-        .dtype(send.dtype())
-        .count(send.num_elements());
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Write), None);
+    let sig = Signature::of_tensor("all_to_all", send);
     let size = comm.size();
-    mode.collective(tc, sig, declared, move |s, r| {
-        let ((s, s_reach), (r, r_reach)) = s
-            .zip(r)
-            .ok_or_else(|| missing("all-to-all send and receive"))?;
-        let (sf, rf) = pair_facts(
-            "all-to-all send vs receive",
-            (s, s_reach),
-            (&*r, Access::Write, r_reach),
-        )?;
+    let names = ("all-to-all send and receive", "all-to-all send vs receive");
+    let operands = (send, recv, Access::Write);
+    moving_pair(tc, mode, sig, operands, names, move |(s, sf), (r, rf)| {
         let n = sf.len_elems;
         check_count(|| "all-to-all receive".into(), n, rf.len_elems)?;
         let ranks = i64::from(size);
@@ -502,11 +440,7 @@ pub(in crate::comm) fn all_to_all<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             send: Buf::of(&side).per_rank(size),
             recv: Buf::of(&rf).per_rank(size),
         };
-        Ok(Operation {
-            send: Some(side),
-            recv: Some(rf),
-            call,
-        })
+        Ok(Operation::new(Some(side), Some(rf), call))
     })
 }
 
@@ -519,17 +453,12 @@ pub(in crate::comm) fn all_to_allv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
 ) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("all_to_allv").dtype(send.dtype());
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Update), None);
-    mode.collective(tc, sig, declared, move |s, r| {
-        let ((s, s_reach), (r, r_reach)) = s
-            .zip(r)
-            .ok_or_else(|| missing("all-to-allv send and receive"))?;
-        let (sf, rf) = pair_facts(
-            "all-to-allv send vs receive",
-            (s, s_reach),
-            (&*r, Access::Update, r_reach),
-        )?;
+    let names = (
+        "all-to-allv send and receive",
+        "all-to-allv send vs receive",
+    );
+    let operands = (send, recv, Access::Update);
+    moving_pair(tc, mode, sig, operands, names, move |(s, sf), (r, rf)| {
         let (se, re) = (sf.element, rf.element);
         let sends = rank_blocks(
             comm,
@@ -559,10 +488,43 @@ pub(in crate::comm) fn all_to_allv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
             send: Varying::of(&side, sends),
             recv: Varying::of(&rf, recvs),
         };
-        Ok(Operation {
-            send: Some(side),
-            recv: Some(rf),
-            call,
-        })
+        Ok(Operation::new(Some(side), Some(rf), call))
     })
+}
+
+/// The opening of the pair collectives that move data (all-gather(v), all-to-all(v)):
+/// [`pair_collective`], then both operands' facts checked as a pair ([`pair_facts`]) for
+/// `prepare`; `names`: the missing pair and the checked pair, in errors.
+///
+/// # Errors
+/// As [`pair_collective`] and [`pair_facts`], then `prepare`'s.
+fn moving_pair<'a, E, M, P>(
+    tc: &'a E,
+    mode: M,
+    sig: Signature<'a>,
+    (send, recv, access): (&'a dyn Tensor, &'a mut dyn Tensor, Access),
+    (what, pair): (&'static str, &'static str),
+    prepare: P,
+) -> Result<M::Out>
+where
+    E: Endpoint + ?Sized,
+    M: Mode<'a>,
+    P: for<'x> FnOnce(
+        (&'x dyn Tensor, Facts),
+        (&'x mut dyn Tensor, Facts),
+    ) -> Result<Operation<'x>>,
+{
+    let operands = (send, recv, access);
+    pair_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        None,
+        what,
+        move |(s, s_reach), (r, r_reach)| {
+            let (sf, rf) = pair_facts(pair, (s, s_reach), (&*r, access, r_reach))?;
+            prepare((s, sf), (r, rf))
+        },
+    )
 }

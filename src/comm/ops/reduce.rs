@@ -18,7 +18,7 @@ use crate::comm::engine::call::{check_handles, handles};
 use crate::comm::engine::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
 use crate::comm::engine::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use crate::comm::engine::halfops;
-use crate::comm::engine::mode::Mode;
+use crate::comm::engine::mode::{pair_collective, Mode};
 use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::{Declared, Endpoint};
@@ -101,11 +101,7 @@ fn prepare_pair<'x>(
     let recv = side_out(recv, rf, need(chunked), Access::Write)?;
     let send = side_in(send, sf, need(chunked))?;
     let call = reduction(&send, recv.ptr(), op, root)?;
-    Ok(Operation {
-        send: Some(send),
-        recv: Some(recv),
-        call,
-    })
+    Ok(Operation::new(Some(send), Some(recv), call))
 }
 
 /// `reduce_tensor` and its nonblocking form. A `recv` given at a
@@ -120,11 +116,7 @@ pub(in crate::comm) fn reduce<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     root: Rank,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("reduce")
-        .root(root)
-        .dtype(send.dtype())
-        .count(send.num_elements())
-        .reduce(op);
+    let sig = Signature::of_tensor("reduce", send).root(root).reduce(op);
     check_intra(comm)?;
     let is_root = comm.rank() == root;
     let declared = Declared {
@@ -171,11 +163,7 @@ fn reduce_at_leaf<'x>(
     let send = side_in(send.0, sf, need(chunked))?;
     // The receive buffer is not significant at non-root ranks (MPI-4.1 §6.9.1).
     let call = reduction(&send, std::ptr::null_mut(), op, Some(root))?;
-    Ok(Operation {
-        send: Some(send),
-        recv: None,
-        call,
-    })
+    Ok(Operation::new(Some(send), None, call))
 }
 
 /// `all_reduce_tensor` and its nonblocking form.
@@ -186,17 +174,10 @@ pub(in crate::comm) fn all_reduce<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     recv: &'a mut dyn Tensor,
     op: ReduceOp,
 ) -> Result<M::Out> {
-    let comm = tc.communicator();
-    let sig = Signature::of("all_reduce")
-        .dtype(send.dtype())
-        .count(send.num_elements())
-        .reduce(op);
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Write), Some(send.dtype()));
-    mode.collective(tc, sig, declared, move |s, r| {
-        let (s, r) = s
-            .zip(r)
-            .ok_or_else(|| missing("all-reduce send and receive"))?;
+    let sig = Signature::of_tensor("all_reduce", send).reduce(op);
+    let operands = (send, recv, Access::Write);
+    let (what, reduce) = ("all-reduce send and receive", Some(send.dtype()));
+    pair_collective(tc, mode, sig, operands, reduce, what, move |s, r| {
         let names = ("all-reduce send vs receive", "all-reduce receive");
         prepare_pair(names, s, r, op, None)
     })
@@ -212,10 +193,7 @@ pub(in crate::comm) fn all_reduce_in_place<'a, E: Endpoint + ?Sized, M: Mode<'a>
     op: ReduceOp,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
-    let sig = Signature::of("all_reduce_in_place")
-        .dtype(tensor.dtype())
-        .count(tensor.num_elements())
-        .reduce(op);
+    let sig = Signature::of_tensor("all_reduce_in_place", tensor).reduce(op);
     check_intra(comm)?;
     let dt = Some(tensor.dtype());
     let declared = Declared::write((tensor, Access::Update), dt);
@@ -240,11 +218,7 @@ pub(in crate::comm) fn all_reduce_in_place<'a, E: Endpoint + ?Sized, M: Mode<'a>
             },
             root: None,
         };
-        Ok(Operation {
-            send: None,
-            recv: Some(side),
-            call,
-        })
+        Ok(Operation::new(None, Some(side), call))
     })
 }
 
@@ -261,38 +235,39 @@ pub(in crate::comm) fn reduce_scatter_block<'a, E: Endpoint + ?Sized, M: Mode<'a
         .dtype(send.dtype())
         .count(recv.num_elements())
         .reduce(op);
-    check_intra(comm)?;
-    let declared = Declared::pair(send, (recv, Access::Write), Some(send.dtype()));
     let size = comm.size();
-    mode.collective(tc, sig, declared, move |s, r| {
-        let ((s, s_reach), (r, r_reach)) = s
-            .zip(r)
-            .ok_or_else(|| missing("reduce-scatter-block send and receive"))?;
-        let sf = read_facts(s, s_reach)?;
-        sf.element.check_reduction(op)?;
-        let dtype = sf.element.dtype;
-        check_handles(op, dtype)?;
-        let rf = write_facts(&*r, Access::Write, r_reach)?;
-        check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
-        check_count(
-            || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
-            rf.len_elems.saturating_mul(i64::from(size)),
-            sf.len_elems,
-        )?;
-        let recv = side_out(r, rf, Need::Units, Access::Write)?;
-        let send = side_in(s, sf, Need::Units)?;
-        // `recv` holds `count` units of the predefined type, `send` `size × count`; both
-        // are contiguous runs and disjoint (checked).
-        let (datatype, mop) = handles(op, dtype, recv.unit_datatype().as_raw())?;
-        let call = Call::ReduceScatterBlock {
-            send: send.ptr().cast_const(),
-            recv: Buf::of(&recv).with_datatype(datatype),
-            op: mop,
-        };
-        Ok(Operation {
-            send: Some(send),
-            recv: Some(recv),
-            call,
-        })
-    })
+    let operands = (send, recv, Access::Write);
+    let (what, reduce) = ("reduce-scatter-block send and receive", Some(send.dtype()));
+    pair_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        reduce,
+        what,
+        move |(s, s_reach), (r, r_reach)| {
+            let sf = read_facts(s, s_reach)?;
+            sf.element.check_reduction(op)?;
+            let dtype = sf.element.dtype;
+            check_handles(op, dtype)?;
+            let rf = write_facts(&*r, Access::Write, r_reach)?;
+            check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
+            check_count(
+                || format!("reduce-scatter-block send (= receive count × {size} ranks)"),
+                rf.len_elems.saturating_mul(i64::from(size)),
+                sf.len_elems,
+            )?;
+            let recv = side_out(r, rf, Need::Units, Access::Write)?;
+            let send = side_in(s, sf, Need::Units)?;
+            // `recv` holds `count` units of the predefined type, `send` `size × count`; both
+            // are contiguous runs and disjoint (checked).
+            let (datatype, mop) = handles(op, dtype, recv.unit_datatype().as_raw())?;
+            let call = Call::ReduceScatterBlock {
+                send: send.ptr().cast_const(),
+                recv: Buf::of(&recv).with_datatype(datatype),
+                op: mop,
+            };
+            Ok(Operation::new(Some(send), Some(recv), call))
+        },
+    )
 }
