@@ -64,9 +64,9 @@ type Post<B> =
 /// or from `peer`, and returns the request it wrote.
 ///
 /// # Safety
-/// `buf` is valid for `units` units of `datatype` as `start` requires (readable for a send,
-/// writable for a receive) and is not accessed until the request is waited for (a send's
-/// may be read meanwhile); `datatype` and `comm` are valid handles.
+/// `start` is `MPI_Isend` or `MPI_Irecv`; `buf` holds (for a send) or has room for (for a
+/// receive) `units` units of `datatype`, and is not written (a send) or not accessed (a
+/// receive) until the request is waited for; `datatype` and `comm` are valid handles.
 unsafe fn post<B>(
     start: Post<B>,
     buf: B,
