@@ -66,6 +66,20 @@ pub fn compact_strides(shape: &[i64]) -> Result<Vec<i64>> {
     Ok(strides)
 }
 
+/// The strides a layout check has to look at: `None` when there is nothing to check
+/// (`strides = None`, compact row-major; or an empty tensor, whatever its strides).
+///
+/// # Errors
+/// [`Error::LengthMismatch`] when `strides` has not one entry per axis.
+#[inline]
+fn strides_to_check<'s>(shape: &[i64], strides: Option<&'s [i64]>) -> Result<Option<&'s [i64]>> {
+    let Some(strides) = strides else {
+        return Ok(None);
+    };
+    check_strides_len(shape, strides)?;
+    Ok(Some(strides).filter(|_| !shape.contains(&0)))
+}
+
 #[inline]
 fn check_strides_len(shape: &[i64], strides: &[i64]) -> Result<()> {
     if shape.len() == strides.len() {
@@ -90,13 +104,9 @@ fn check_strides_len(shape: &[i64], strides: &[i64]) -> Result<()> {
 /// one entry per axis.
 #[inline]
 pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
-    let Some(strides) = strides else {
+    let Some(strides) = strides_to_check(shape, strides)? else {
         return Ok(());
     };
-    check_strides_len(shape, strides)?;
-    if shape.contains(&0) {
-        return Ok(());
-    }
     let mut expected = 1i64;
     for axis in (0..shape.len()).rev() {
         let extent = shape[axis];
@@ -130,13 +140,9 @@ pub fn check_c_contiguous(shape: &[i64], strides: Option<&[i64]>) -> Result<()> 
 /// does not fit `i64`; [`Error::LengthMismatch`] when `strides` has not one entry per axis.
 #[inline]
 pub fn check_no_overlap(shape: &[i64], strides: Option<&[i64]>) -> Result<()> {
-    let Some(strides) = strides else {
+    let Some(strides) = strides_to_check(shape, strides)? else {
         return Ok(());
     };
-    check_strides_len(shape, strides)?;
-    if shape.contains(&0) {
-        return Ok(());
-    }
     let mut axes: Vec<(usize, i64, i64)> = shape
         .iter()
         .zip(strides)

@@ -55,6 +55,37 @@ fn count(units: usize) -> Result<c_int> {
     })
 }
 
+/// The C signature `MPI_Isend` and `MPI_Irecv` share: buffer, count, datatype, peer rank,
+/// tag, communicator, and the request they write.
+type Post<B> =
+    unsafe extern "C" fn(B, c_int, MPI_Datatype, c_int, c_int, MPI_Comm, *mut MPI_Request) -> c_int;
+
+/// Posts `units` units of `datatype` at `buf` with `start` (`MPI_Isend` or `MPI_Irecv`) to
+/// or from `peer`, and returns the request it wrote.
+///
+/// # Safety
+/// `start` is `MPI_Isend` or `MPI_Irecv`; `buf` holds (for a send) or has room for (for a
+/// receive) `units` units of `datatype`, and is not written (a send) or not accessed (a
+/// receive) until the request is waited for; `datatype` and `comm` are valid handles.
+unsafe fn post<B>(
+    start: Post<B>,
+    buf: B,
+    units: usize,
+    datatype: MPI_Datatype,
+    peer: c_int,
+    tag: c_int,
+    comm: MPI_Comm,
+) -> Result<Request> {
+    let units = count(units)?;
+    let mut req = MaybeUninit::<MPI_Request>::uninit();
+    // SAFETY: the caller's contract on the buffer and handles; MPI writes the request
+    // before returning (errors abort: MPI_ERRORS_ARE_FATAL).
+    unsafe {
+        start(buf, units, datatype, peer, tag, comm, req.as_mut_ptr());
+        Ok(Request(req.assume_init()))
+    }
+}
+
 /// `MPI_Isend` of `units` units of `datatype` from `buf` (MPI-4.1 §3.7.2).
 ///
 /// # Safety
@@ -68,21 +99,17 @@ pub(crate) unsafe fn isend(
     tag: c_int,
     comm: MPI_Comm,
 ) -> Result<Request> {
-    let units = count(units)?;
-    let mut req = MaybeUninit::<MPI_Request>::uninit();
-    // SAFETY: the caller's contract on the buffer and handles; MPI writes the request
-    // before returning (errors abort: MPI_ERRORS_ARE_FATAL).
+    // SAFETY: the caller's contract, which is `post`'s for a send.
     unsafe {
-        mpi::ffi::MPI_Isend(
+        post(
+            mpi::ffi::MPI_Isend,
             buf.cast(),
             units,
             datatype,
             dest,
             tag,
             comm,
-            req.as_mut_ptr(),
-        );
-        Ok(Request(req.assume_init()))
+        )
     }
 }
 
@@ -99,21 +126,17 @@ pub(crate) unsafe fn irecv(
     tag: c_int,
     comm: MPI_Comm,
 ) -> Result<Request> {
-    let units = count(units)?;
-    let mut req = MaybeUninit::<MPI_Request>::uninit();
-    // SAFETY: the caller's contract on the buffer and handles; MPI writes the request
-    // before returning (errors abort: MPI_ERRORS_ARE_FATAL).
+    // SAFETY: the caller's contract, which is `post`'s for a receive.
     unsafe {
-        mpi::ffi::MPI_Irecv(
+        post(
+            mpi::ffi::MPI_Irecv,
             buf.cast(),
             units,
             datatype,
             source,
             tag,
             comm,
-            req.as_mut_ptr(),
-        );
-        Ok(Request(req.assume_init()))
+        )
     }
 }
 

@@ -26,18 +26,27 @@ fn is_invalid(r: Result<u8>, value: &str) -> bool {
         if name == "DLPACK_MPI_TEST_LEVEL" && v == value && expected == "low or high")
 }
 
+/// Asserts that `read` is [`Error::InvalidSetting`] naming the variable `name` and the
+/// (trimmed) value `value`.
+#[track_caller]
+fn assert_refused<T: std::fmt::Debug>(read: Result<T>, name: &str, value: &str) {
+    match read {
+        Err(Error::InvalidSetting {
+            name: n, value: v, ..
+        }) => {
+            assert_eq!((n, v.as_str()), (name, value));
+        }
+        other => panic!("{value}: expected InvalidSetting, got {other:?}"),
+    }
+}
+
 #[test]
 fn strict_parse() {
     let s = level();
     assert_eq!(s.parse(None).unwrap(), None);
     assert_eq!(s.parse(Some("  ")).unwrap(), None);
     assert_eq!(s.parse(Some(" HIGH ")).unwrap(), Some(2));
-    match s.parse(Some(" hihg ")) {
-        Err(Error::InvalidSetting { name, value, .. }) => {
-            assert_eq!((name, value.as_str()), ("DLPACK_MPI_TEST_LEVEL", "hihg"));
-        }
-        other => panic!("expected InvalidSetting, got {other:?}"),
-    }
+    assert_refused(s.parse(Some(" hihg ")), "DLPACK_MPI_TEST_LEVEL", "hihg");
     // An invalid environment value is an error at every read, never the default.
     let s = level();
     assert!(is_invalid(s.resolve(env("medium"), || 1), "medium"));
@@ -95,12 +104,7 @@ fn agreement_values() {
     );
     assert_eq!(Agreement::default(), Agreement::Collective);
     for bad in ["locale", "none", "0", "collective,local"] {
-        match parse_agreement(Some(bad)) {
-            Err(Error::InvalidSetting { name, value, .. }) => {
-                assert_eq!((name, value.as_str()), (AGREEMENT_ENV, bad));
-            }
-            other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
-        }
+        assert_refused(parse_agreement(Some(bad)), AGREEMENT_ENV, bad);
     }
 }
 
@@ -115,28 +119,17 @@ fn packing_values() {
     );
     assert_eq!(parse_packing(Some("AUTO")).unwrap(), Some(Packing::Auto));
     assert_eq!(Packing::default(), Packing::Auto);
-    match parse_packing(Some("cpoy")) {
-        Err(Error::InvalidSetting { name, value, .. }) => {
-            assert_eq!((name, value.as_str()), (PACKING_ENV, "cpoy"));
-        }
-        other => panic!("expected InvalidSetting, got {other:?}"),
-    }
+    assert_refused(parse_packing(Some("cpoy")), PACKING_ENV, "cpoy");
 }
 
 #[test]
 fn byte_count_values() {
     assert_eq!(parse_pack_threshold(None).unwrap(), None);
     assert_eq!(parse_pack_threshold(Some("8192")).unwrap(), Some(8192));
-    assert!(matches!(
-        parse_pack_threshold(Some("-1")),
-        Err(Error::InvalidSetting { name, .. }) if name == PACK_THRESHOLD_ENV
-    ));
+    assert_refused(parse_pack_threshold(Some("-1")), PACK_THRESHOLD_ENV, "-1");
     assert_eq!(parse_pool_cap(None).unwrap(), None);
     assert_eq!(parse_pool_cap(Some(" 1024 ")).unwrap(), Some(1024));
-    assert!(matches!(
-        parse_pool_cap(Some("1M")),
-        Err(Error::InvalidSetting { name, .. }) if name == POOL_CAP_ENV
-    ));
+    assert_refused(parse_pool_cap(Some("1M")), POOL_CAP_ENV, "1M");
     // Digits only: a sign is refused either way (`+5` was read as 5).
     for bad in ["+5", "-0", " +1 "] {
         assert!(parse_pool_cap(Some(bad)).is_err(), "{bad}");
@@ -163,12 +156,7 @@ fn cuda_aware_values() {
     for no in ["0", "false", "No", "OFF"] {
         assert_eq!(parse_cuda_aware(Some(no)).unwrap(), Some(false), "{no}");
     }
-    match parse_cuda_aware(Some("maybe")) {
-        Err(Error::InvalidSetting { name, value, .. }) => {
-            assert_eq!((name, value.as_str()), (CUDA_AWARE_ENV, "maybe"));
-        }
-        other => panic!("expected InvalidSetting, got {other:?}"),
-    }
+    assert_refused(parse_cuda_aware(Some("maybe")), CUDA_AWARE_ENV, "maybe");
 }
 
 #[test]
@@ -178,12 +166,7 @@ fn device_values() {
     assert_eq!(parse_device_override(Some(" 1 ")).unwrap(), Some(1));
     assert_eq!(parse_device_override(Some("007")).unwrap(), Some(7));
     for bad in ["-1", "+1", "one", "0,1", "1.0", "99999999999", "GPU-1"] {
-        match parse_device_override(Some(bad)) {
-            Err(Error::InvalidSetting { name, value, .. }) => {
-                assert_eq!((name, value.as_str()), (DEVICE_ENV, bad));
-            }
-            other => panic!("{bad}: expected InvalidSetting, got {other:?}"),
-        }
+        assert_refused(parse_device_override(Some(bad)), DEVICE_ENV, bad);
     }
 }
 
@@ -195,8 +178,9 @@ fn exchange_api_values() {
         Some(ExchangeApi::Never)
     );
     assert_eq!(EXCHANGE_API.parse(Some("")).unwrap(), None);
-    assert!(matches!(
+    assert_refused(
         EXCHANGE_API.parse(Some("always")),
-        Err(Error::InvalidSetting { name, .. }) if name == ExchangeApi::ENV
-    ));
+        ExchangeApi::ENV,
+        "always",
+    );
 }

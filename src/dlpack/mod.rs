@@ -55,22 +55,22 @@ pub use producers::{Owned, SliceMut};
 // too). Its earlier paths here stay for existing users, deprecated and hidden from the docs
 // (Rust ignores `#[deprecated]` on a `pub use`, hence constants of their own).
 
-/// Deprecated path of [`crate::device::NO_SYNC_STREAM`].
-#[deprecated(note = "use dlpack_mpi::device::NO_SYNC_STREAM")]
-#[doc(hidden)]
-pub const NO_SYNC_STREAM: isize = crate::device::NO_SYNC_STREAM;
-/// Deprecated path of [`crate::device::CUDA_LEGACY_DEFAULT_STREAM`].
-#[deprecated(note = "use dlpack_mpi::device::CUDA_LEGACY_DEFAULT_STREAM")]
-#[doc(hidden)]
-pub const CUDA_LEGACY_DEFAULT_STREAM: isize = crate::device::CUDA_LEGACY_DEFAULT_STREAM;
-/// Deprecated path of [`crate::device::CUDA_PER_THREAD_DEFAULT_STREAM`].
-#[deprecated(note = "use dlpack_mpi::device::CUDA_PER_THREAD_DEFAULT_STREAM")]
-#[doc(hidden)]
-pub const CUDA_PER_THREAD_DEFAULT_STREAM: isize = crate::device::CUDA_PER_THREAD_DEFAULT_STREAM;
-/// Deprecated path of [`crate::device::ROCM_DEFAULT_STREAM`].
-#[deprecated(note = "use dlpack_mpi::device::ROCM_DEFAULT_STREAM")]
-#[doc(hidden)]
-pub const ROCM_DEFAULT_STREAM: isize = crate::device::ROCM_DEFAULT_STREAM;
+/// Each name a deprecated constant of its own, equal to `crate::device`'s, with the note.
+macro_rules! deprecated_stream_paths {
+    ($($name:ident: $note:literal;)*) => {$(
+        #[doc = concat!("Deprecated path of [`crate::device::", stringify!($name), "`].")]
+        #[deprecated(note = $note)]
+        #[doc(hidden)]
+        pub const $name: isize = crate::device::$name;
+    )*};
+}
+
+deprecated_stream_paths! {
+    NO_SYNC_STREAM: "use dlpack_mpi::device::NO_SYNC_STREAM";
+    CUDA_LEGACY_DEFAULT_STREAM: "use dlpack_mpi::device::CUDA_LEGACY_DEFAULT_STREAM";
+    CUDA_PER_THREAD_DEFAULT_STREAM: "use dlpack_mpi::device::CUDA_PER_THREAD_DEFAULT_STREAM";
+    ROCM_DEFAULT_STREAM: "use dlpack_mpi::device::ROCM_DEFAULT_STREAM";
+}
 
 /// The DLPack major version this consumer reads (`DLPACK_MAJOR_VERSION`).
 pub const MAJOR_VERSION: u32 = 1;

@@ -221,6 +221,24 @@ impl CudaRuntime {
         *slot = Some(s as usize);
         Ok(s)
     }
+
+    /// Runs `submit` (asynchronous copies on `device`'s consumer stream, the device's
+    /// context current), then one `cuStreamSynchronize`, also after a failed submission, so
+    /// that no copy is left running: complete on return. The error is the submission's,
+    /// else the synchronization's.
+    fn copy_and_wait(
+        &self,
+        device: Device,
+        submit: impl FnOnce(sys::CUstream) -> Result<()>,
+    ) -> Result<()> {
+        let _ctx = self.enter(device)?;
+        let stream = self.stream(device)?;
+        let submitted = submit(stream);
+        // SAFETY: the runtime's own stream.
+        let synced =
+            unsafe { result::stream::synchronize(stream) }.map_err(cu("cuStreamSynchronize"));
+        submitted.and(synced)
+    }
 }
 
 /// The init failure kept for later callers (errors are not `Clone`).
@@ -377,16 +395,13 @@ impl DeviceRuntime for CudaRuntime {
         src: *const c_void,
         bytes: usize,
     ) -> Result<()> {
-        let _ctx = self.enter(device)?;
-        let stream = self.stream(device)?;
-        // SAFETY: caller's contract (device span and host buffer of `bytes`); the stream is
-        // synchronized before returning, so the copy is complete.
-        unsafe {
-            sys::cuMemcpyDtoHAsync_v2(dst.cast(), src as sys::CUdeviceptr, bytes, stream)
+        self.copy_and_wait(device, |stream| {
+            // SAFETY: caller's contract (device span and host buffer of `bytes`); the stream
+            // is synchronized before `copy_and_wait` returns, so the copy is complete.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src as sys::CUdeviceptr, bytes, stream) }
                 .result()
-                .map_err(cu("cuMemcpyDtoHAsync"))?;
-            result::stream::synchronize(stream).map_err(cu("cuStreamSynchronize"))
-        }
+                .map_err(cu("cuMemcpyDtoHAsync"))
+        })
     }
 
     unsafe fn copy_to_device(
@@ -396,38 +411,28 @@ impl DeviceRuntime for CudaRuntime {
         src: *const u8,
         bytes: usize,
     ) -> Result<()> {
-        let _ctx = self.enter(device)?;
-        let stream = self.stream(device)?;
-        // SAFETY: as in copy_to_host.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst as sys::CUdeviceptr, src.cast(), bytes, stream)
+        self.copy_and_wait(device, |stream| {
+            // SAFETY: as in copy_to_host.
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst as sys::CUdeviceptr, src.cast(), bytes, stream) }
                 .result()
-                .map_err(cu("cuMemcpyHtoDAsync"))?;
-            result::stream::synchronize(stream).map_err(cu("cuStreamSynchronize"))
-        }
+                .map_err(cu("cuMemcpyHtoDAsync"))
+        })
     }
 
     /// One `cuMemcpy2DAsync` per copy on the device's consumer stream, then one
     /// `cuStreamSynchronize` (also after a failed submission, so no copy is left running).
     unsafe fn copy_2d(&self, device: Device, kind: CopyKind, copies: &[Copy2d]) -> Result<()> {
-        let _ctx = self.enter(device)?;
-        let stream = self.stream(device)?;
-        let mut submitted = Ok(());
-        for c in copies.iter().filter(|c| c.bytes() > 0) {
-            let params = memcpy2d(kind, c);
-            // SAFETY: caller's contract (every row valid on its side, disjoint); the
-            // parameters live until the call returns (the driver copies them).
-            submitted = unsafe { sys::cuMemcpy2DAsync_v2(&params, stream) }
-                .result()
-                .map_err(cu("cuMemcpy2DAsync"));
-            if submitted.is_err() {
-                break;
+        self.copy_and_wait(device, |stream| {
+            for c in copies.iter().filter(|c| c.bytes() > 0) {
+                let params = memcpy2d(kind, c);
+                // SAFETY: caller's contract (every row valid on its side, disjoint); the
+                // parameters live until the call returns (the driver copies them).
+                unsafe { sys::cuMemcpy2DAsync_v2(&params, stream) }
+                    .result()
+                    .map_err(cu("cuMemcpy2DAsync"))?;
             }
-        }
-        // SAFETY: the runtime's own stream.
-        let synced =
-            unsafe { result::stream::synchronize(stream) }.map_err(cu("cuStreamSynchronize"));
-        submitted.and(synced)
+            Ok(())
+        })
     }
 
     /// `cuMemAlloc` in `device`'s primary context.

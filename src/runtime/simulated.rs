@@ -278,7 +278,7 @@ impl SimulatedRuntime {
         if !fail {
             return Ok(());
         }
-        self.copy(device, bytes, to_host, || {});
+        self.record_copy(device, bytes, to_host, || {});
         Err(Error::Cuda {
             call: if to_host {
                 "simulated copy_to_host (injected failure)"
@@ -295,7 +295,17 @@ impl SimulatedRuntime {
         self.state().pending.get(&stream).map_or(0, Vec::len)
     }
 
-    fn copy(&self, device: Device, bytes: usize, to_host: bool, f: impl FnOnce()) {
+    /// One 1-D copy of `bytes`, device → host when `to_host`: refused when an injected
+    /// failure is due ([`Self::fail_copies_to_host_after`]), else `f` copies, with `device`
+    /// current, and the copy is recorded.
+    fn copy(&self, device: Device, bytes: usize, to_host: bool, f: impl FnOnce()) -> Result<()> {
+        self.injected(device, bytes, to_host)?;
+        self.record_copy(device, bytes, to_host, f);
+        Ok(())
+    }
+
+    /// Runs `f` with `device` current and records it as a 1-D copy of `bytes`.
+    fn record_copy(&self, device: Device, bytes: usize, to_host: bool, f: impl FnOnce()) {
         let mut s = self.state();
         let saved = s.current;
         s.current = device.device_id;
@@ -428,12 +438,10 @@ impl DeviceRuntime for SimulatedRuntime {
         src: *const c_void,
         bytes: usize,
     ) -> Result<()> {
-        self.injected(device, bytes, true)?;
         self.copy(device, bytes, true, || {
             // SAFETY: caller's contract; the simulated "device" memory is host memory.
             unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst, bytes) }
-        });
-        Ok(())
+        })
     }
 
     unsafe fn copy_to_device(
@@ -443,12 +451,10 @@ impl DeviceRuntime for SimulatedRuntime {
         src: *const u8,
         bytes: usize,
     ) -> Result<()> {
-        self.injected(device, bytes, false)?;
         self.copy(device, bytes, false, || {
             // SAFETY: caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(src, dst.cast::<u8>(), bytes) }
-        });
-        Ok(())
+        })
     }
 
     /// Copies row by row with `memcpy` and records one [`RuntimeCall::Copy2d`] for the batch.
@@ -477,17 +483,9 @@ impl DeviceRuntime for SimulatedRuntime {
             bytes,
         });
         for c in copies {
-            for r in 0..c.height {
-                // SAFETY: caller's contract (rows valid, disjoint); simulated device memory
-                // is host memory.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        c.src.cast::<u8>().add(r * c.src_pitch),
-                        c.dst.cast::<u8>().add(r * c.dst_pitch),
-                        c.width_bytes,
-                    );
-                }
-            }
+            // SAFETY: caller's contract (rows valid, disjoint); simulated device memory is
+            // host memory.
+            unsafe { c.copy_on_host() };
         }
         s.current = saved;
         Ok(())

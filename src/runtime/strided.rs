@@ -75,6 +75,30 @@ impl Copy2d {
     pub fn bytes(&self) -> usize {
         self.width_bytes.saturating_mul(self.height)
     }
+
+    /// Where each row is read and written, `(src, dst)`, in order (addresses computed with
+    /// `wrapping_add`: nothing is read).
+    fn rows(&self) -> impl Iterator<Item = (*const u8, *mut u8)> + '_ {
+        (0..self.height).map(|r| {
+            (
+                self.src.cast::<u8>().wrapping_add(r * self.src_pitch),
+                self.dst.cast::<u8>().wrapping_add(r * self.dst_pitch),
+            )
+        })
+    }
+
+    /// Copies every row with `memcpy`, for memory the host addresses (the simulated
+    /// runtime's "device" memory is host memory).
+    ///
+    /// # Safety
+    /// Each source row is readable host memory, each destination row writable; sources and
+    /// destinations do not overlap, and nobody else writes them meanwhile.
+    pub(super) unsafe fn copy_on_host(&self) {
+        for (src, dst) in self.rows() {
+            // SAFETY: one row of a copy the caller vouches for.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, self.width_bytes) };
+        }
+    }
 }
 
 /// An axis walked on the host: `extent` indices, `tensor` and `packed` bytes apart.
@@ -287,9 +311,7 @@ pub(super) unsafe fn copy_2d_by_rows(
     copies: &[Copy2d],
 ) -> Result<()> {
     for c in copies {
-        for r in 0..c.height {
-            let src = c.src.cast::<u8>().wrapping_add(r * c.src_pitch);
-            let dst = c.dst.cast::<u8>().wrapping_add(r * c.dst_pitch);
+        for (src, dst) in c.rows() {
             // SAFETY: one row of a copy the caller vouches for.
             unsafe {
                 match kind {
@@ -334,16 +356,8 @@ mod tests {
         let mut out = vec![0f32; p.packed_bytes() / 4];
         let base = src[first..].as_ptr().cast::<c_void>();
         for c in p.copies_at(base, out.as_mut_ptr().cast(), Direction::Pack) {
-            for r in 0..c.height {
-                // SAFETY: inside `src` and `out` by the plan's arithmetic.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        c.src.cast::<u8>().add(r * c.src_pitch),
-                        c.dst.cast::<u8>().add(r * c.dst_pitch),
-                        c.width_bytes,
-                    );
-                }
-            }
+            // SAFETY: inside `src` and `out` by the plan's arithmetic.
+            unsafe { c.copy_on_host() };
         }
         out
     }

@@ -289,18 +289,46 @@ fn axis_type(form: AxisForm, kind: Level, inner: MPI_Datatype) -> Result<MPI_Dat
         } => (blocks, rest, block_stride_bytes, rest_at_bytes),
     };
     let block = Temp(level(LARGE_BLOCK_INT, kind, inner)?, true);
-    let mut body: MPI_Datatype = inner;
-    // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2).
+    blocks_then_rest(blocks, &block, block_stride, rest, rest_at, |n| {
+        level(n, kind, inner)
+    })
+}
+
+/// `blocks` copies of `block`, `block_stride` bytes apart (one hvector, MPI-4.1 §5.1.2),
+/// then, when `rest ≠ 0`, `tail(rest)` at `rest_at` bytes (one struct): a run too long for
+/// one level, as blocks and a remainder.
+fn blocks_then_rest(
+    blocks: c_int,
+    block: &Temp,
+    block_stride: MPI_Aint,
+    rest: c_int,
+    rest_at: MPI_Aint,
+    tail: impl FnOnce(c_int) -> Result<MPI_Datatype>,
+) -> Result<MPI_Datatype> {
+    let mut body: MPI_Datatype = block.0;
+    // SAFETY: valid old type; any stride is allowed (MPI-4.1 §5.1.2; `reversed_bytes`
+    // passes -2^16 bytes, not the -1 that trips Open MPI).
     unsafe { mpi::ffi::MPI_Type_create_hvector(blocks, 1, block_stride, block.0, &mut body) };
     if rest == 0 {
         return Ok(body);
     }
     let body = Temp(body, true);
-    let tail = Temp(level(rest, kind, inner)?, true);
-    let lengths: [c_int; 2] = [1, 1];
-    let displacements: [MPI_Aint; 2] = [0, rest_at];
-    let types: [MPI_Datatype; 2] = [body.0, tail.0];
-    let mut t: MPI_Datatype = inner;
+    let tail = Temp(tail(rest)?, true);
+    Ok(first_then(body.0, 1, tail.0, rest_at))
+}
+
+/// `struct{ first at 0, count × second at second_at bytes }` (MPI-4.1 §5.1.2): how a long
+/// run puts its remainder after its blocks.
+fn first_then(
+    first: MPI_Datatype,
+    count: c_int,
+    second: MPI_Datatype,
+    second_at: MPI_Aint,
+) -> MPI_Datatype {
+    let lengths: [c_int; 2] = [1, count];
+    let displacements: [MPI_Aint; 2] = [0, second_at];
+    let types: [MPI_Datatype; 2] = [first, second];
+    let mut t: MPI_Datatype = first;
     // SAFETY: arrays of length 2 as the count says; valid old types.
     unsafe {
         mpi::ffi::MPI_Type_create_struct(
@@ -311,7 +339,7 @@ fn axis_type(form: AxisForm, kind: Level, inner: MPI_Datatype) -> Result<MPI_Dat
             &mut t,
         )
     };
-    Ok(t)
+    t
 }
 
 /// `n` one-byte elements going downwards from the first (displacements 0, −1, …), without
@@ -333,29 +361,8 @@ fn reversed_bytes(n: c_int, byte: MPI_Datatype) -> Result<MPI_Datatype> {
     }
     let (q, r) = (n / B, n % B);
     let full = Temp(block(B), true);
-    let mut body = byte;
-    // SAFETY: valid old type; the stride is -2^16 bytes (not the -1 that trips Open MPI).
-    unsafe { mpi::ffi::MPI_Type_create_hvector(q, 1, -(B as MPI_Aint), full.0, &mut body) };
-    if r == 0 {
-        return Ok(body);
-    }
-    let body = Temp(body, true);
-    let tail = Temp(block(r), true);
-    let lengths: [c_int; 2] = [1, 1];
-    let displacements: [MPI_Aint; 2] = [0, -((q as MPI_Aint) * (B as MPI_Aint))];
-    let types: [MPI_Datatype; 2] = [body.0, tail.0];
-    let mut t = byte;
-    // SAFETY: arrays of length 2 as the count says; valid old types.
-    unsafe {
-        mpi::ffi::MPI_Type_create_struct(
-            2,
-            lengths.as_ptr(),
-            displacements.as_ptr(),
-            types.as_ptr(),
-            &mut t,
-        )
-    };
-    Ok(t)
+    let rest_at = -((q as MPI_Aint) * (B as MPI_Aint));
+    blocks_then_rest(q, &full, -(B as MPI_Aint), r, rest_at, |n| Ok(block(n)))
 }
 
 /// The committed datatype of `units` consecutive units (for `units > i32::MAX`), sent with
@@ -378,25 +385,10 @@ pub fn large_contiguous(unit: MpiUnit, units: u64) -> Result<MPI_Datatype> {
         unsafe { mpi::ffi::MPI_Type_contiguous(blocks_int, block.0, &mut all) };
         let mut result = Temp(all, true);
         if rest > 0 {
-            let lengths: [c_int; 2] = [1, rest as c_int];
             let tail_bytes = blocks as i128 * LARGE_BLOCK_UNITS as i128 * unit.size_bytes() as i128;
-            let displacements: [MPI_Aint; 2] = [
-                0,
-                MPI_Aint::try_from(tail_bytes)
-                    .map_err(|_| Error::CountTooLarge { count: units })?,
-            ];
-            let types: [MPI_Datatype; 2] = [result.0, unit_type];
-            let mut s: MPI_Datatype = unit_type;
-            // SAFETY: arrays of length 2 as the count says; valid old types.
-            unsafe {
-                mpi::ffi::MPI_Type_create_struct(
-                    2,
-                    lengths.as_ptr(),
-                    displacements.as_ptr(),
-                    types.as_ptr(),
-                    &mut s,
-                )
-            };
+            let tail_at = MPI_Aint::try_from(tail_bytes)
+                .map_err(|_| Error::CountTooLarge { count: units })?;
+            let s = first_then(result.0, rest as c_int, unit_type, tail_at);
             result = Temp(s, true);
         }
         // SAFETY: a type built above.

@@ -210,28 +210,37 @@ mod tests {
 
     #[test]
     fn flag_then_environment_then_node_local_rank() {
-        let pick = |flag, env| DeviceSelection::choose(RANK3_OF_4, 2, flag, env).unwrap();
-        let by_rank = pick(None, None);
-        assert_eq!(
-            (by_rank.ordinal, by_rank.source),
-            (1, DeviceSource::NodeLocalRank)
-        );
-        assert_eq!(
-            by_rank.to_string(),
-            "CUDA device 1 of 2 (node-local rank 3 of 4, modulo 2)"
-        );
-        let by_env = pick(None, Some("0"));
-        assert_eq!(
-            (by_env.ordinal, by_env.source),
-            (0, DeviceSource::Environment)
-        );
-        assert_eq!(
-            by_env.to_string(),
-            "CUDA device 0 of 2 (set by DLPACK_MPI_DEVICE; node-local rank 3 of 4)"
-        );
-        let by_flag = pick(Some(0), Some("1"));
-        assert_eq!((by_flag.ordinal, by_flag.source), (0, DeviceSource::Flag));
-        assert!(by_flag.to_string().contains("set by --gpu"));
+        for (flag, env, ordinal, source, shown) in [
+            (
+                None,
+                None,
+                1,
+                DeviceSource::NodeLocalRank,
+                "CUDA device 1 of 2 (node-local rank 3 of 4, modulo 2)",
+            ),
+            (
+                None,
+                Some("0"),
+                0,
+                DeviceSource::Environment,
+                "CUDA device 0 of 2 (set by DLPACK_MPI_DEVICE; node-local rank 3 of 4)",
+            ),
+            (
+                Some(0),
+                Some("1"),
+                0,
+                DeviceSource::Flag,
+                "CUDA device 0 of 2 (set by --gpu; node-local rank 3 of 4)",
+            ),
+        ] {
+            let chosen = DeviceSelection::choose(RANK3_OF_4, 2, flag, env).unwrap();
+            assert_eq!(
+                (chosen.ordinal, chosen.source),
+                (ordinal, source),
+                "{shown}"
+            );
+            assert_eq!(chosen.to_string(), shown);
+        }
     }
 
     #[test]

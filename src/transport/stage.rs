@@ -224,7 +224,6 @@ impl<'p, 'r> Stage<'p, 'r> {
         pool: &'p PinnedPool<'r>,
         runtime: &'r dyn DeviceRuntime,
     ) -> Result<PinnedBuf<'p, 'r>> {
-        let kind = Self::pack_kind(placement.route);
         let buf = match placement.route {
             Route::Direct => pool.take_device(placement.device, plan.packed_bytes())?,
             _ => pool.take(plan.packed_bytes())?,
@@ -234,25 +233,42 @@ impl<'p, 'r> Stage<'p, 'r> {
             // elements are device memory of `placement.device` (pointer checked, layout
             // arithmetic); the buffer holds at least `packed_bytes` bytes of the other memory
             // and is fresh from the pool (no overlap, no other user).
-            unsafe {
-                plan.run(
-                    runtime,
-                    placement.device,
-                    kind,
-                    placement.facts.first as *const c_void,
-                    buf.ptr().cast(),
-                    Direction::Pack,
-                )
-            }?;
+            unsafe { Self::run_plan(placement, plan, &buf, runtime, Direction::Pack) }?;
         }
         Ok(buf)
     }
 
-    /// The copy kind of packing on `route` (its reverse unpacks).
-    fn pack_kind(route: Route) -> CopyKind {
-        match route {
-            Route::Direct => CopyKind::DeviceToDevice,
-            _ => CopyKind::DeviceToHost,
+    /// Runs `plan`, the packing of the tensor `placement` describes, between its elements
+    /// and `buf` in `direction`: device to device on the direct route, device to host (pack)
+    /// or host to device (unpack) otherwise.
+    ///
+    /// # Safety
+    /// As [`StridedCopy::run`]: the plan is the tensor's own; its elements are memory of
+    /// `placement.device`, writable to unpack; `buf` holds at least `packed_bytes` bytes of
+    /// the memory the route packs into, and nothing else uses either meanwhile.
+    unsafe fn run_plan(
+        placement: &Placement,
+        plan: &StridedCopy,
+        buf: &PinnedBuf<'_, '_>,
+        runtime: &dyn DeviceRuntime,
+        direction: Direction,
+    ) -> Result<()> {
+        let kind = match (placement.route, direction) {
+            (Route::Direct, _) => CopyKind::DeviceToDevice,
+            (_, Direction::Pack) => CopyKind::DeviceToHost,
+            (_, Direction::Unpack) => CopyKind::HostToDevice,
+        };
+        let first = placement.facts.first as *const c_void;
+        // SAFETY: the caller's contract.
+        unsafe {
+            plan.run(
+                runtime,
+                placement.device,
+                kind,
+                first,
+                buf.ptr().cast(),
+                direction,
+            )
         }
     }
 
@@ -289,22 +305,9 @@ impl<'p, 'r> Stage<'p, 'r> {
         if let (Some(placed), Some(buf), Some(rt)) = (&self.placed, &self.buf, self.runtime) {
             let p = &placed.placement;
             if let Some(plan) = &p.packed {
-                let kind = match p.route {
-                    Route::Direct => CopyKind::DeviceToDevice,
-                    _ => CopyKind::HostToDevice,
-                };
                 // SAFETY: as in `pack`, the other way round: the tensor's elements are
                 // writable (a receive tensor: checked writable and free of overlap).
-                return unsafe {
-                    plan.run(
-                        rt,
-                        p.device,
-                        kind,
-                        p.facts.first as *const c_void,
-                        buf.ptr().cast(),
-                        Direction::Unpack,
-                    )
-                };
+                return unsafe { Self::run_plan(p, plan, buf, rt, Direction::Unpack) };
             }
             // SAFETY: the span is device memory of p.device (checked by check_pointer and
             // the layout arithmetic); the buffer holds at least `span_bytes` bytes.
