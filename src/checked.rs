@@ -68,7 +68,7 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-use crate::comm::{check_rank, check_tag, recv_matched, unfit, TensorComm};
+use crate::comm::{check_peer, recv_matched, unfit, TensorComm};
 use crate::device::Device;
 use crate::dlpack::{ExportRequest, Exporter, ManagedTensor, Owned, Tensor};
 use crate::dtype::{self, AnyBits, DType};
@@ -221,8 +221,7 @@ pub fn send<C: Communicator + ?Sized>(
     tag: Tag,
     tensor: &dyn Tensor,
 ) -> Result<()> {
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, dest, tag)?;
     SendSpec::new(tensor)?;
     let words = Header::of(tensor).encode()?;
     let lock = pair_lock(comm, dest, tag, true);
@@ -334,8 +333,7 @@ pub fn recv_into<C: Communicator + ?Sized>(
     tag: Tag,
     tensor: &mut dyn Tensor,
 ) -> Result<Status> {
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     RecvSpec::new(&mut *tensor)?;
     let lock = pair_lock(comm, source, tag, false);
     let _both = lock.lock();
@@ -474,8 +472,7 @@ fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
 /// # Ok::<(), dlpack_mpi::Error>(())
 /// ```
 pub fn recv_new<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Result<Received> {
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     let lock = pair_lock(comm, source, tag, false);
     let _both = lock.lock();
     let header = recv_header(comm, source, tag)?;

@@ -18,7 +18,7 @@ pub use engine::agree::{
 };
 pub use engine::bcast::BroadcastBuffer;
 pub use engine::blocks::Blocks;
-pub(crate) use engine::checks::{check_rank, check_tag};
+pub(crate) use engine::checks::check_peer;
 pub use engine::halfops;
 pub use engine::packing::{
     default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
@@ -190,8 +190,7 @@ pub trait TensorComm: Endpoint {
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
         let comm = self.communicator();
-        check_rank(dest, comm.target_size())?;
-        check_tag(tag)?;
+        check_peer(comm, dest, tag)?;
         Ok(comm
             .process_at_rank(dest)
             .immediate_send_with_tag(scope, spec, tag))
@@ -212,8 +211,7 @@ pub trait TensorComm: Endpoint {
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
         let comm = self.communicator();
-        check_rank(source, comm.target_size())?;
-        check_tag(tag)?;
+        check_peer(comm, source, tag)?;
         Ok(comm
             .process_at_rank(source)
             .immediate_receive_into_with_tag(scope, spec, tag))

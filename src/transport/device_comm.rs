@@ -17,7 +17,7 @@ use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_rank, check_tag, p2p, BucketMember, Endpoint, Sealed, Stager, TensorComm};
+use crate::comm::{check_peer, p2p, BucketMember, Endpoint, Sealed, Stager, TensorComm};
 use crate::device::Device;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
@@ -323,8 +323,7 @@ impl<C: Communicator + ?Sized> TensorComm for DeviceComm<'_, C> {
     /// # Errors
     /// As [`TensorComm::send_tensor`] and the [type docs](DeviceComm).
     fn send_tensor(&self, tensor: &dyn Tensor, dest: Rank, tag: Tag) -> Result<()> {
-        check_rank(dest, self.comm.target_size())?;
-        check_tag(tag)?;
+        check_peer(self.comm, dest, tag)?;
         let placement = self.place(tensor, None, Access::Read)?;
         if let Some(p) = placement.as_ref().filter(|p| self.pipe().parts_send(p)) {
             self.note(Route::Staged);
@@ -344,8 +343,7 @@ impl<C: Communicator + ?Sized> TensorComm for DeviceComm<'_, C> {
     /// [`Error::SenderAborted`] (the sender stopped partway), [`Error::BadPartHeader`] and
     /// [`Error::CountMismatch`] as the [`pipeline`](super::pipeline) docs say.
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
-        check_rank(source, self.comm.target_size())?;
-        check_tag(tag)?;
+        check_peer(self.comm, source, tag)?;
         let placement = self.place(&*tensor, None, Access::Write)?;
         if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {
             // The element count of a candidate fits usize (its bytes do).

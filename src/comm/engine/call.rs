@@ -25,6 +25,7 @@ use super::halfops;
 use super::progress;
 use crate::dtype::{DType, ReduceOp};
 use crate::error::Result;
+use crate::spec::facts::Facts;
 use crate::spec::side::{Direction, In, Out, Side};
 
 /// Units per chunk when a reduction is split: element-wise reductions may be cut anywhere,
@@ -507,4 +508,15 @@ pub(in crate::comm) fn check_handles(op: ReduceOp, dtype: DType) -> Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Whether elements of `facts` reduce with `op`: their dtype has the reduction
+/// ([`crate::dtype::ElementType::check_reduction`]) and, for half precision, this MPI has
+/// its operation ([`check_handles`]).
+///
+/// # Errors
+/// [`crate::Error::UnsupportedReduction`]; as [`check_handles`].
+pub(in crate::comm) fn check_reducible(op: ReduceOp, facts: &Facts) -> Result<()> {
+    facts.element.check_reduction(op)?;
+    check_handles(op, facts.element.dtype)
 }

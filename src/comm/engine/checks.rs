@@ -89,6 +89,17 @@ pub(in crate::comm) fn check_disjoint(s: &Facts, r: &Facts) -> Result<()> {
     }
 }
 
+/// A point-to-point peer and tag: `rank` in `comm`'s target group ([`check_rank`] against
+/// `target_size`, the remote group of an inter-communicator) and `tag` in MPI's range
+/// ([`check_tag`]).
+///
+/// # Errors
+/// [`Error::InvalidRank`], then [`Error::InvalidTag`].
+pub(crate) fn check_peer<C: Communicator + ?Sized>(comm: &C, rank: Rank, tag: Tag) -> Result<()> {
+    check_rank(rank, comm.target_size())?;
+    check_tag(tag)
+}
+
 /// A send and a receive buffer of one collective: same dtype, and disjoint in memory.
 pub(in crate::comm) fn check_pair(what: &'static str, s: &Facts, r: &Facts) -> Result<()> {
     let (left, right) = (s.element.dtype, r.element.dtype);

@@ -12,11 +12,12 @@ use super::agree::agree;
 use super::call::Operation;
 use super::checks::{check_intra, missing};
 use super::signature::Signature;
-use super::stager::{with_stand_ins, Declared, Endpoint, Kind, ReadIn, WriteIn};
+use super::stager::{with_stand_ins, Declared, Endpoint, Kind, ReadIn, Unused, WriteIn};
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::spec::Access;
+use mpi::topology::{Communicator, Rank};
 
 /// How a collective's prepared operation runs.
 pub(in crate::comm) trait Mode<'a> {
@@ -140,3 +141,51 @@ where
         prepare(s, r)
     })
 }
+
+/// The opening of a collective one of whose operands only the root uses (gather(v),
+/// scatter(v), reduce): `tc`'s communicator checked as an intra-communicator, the operands
+/// declared to its stager — `send` (read), `recv` (written with its access), `reduce` the
+/// dtype of a reduction both take part in — except, at a rank that is not `root`, the
+/// root's operand `unused` (checked as at the root, never staged or handed to MPI), and the
+/// collective run in `mode` with `prepare` on the stand-ins and `(size, is_root)`.
+///
+/// # Errors
+/// [`crate::Error::Intercommunicator`], and as [`Mode::collective`].
+pub(in crate::comm) fn rooted_collective<'a, E, M, P>(
+    tc: &'a E,
+    mode: M,
+    sig: Signature<'a>,
+    (send, recv, reduce): RootedOperands<'a>,
+    (root, unused): (Rank, Unused),
+    prepare: P,
+) -> Result<M::Out>
+where
+    E: Endpoint + ?Sized,
+    M: Mode<'a>,
+    P: for<'x> FnOnce(
+        Option<ReadIn<'x>>,
+        Option<WriteIn<'x>>,
+        (Rank, bool),
+    ) -> Result<Operation<'x>>,
+{
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let (size, is_root) = (comm.size(), comm.rank() == root);
+    let unused = if is_root { Unused::Neither } else { unused };
+    let declared = Declared {
+        send,
+        recv,
+        reduce,
+        unused,
+    };
+    mode.collective(tc, sig, declared, move |s, r| {
+        prepare(s, r, (size, is_root))
+    })
+}
+
+/// The operands of [`rooted_collective`]: send, receive with its access, reduction dtype.
+pub(in crate::comm) type RootedOperands<'a> = (
+    Option<&'a dyn Tensor>,
+    Option<(&'a mut dyn Tensor, Access)>,
+    Option<DType>,
+);

@@ -18,7 +18,7 @@ use crate::comm::engine::call::{Buf, Call, Operation, Varying};
 use crate::comm::engine::checks::{
     check_count, check_intra, check_pair, check_rank, missing, rank_blocks, rank_index,
 };
-use crate::comm::engine::mode::{pair_collective, Mode};
+use crate::comm::engine::mode::{pair_collective, rooted_collective, Mode};
 use crate::comm::engine::operands::{
     pair_facts, read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
@@ -90,58 +90,48 @@ pub(in crate::comm) fn gather<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     recv: Option<&'a mut dyn Tensor>,
     root: Rank,
 ) -> Result<M::Out> {
-    let comm = tc.communicator();
     let sig = Signature::of_tensor("gather", send).root(root);
-    check_intra(comm)?;
-    let (size, is_root) = (comm.size(), comm.rank() == root);
-    let declared = Declared {
-        send: Some(send),
-        recv: recv.map(|r| (r, Access::Write)),
-        reduce: None,
-        unused: root_only(is_root, Unused::Recv),
-    };
-    mode.collective(tc, sig, declared, move |s, r| {
-        check_rank(root, size)?;
-        let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
-        let sf = read_facts(s, s_reach)?;
-        let rf = match r {
-            Some((r, r_reach)) => {
-                let rf = write_facts(&*r, Access::Write, r_reach)?;
-                check_pair("gather send vs receive", &sf, &rf)?;
-                check_count(
-                    || format!("gather receive (= send count × {size} ranks)"),
-                    sf.len_elems.saturating_mul(i64::from(size)),
-                    rf.len_elems,
-                )?;
-                if is_root {
-                    Some(side_out(r, rf, Need::Units, Access::Write)?)
-                } else {
-                    None
+    let operands = (Some(send), recv.map(|r| (r, Access::Write)), None);
+    let rooted = (root, Unused::Recv);
+    rooted_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        rooted,
+        move |s, r, (size, is_root)| {
+            check_rank(root, size)?;
+            let (s, s_reach) = s.ok_or_else(|| missing("gather send buffer"))?;
+            let sf = read_facts(s, s_reach)?;
+            let rf = match r {
+                Some((r, r_reach)) => {
+                    let rf = write_facts(&*r, Access::Write, r_reach)?;
+                    check_pair("gather send vs receive", &sf, &rf)?;
+                    check_count(
+                        || format!("gather receive (= send count × {size} ranks)"),
+                        sf.len_elems.saturating_mul(i64::from(size)),
+                        rf.len_elems,
+                    )?;
+                    if is_root {
+                        Some(side_out(r, rf, Need::Units, Access::Write)?)
+                    } else {
+                        None
+                    }
                 }
-            }
-            None if is_root => return Err(missing("gather receive buffer")),
-            None => None,
-        };
-        let side = side_in(s, sf, Need::Counted)?;
-        let call = Call::Gather {
-            send: Buf::of(&side),
-            recv: rf
-                .as_ref()
-                .map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
-            root,
-        };
-        Ok(Operation::new(Some(side), rf, call))
-    })
-}
-
-/// Which operand a root-only collective leaves unused at this rank: `operand` unless this
-/// rank is the root.
-fn root_only(is_root: bool, operand: Unused) -> Unused {
-    if is_root {
-        Unused::Neither
-    } else {
-        operand
-    }
+                None if is_root => return Err(missing("gather receive buffer")),
+                None => None,
+            };
+            let side = side_in(s, sf, Need::Counted)?;
+            let call = Call::Gather {
+                send: Buf::of(&side),
+                recv: rf
+                    .as_ref()
+                    .map_or(Buf::none(), |r| Buf::of(r).per_rank(size)),
+                root,
+            };
+            Ok(Operation::new(Some(side), rf, call))
+        },
+    )
 }
 
 /// The checks of a v-collective's per-rank side at `rank` (`(tensor elements, element
@@ -178,56 +168,57 @@ pub(in crate::comm) fn gatherv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
 ) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("gatherv").root(root).dtype(send.dtype());
-    check_intra(comm)?;
-    let is_root = comm.rank() == root;
     let (recv, lists) = match recv {
         Some((r, c, d)) => (Some((r, Access::Update)), Some((c, d))),
         None => (None, None),
     };
-    let declared = Declared {
-        send: Some(send),
-        recv,
-        reduce: None,
-        unused: root_only(is_root, Unused::Recv),
-    };
-    mode.collective(tc, sig, declared, move |s, r| {
-        check_rank(root, comm.size())?;
-        let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
-        let sf = read_facts(s, s_reach)?;
-        let at_root = match r.zip(lists) {
-            Some(((r, r_reach), (counts, displs))) => {
-                let rf = write_facts(&*r, Access::Update, r_reach)?;
-                check_pair("gatherv send vs receive", &sf, &rf)?;
-                let shape = (rf.len_elems, &rf.element);
-                let blocks =
-                    own_blocks(comm, "gatherv", shape, counts, displs, true, sf.len_elems)?;
-                if is_root {
-                    Some((side_out(r, rf, Need::Units, Access::Update)?, blocks))
-                } else {
-                    None
+    let rooted = (root, Unused::Recv);
+    let operands = (Some(send), recv, None);
+    rooted_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        rooted,
+        move |s, r, (size, is_root)| {
+            check_rank(root, size)?;
+            let (s, s_reach) = s.ok_or_else(|| missing("gatherv send buffer"))?;
+            let sf = read_facts(s, s_reach)?;
+            let at_root = match r.zip(lists) {
+                Some(((r, r_reach), (counts, displs))) => {
+                    let rf = write_facts(&*r, Access::Update, r_reach)?;
+                    check_pair("gatherv send vs receive", &sf, &rf)?;
+                    let shape = (rf.len_elems, &rf.element);
+                    let blocks =
+                        own_blocks(comm, "gatherv", shape, counts, displs, true, sf.len_elems)?;
+                    if is_root {
+                        Some((side_out(r, rf, Need::Units, Access::Update)?, blocks))
+                    } else {
+                        None
+                    }
                 }
-            }
-            None if is_root => return Err(missing("gatherv receive buffer")),
-            None => None,
-        };
-        let side = side_in(s, sf, Need::Counted)?;
-        let send = Buf::of(&side);
-        let (recv, call) = match at_root {
-            Some((rf, blocks)) => {
-                let recv = Some(Varying::of(&rf, blocks));
-                (Some(rf), Call::Gatherv { send, recv, root })
-            }
-            None => (
-                None,
-                Call::Gatherv {
-                    send,
-                    recv: None,
-                    root,
-                },
-            ),
-        };
-        Ok(Operation::new(Some(side), recv, call))
-    })
+                None if is_root => return Err(missing("gatherv receive buffer")),
+                None => None,
+            };
+            let side = side_in(s, sf, Need::Counted)?;
+            let send = Buf::of(&side);
+            let (recv, call) = match at_root {
+                Some((rf, blocks)) => {
+                    let recv = Some(Varying::of(&rf, blocks));
+                    (Some(rf), Call::Gatherv { send, recv, root })
+                }
+                None => (
+                    None,
+                    Call::Gatherv {
+                        send,
+                        recv: None,
+                        root,
+                    },
+                ),
+            };
+            Ok(Operation::new(Some(side), recv, call))
+        },
+    )
 }
 
 /// `scatter_tensor` and its nonblocking form. A `send` given at a
@@ -240,48 +231,48 @@ pub(in crate::comm) fn scatter<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     recv: &'a mut dyn Tensor,
     root: Rank,
 ) -> Result<M::Out> {
-    let comm = tc.communicator();
     let sig = Signature::of_tensor("scatter", recv).root(root);
-    check_intra(comm)?;
-    let (size, is_root) = (comm.size(), comm.rank() == root);
-    let declared = Declared {
-        send,
-        recv: Some((recv, Access::Write)),
-        reduce: None,
-        unused: root_only(is_root, Unused::Send),
-    };
-    mode.collective(tc, sig, declared, move |s, r| {
-        check_rank(root, size)?;
-        let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
-        let rf = write_facts(&*r, Access::Write, r_reach)?;
-        let sf = match s {
-            Some((s, s_reach)) => {
-                let sf = read_facts(s, s_reach)?;
-                check_pair("scatter send vs receive", &sf, &rf)?;
-                check_count(
-                    || format!("scatter send (= receive count × {size} ranks)"),
-                    rf.len_elems.saturating_mul(i64::from(size)),
-                    sf.len_elems,
-                )?;
-                if is_root {
-                    Some(side_in(s, sf, Need::Units)?)
-                } else {
-                    None
+    let operands = (send, Some((recv, Access::Write)), None);
+    let rooted = (root, Unused::Send);
+    rooted_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        rooted,
+        move |s, r, (size, is_root)| {
+            check_rank(root, size)?;
+            let (r, r_reach) = r.ok_or_else(|| missing("scatter receive buffer"))?;
+            let rf = write_facts(&*r, Access::Write, r_reach)?;
+            let sf = match s {
+                Some((s, s_reach)) => {
+                    let sf = read_facts(s, s_reach)?;
+                    check_pair("scatter send vs receive", &sf, &rf)?;
+                    check_count(
+                        || format!("scatter send (= receive count × {size} ranks)"),
+                        rf.len_elems.saturating_mul(i64::from(size)),
+                        sf.len_elems,
+                    )?;
+                    if is_root {
+                        Some(side_in(s, sf, Need::Units)?)
+                    } else {
+                        None
+                    }
                 }
-            }
-            None if is_root => return Err(missing("scatter send buffer")),
-            None => None,
-        };
-        let side = side_out(r, rf, Need::Counted, Access::Write)?;
-        let call = Call::Scatter {
-            send: sf
-                .as_ref()
-                .map_or(Buf::none(), |s| Buf::of(s).per_rank(size)),
-            recv: Buf::of(&side),
-            root,
-        };
-        Ok(Operation::new(sf, Some(side), call))
-    })
+                None if is_root => return Err(missing("scatter send buffer")),
+                None => None,
+            };
+            let side = side_out(r, rf, Need::Counted, Access::Write)?;
+            let call = Call::Scatter {
+                send: sf
+                    .as_ref()
+                    .map_or(Buf::none(), |s| Buf::of(s).per_rank(size)),
+                recv: Buf::of(&side),
+                root,
+            };
+            Ok(Operation::new(sf, Some(side), call))
+        },
+    )
 }
 
 /// `scatterv_tensor` and its nonblocking form. A `send` given at a
@@ -299,56 +290,57 @@ pub(in crate::comm) fn scatterv<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
 ) -> Result<M::Out> {
     let comm = tc.communicator();
     let sig = Signature::of("scatterv").root(root).dtype(recv.dtype());
-    check_intra(comm)?;
-    let is_root = comm.rank() == root;
     let (send, lists) = match send {
         Some((s, c, d)) => (Some(s), Some((c, d))),
         None => (None, None),
     };
-    let declared = Declared {
-        send,
-        recv: Some((recv, Access::Update)),
-        reduce: None,
-        unused: root_only(is_root, Unused::Send),
-    };
-    mode.collective(tc, sig, declared, move |s, r| {
-        check_rank(root, comm.size())?;
-        let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
-        let rf = write_facts(&*r, Access::Update, r_reach)?;
-        let at_root = match s.zip(lists) {
-            Some(((s, s_reach), (counts, displs))) => {
-                let sf = read_facts(s, s_reach)?;
-                check_pair("scatterv send vs receive", &sf, &rf)?;
-                let shape = (sf.len_elems, &sf.element);
-                let blocks =
-                    own_blocks(comm, "scatterv", shape, counts, displs, false, rf.len_elems)?;
-                if is_root {
-                    Some((side_in(s, sf, Need::Units)?, blocks))
-                } else {
-                    None
+    let operands = (send, Some((recv, Access::Update)), None);
+    let rooted = (root, Unused::Send);
+    rooted_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        rooted,
+        move |s, r, (size, is_root)| {
+            check_rank(root, size)?;
+            let (r, r_reach) = r.ok_or_else(|| missing("scatterv receive buffer"))?;
+            let rf = write_facts(&*r, Access::Update, r_reach)?;
+            let at_root = match s.zip(lists) {
+                Some(((s, s_reach), (counts, displs))) => {
+                    let sf = read_facts(s, s_reach)?;
+                    check_pair("scatterv send vs receive", &sf, &rf)?;
+                    let shape = (sf.len_elems, &sf.element);
+                    let blocks =
+                        own_blocks(comm, "scatterv", shape, counts, displs, false, rf.len_elems)?;
+                    if is_root {
+                        Some((side_in(s, sf, Need::Units)?, blocks))
+                    } else {
+                        None
+                    }
                 }
-            }
-            None if is_root => return Err(missing("scatterv send buffer")),
-            None => None,
-        };
-        let side = side_out(r, rf, Need::Counted, Access::Update)?;
-        let recv = Buf::of(&side);
-        let (send, call) = match at_root {
-            Some((sf, blocks)) => {
-                let send = Some(Varying::of(&sf, blocks));
-                (Some(sf), Call::Scatterv { send, recv, root })
-            }
-            None => (
-                None,
-                Call::Scatterv {
-                    send: None,
-                    recv,
-                    root,
-                },
-            ),
-        };
-        Ok(Operation::new(send, Some(side), call))
-    })
+                None if is_root => return Err(missing("scatterv send buffer")),
+                None => None,
+            };
+            let side = side_out(r, rf, Need::Counted, Access::Update)?;
+            let recv = Buf::of(&side);
+            let (send, call) = match at_root {
+                Some((sf, blocks)) => {
+                    let send = Some(Varying::of(&sf, blocks));
+                    (Some(sf), Call::Scatterv { send, recv, root })
+                }
+                None => (
+                    None,
+                    Call::Scatterv {
+                        send: None,
+                        recv,
+                        root,
+                    },
+                ),
+            };
+            Ok(Operation::new(send, Some(side), call))
+        },
+    )
 }
 
 /// `all_gather_tensor` and its nonblocking form.

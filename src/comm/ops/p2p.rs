@@ -14,7 +14,9 @@ use mpi::request::Scope;
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
 
-use crate::comm::engine::checks::{check_disjoint, check_incoming, check_rank, check_tag};
+use crate::comm::engine::checks::{
+    check_disjoint, check_incoming, check_peer, check_rank, check_tag,
+};
 use crate::comm::engine::operands::{
     read_facts, read_side, side_in, side_out, write_facts, write_side,
 };
@@ -38,8 +40,7 @@ pub(crate) fn send<E: Endpoint + ?Sized>(
     tag: Tag,
 ) -> Result<()> {
     let comm = tc.communicator();
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, dest, tag)?;
     with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let side = read_side(t, reach, Need::Message)?;
         if !crate::comm::engine::progress::active() {
@@ -99,8 +100,7 @@ pub(crate) fn recv<E: Endpoint + ?Sized>(
     tag: Tag,
 ) -> Result<Status> {
     let comm = tc.communicator();
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     let recv = (tensor, Access::Write);
     with_write(tc, Kind::PointToPoint, recv, None, |(t, reach)| {
         let side = target(t, reach)?;
@@ -202,6 +202,7 @@ pub(crate) fn sendrecv<E: Endpoint + ?Sized>(
     (source, recv_tag): (Rank, Tag),
 ) -> Result<Status> {
     let comm = tc.communicator();
+    // Both ranks, then both tags (the order of the errors when several are wrong).
     check_rank(dest, comm.target_size())?;
     check_rank(source, comm.target_size())?;
     check_tag(send_tag)?;
@@ -258,8 +259,7 @@ pub(in crate::comm) fn immediate_send<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
     let comm = tc.communicator();
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, dest, tag)?;
     let (held, (tensor, reach)) = read_stand_in(tc.stager(), tensor)?;
     let side = read_side(tensor, reach, Need::Counted)?;
     Ok(post_send(comm, scope, side, None, dest, tag)?.holding(held))
@@ -275,8 +275,7 @@ pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
     let comm = tc.communicator();
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     let (held, (tensor, reach)) = write_stand_in(tc.stager(), tensor, Access::Write)?;
     let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
     let expected = (side.len_elems(), side.element().size_bytes_i64());

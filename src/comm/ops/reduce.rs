@@ -14,11 +14,11 @@
 use mpi::raw::AsRaw;
 use mpi::topology::{Communicator, Rank};
 
-use crate::comm::engine::call::{check_handles, handles};
+use crate::comm::engine::call::{check_reducible, handles};
 use crate::comm::engine::call::{Buf, Call, Operation, Reduced, REDUCE_CHUNK_UNITS};
 use crate::comm::engine::checks::{check_count, check_intra, check_pair, check_rank, missing};
 use crate::comm::engine::halfops;
-use crate::comm::engine::mode::{pair_collective, Mode};
+use crate::comm::engine::mode::{pair_collective, rooted_collective, Mode};
 use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::{Declared, Endpoint};
@@ -92,8 +92,7 @@ fn prepare_pair<'x>(
     root: Option<Rank>,
 ) -> Result<Operation<'x>> {
     let sf = read_facts(send, s_reach)?;
-    sf.element.check_reduction(op)?;
-    check_handles(op, sf.element.dtype)?;
+    check_reducible(op, &sf)?;
     let rf = write_facts(&*recv, Access::Write, r_reach)?;
     check_pair(pair, &sf, &rf)?;
     check_count(|| count.into(), sf.len_elems, rf.len_elems)?;
@@ -115,30 +114,29 @@ pub(in crate::comm) fn reduce<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     op: ReduceOp,
     root: Rank,
 ) -> Result<M::Out> {
-    let comm = tc.communicator();
     let sig = Signature::of_tensor("reduce", send).root(root).reduce(op);
-    check_intra(comm)?;
-    let is_root = comm.rank() == root;
-    let declared = Declared {
-        send: Some(send),
-        recv: recv.map(|r| (r, Access::Write)),
-        reduce: Some(send.dtype()),
-        unused: if is_root {
-            Unused::Neither
-        } else {
-            Unused::Recv
+    let operands = (
+        Some(send),
+        recv.map(|r| (r, Access::Write)),
+        Some(send.dtype()),
+    );
+    let rooted = (root, Unused::Recv);
+    rooted_collective(
+        tc,
+        mode,
+        sig,
+        operands,
+        rooted,
+        move |s, r, (size, is_root)| {
+            let s = s.ok_or_else(|| missing("reduce send buffer"))?;
+            let names = ("reduce send vs receive", "reduce receive");
+            match r {
+                Some(r) if is_root => prepare_pair(names, s, r, op, Some(root)),
+                None if is_root => Err(missing("reduce receive buffer")),
+                r => reduce_at_leaf(size, s, r, op, root),
+            }
         },
-    };
-    let size = comm.size();
-    mode.collective(tc, sig, declared, move |s, r| {
-        let s = s.ok_or_else(|| missing("reduce send buffer"))?;
-        let names = ("reduce send vs receive", "reduce receive");
-        match r {
-            Some(r) if is_root => prepare_pair(names, s, r, op, Some(root)),
-            None if is_root => Err(missing("reduce receive buffer")),
-            r => reduce_at_leaf(size, s, r, op, root),
-        }
-    })
+    )
 }
 
 /// A non-root rank's side of [`reduce`] (also a rank whose `root` is out of range), in a
@@ -152,8 +150,7 @@ fn reduce_at_leaf<'x>(
 ) -> Result<Operation<'x>> {
     check_rank(root, size)?;
     let sf = read_facts(send.0, send.1)?;
-    sf.element.check_reduction(op)?;
-    check_handles(op, sf.element.dtype)?;
+    check_reducible(op, &sf)?;
     if let Some((recv, r_reach)) = recv {
         let rf = write_facts(&*recv, Access::Write, r_reach)?;
         check_pair("reduce send vs receive", &sf, &rf)?;
@@ -200,9 +197,8 @@ pub(in crate::comm) fn all_reduce_in_place<'a, E: Endpoint + ?Sized, M: Mode<'a>
     mode.collective(tc, sig, declared, move |_, r| {
         let (t, reach) = r.ok_or_else(|| missing("all-reduce in-place buffer"))?;
         let rf = write_facts(&*t, Access::Update, reach)?;
-        rf.element.check_reduction(op)?;
+        check_reducible(op, &rf)?;
         let dtype = rf.element.dtype;
-        check_handles(op, dtype)?;
         let side = side_out(t, rf, Need::Chunks, Access::Update)?;
         let (datatype, mop) = handles(op, dtype, side.unit_datatype().as_raw())?;
         // MPI_IN_PLACE as the send buffer makes MPI read and write the side's units (the
@@ -247,9 +243,8 @@ pub(in crate::comm) fn reduce_scatter_block<'a, E: Endpoint + ?Sized, M: Mode<'a
         what,
         move |(s, s_reach), (r, r_reach)| {
             let sf = read_facts(s, s_reach)?;
-            sf.element.check_reduction(op)?;
+            check_reducible(op, &sf)?;
             let dtype = sf.element.dtype;
-            check_handles(op, dtype)?;
             let rf = write_facts(&*r, Access::Write, r_reach)?;
             check_pair("reduce-scatter-block send vs receive", &sf, &rf)?;
             check_count(

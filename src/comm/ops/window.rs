@@ -24,7 +24,7 @@ use mpi::traits::Equivalence;
 use mpi::Tag;
 
 use super::p2p::unfit;
-use crate::comm::engine::checks::{check_incoming, check_rank, check_tag};
+use crate::comm::engine::checks::{check_incoming, check_peer};
 use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
 use crate::comm::engine::request::{post_recv, post_send, TensorRequest};
 use crate::comm::engine::stager::Endpoint;
@@ -93,8 +93,7 @@ pub(in crate::comm) fn send<E: Endpoint + ?Sized>(
     tag: Tag,
 ) -> Result<()> {
     let comm = tc.communicator();
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, dest, tag)?;
     let window = displacement_count(&elems);
     with_read(tc, Kind::PointToPoint, tensor, |(t, reach)| {
         let (side, part) = window_in(t, reach, window)?;
@@ -130,8 +129,7 @@ pub(in crate::comm) fn recv<E: Endpoint + ?Sized>(
     tag: Tag,
 ) -> Result<Status> {
     let comm = tc.communicator();
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     let window = displacement_count(&elems);
     let recv = (tensor, Access::Update);
     with_write(tc, Kind::PointToPoint, recv, None, |(t, reach)| {
@@ -201,8 +199,7 @@ pub(in crate::comm) fn immediate_send<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
     let comm = tc.communicator();
-    check_rank(dest, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, dest, tag)?;
     let window = displacement_count(&elems);
     let (held, (tensor, reach)) = read_stand_in(tc.stager(), tensor)?;
     let (side, part) = window_in(tensor, reach, window)?;
@@ -225,8 +222,7 @@ pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
     let comm = tc.communicator();
-    check_rank(source, comm.target_size())?;
-    check_tag(tag)?;
+    check_peer(comm, source, tag)?;
     let window = displacement_count(&elems);
     let (held, (tensor, reach)) = write_stand_in(tc.stager(), tensor, Access::Update)?;
     let (side, part) = window_out(tensor, reach, window)?;
