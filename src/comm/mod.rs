@@ -47,7 +47,7 @@ pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Stag
 
 use mode::{Blocking, Immediate};
 
-use crate::dlpack::Tensor;
+use crate::dlpack::{Tensor, TensorList, TensorListMut};
 use crate::dtype::ReduceOp;
 #[cfg(doc)]
 use crate::error::Error;
@@ -737,7 +737,9 @@ pub trait TensorComm {
     // Fused collectives over a list of tensors (`fused`): the members go in buckets of
     // one dtype (`settings::bucket_bytes`, `settings::first_bucket_bytes`), one agreement
     // for the list and one collective per bucket, packing, sending and unpacking
-    // overlapped across buckets.
+    // overlapped across buckets. A list is any `TensorList` (read) or `TensorListMut`
+    // (written): a slice, `Vec` or array of guards, views or references to them. As for one
+    // tensor, the plain name sends one list into another and `_in_place` works on one list.
 
     /// All-reduce every tensor of `tensors` in place, as few messages: the members of one
     /// dtype go in buckets (a pooled buffer each, members packed in list order in logical
@@ -746,79 +748,177 @@ pub trait TensorComm {
     /// length, dtypes and element counts (the agreement compares them). The result of each
     /// member is what [`TensorComm::all_reduce_tensor_in_place`] gives it.
     ///
+    /// `tensors` is any [`TensorListMut`]: `&mut guards` for a `Vec<ManagedTensor>`, a
+    /// slice or array of them, or of `&mut dyn Tensor`; members may differ in dtype.
+    ///
     /// # Errors
     /// [`Error::Member`] naming the first member refused (its `READ_ONLY`, device, layout,
     /// or a reduction its dtype does not have; around [`Error::BuffersAlias`] when it shares
-    /// memory with an earlier member); [`Error::MixedDevices`]; [`Error::CollectiveMismatch`] when the lists
-    /// differ across ranks; the pool's errors. All before any data moves, on every rank.
-    fn all_reduce_tensors(&self, tensors: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()> {
-        fused::all_reduce_tensors(self, Blocking, None, tensors, op)
+    /// memory with an earlier member); [`Error::MixedDevices`]; [`Error::CollectiveMismatch`]
+    /// when the lists differ across ranks; the pool's errors. All before any data moves, on
+    /// every rank.
+    fn all_reduce_tensors_in_place<L: TensorListMut + ?Sized>(
+        &self,
+        tensors: &mut L,
+        op: ReduceOp,
+    ) -> Result<()> {
+        fused::all_reduce_tensors(self, Blocking, None, &mut tensors.tensors_mut(), op)
     }
 
     /// All-reduce the members of `send` into those of `recv` (pairwise: same length,
-    /// dtype and count per member), as [`TensorComm::all_reduce_tensors`] does in place.
+    /// dtype and count per member), as [`TensorComm::all_reduce_tensors_in_place`] does in
+    /// place; the plural of [`TensorComm::all_reduce_tensor`]. (Before: the name of the
+    /// in-place form, and this one was `all_reduce_tensors_into`.)
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`], and [`Error::ListLengthMismatch`] for lists
-    /// of different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`] or
-    /// [`Error::CountMismatch`].
+    /// As [`TensorComm::all_reduce_tensors_in_place`], and [`Error::ListLengthMismatch`] for
+    /// lists of different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`]
+    /// or [`Error::CountMismatch`].
+    fn all_reduce_tensors<S: TensorList + ?Sized, L: TensorListMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut L,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let send = send.tensors();
+        fused::all_reduce_tensors(self, Blocking, Some(&send), &mut recv.tensors_mut(), op)
+    }
+
+    /// The earlier name of [`TensorComm::all_reduce_tensors`], deprecated.
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors`].
+    #[deprecated(note = "renamed `all_reduce_tensors` (send list, receive list, op)")]
+    #[doc(hidden)]
     fn all_reduce_tensors_into(
         &self,
         send: &[&dyn Tensor],
         recv: &mut [&mut dyn Tensor],
         op: ReduceOp,
     ) -> Result<()> {
-        fused::all_reduce_tensors(self, Blocking, Some(send), recv, op)
+        self.all_reduce_tensors(send, recv, op)
     }
 
     /// Broadcast every tensor of `tensors` from `root` as few messages (buckets as in
-    /// [`TensorComm::all_reduce_tensors`]; one `MPI_Bcast` per bucket). At the root the
-    /// members are only read (they may be `READ_ONLY`).
+    /// [`TensorComm::all_reduce_tensors_in_place`]; one `MPI_Bcast` per bucket). At the root
+    /// the members are only read (they may be `READ_ONLY`).
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`], and [`Error::InvalidRank`].
-    fn broadcast_tensors(&self, tensors: &mut [&mut dyn Tensor], root: Rank) -> Result<()> {
-        fused::broadcast_tensors(self, Blocking, tensors, root)
+    /// As [`TensorComm::all_reduce_tensors_in_place`], and [`Error::InvalidRank`].
+    fn broadcast_tensors<L: TensorListMut + ?Sized>(
+        &self,
+        tensors: &mut L,
+        root: Rank,
+    ) -> Result<()> {
+        fused::broadcast_tensors(self, Blocking, &mut tensors.tensors_mut(), root)
     }
 
     /// Reduce-scatter a list (`MPI_Reduce_scatter_block` per bucket): member `i` of `send`
     /// holds `size` × the elements of member `i` of `recv`; rank `r` receives the
     /// element-wise reduction of every rank's block `r`, member by member (what
-    /// [`TensorComm::reduce_scatter_block_tensor`] gives each pair).
+    /// [`TensorComm::reduce_scatter_block_tensor`] gives each pair). (Before:
+    /// `reduce_scatter_tensors`.)
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors_into`], and [`Error::CountTooLarge`] for a bucket
+    /// As [`TensorComm::all_reduce_tensors`], and [`Error::CountTooLarge`] for a bucket
     /// beyond `int` units per rank.
+    fn reduce_scatter_block_tensors<S: TensorList + ?Sized, L: TensorListMut + ?Sized>(
+        &self,
+        send: &S,
+        recv: &mut L,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let send = send.tensors();
+        let recv = &mut recv.tensors_mut();
+        fused::reduce_scatter_block_tensors(self, Blocking, &send, recv, op)
+    }
+
+    /// The earlier name of [`TensorComm::reduce_scatter_block_tensors`], deprecated.
+    ///
+    /// # Errors
+    /// As [`TensorComm::reduce_scatter_block_tensors`].
+    #[deprecated(note = "renamed `reduce_scatter_block_tensors`")]
+    #[doc(hidden)]
     fn reduce_scatter_tensors(
         &self,
         send: &[&dyn Tensor],
         recv: &mut [&mut dyn Tensor],
         op: ReduceOp,
     ) -> Result<()> {
-        fused::reduce_scatter_tensors(self, Blocking, send, recv, op)
+        self.reduce_scatter_block_tensors(send, recv, op)
     }
 
-    /// Nonblocking [`TensorComm::all_reduce_tensors`]: the post checks every member, takes
-    /// the buckets and posts the agreement; `test`/`wait` post every bucket once it
-    /// completes (packing bucket k+1 while bucket k is on the wire) and unpack each as it
-    /// lands.
+    /// Nonblocking [`TensorComm::all_reduce_tensors_in_place`]: the post checks every
+    /// member, takes the buckets and posts the agreement; `test`/`wait` post every bucket
+    /// once it completes (packing bucket k+1 while bucket k is on the wire) and unpack each
+    /// as it lands. The request borrows the list (and so every member) until it completes.
+    ///
+    /// ```compile_fail,E0505
+    /// use dlpack_mpi::comm::TensorComm;
+    /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+    /// use dlpack_mpi::dtype::ReduceOp;
+    /// let universe = mpi::initialize().unwrap();
+    /// let world = universe.world();
+    /// let (a, b) = (Owned::new(vec![1.0f32; 4]), Owned::new(vec![2.0f64; 3]));
+    /// let opts = AcquireOptions::default();
+    /// let mut grads = vec![acquire(&a, &opts).unwrap(), acquire(&b, &opts).unwrap()];
+    /// mpi::request::scope(|scope| {
+    ///     let req = world
+    ///         .immediate_all_reduce_tensors_in_place(scope, &mut grads, ReduceOp::Sum)
+    ///         .unwrap();
+    ///     drop(grads); // refused: the request still borrows the list and its guards
+    ///     req.wait().unwrap();
+    /// });
+    /// ```
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`]; this rank's refusal from the post, the peers'
-    /// from [`TensorRequest::wait`].
-    fn immediate_all_reduce_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
+    /// As [`TensorComm::all_reduce_tensors_in_place`]; this rank's refusal from the post,
+    /// the peers' from [`TensorRequest::wait`].
+    fn immediate_all_reduce_tensors_in_place<
+        'a,
+        L: TensorListMut + ?Sized,
+        Sc: Scope<'a> + Copy,
+    >(
         &'a self,
         scope: Sc,
-        tensors: &'a mut [&'b mut dyn Tensor],
+        tensors: &'a mut L,
         op: ReduceOp,
     ) -> Result<TensorRequest<'a, Sc>> {
-        fused::all_reduce_tensors(self, Immediate(scope), None, tensors, op)
+        let mut list = tensors.tensors_mut();
+        // SAFETY: `list` lives until the fused call returns and is not touched meanwhile.
+        let list = unsafe { detach_mut(&mut list) };
+        fused::all_reduce_tensors(self, Immediate(scope), None, list, op)
     }
 
-    /// Nonblocking [`TensorComm::all_reduce_tensors_into`].
+    /// Nonblocking [`TensorComm::all_reduce_tensors`]. (Before: the name of the in-place
+    /// form, and this one was `immediate_all_reduce_tensors_into`.)
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors_into`].
+    /// As [`TensorComm::all_reduce_tensors`].
+    fn immediate_all_reduce_tensors<
+        'a,
+        S: TensorList + ?Sized,
+        L: TensorListMut + ?Sized,
+        Sc: Scope<'a> + Copy,
+    >(
+        &'a self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut L,
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let (mut send, mut recv) = (send.tensors(), recv.tensors_mut());
+        // SAFETY: `send` and `recv` live until the fused call returns, untouched meanwhile.
+        let (send, recv) = unsafe { (detach(&mut send), detach_mut(&mut recv)) };
+        fused::all_reduce_tensors(self, Immediate(scope), Some(send), recv, op)
+    }
+
+    /// The earlier name of [`TensorComm::immediate_all_reduce_tensors`], deprecated.
+    ///
+    /// # Errors
+    /// As [`TensorComm::immediate_all_reduce_tensors`].
+    #[deprecated(note = "renamed `immediate_all_reduce_tensors` (scope, send, receive, op)")]
+    #[doc(hidden)]
     fn immediate_all_reduce_tensors_into<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
@@ -829,10 +929,36 @@ pub trait TensorComm {
         fused::all_reduce_tensors(self, Immediate(scope), Some(send), recv, op)
     }
 
-    /// Nonblocking [`TensorComm::reduce_scatter_tensors`].
+    /// Nonblocking [`TensorComm::reduce_scatter_block_tensors`]. (Before:
+    /// `immediate_reduce_scatter_tensors`.)
     ///
     /// # Errors
-    /// As [`TensorComm::reduce_scatter_tensors`].
+    /// As [`TensorComm::reduce_scatter_block_tensors`].
+    fn immediate_reduce_scatter_block_tensors<
+        'a,
+        S: TensorList + ?Sized,
+        L: TensorListMut + ?Sized,
+        Sc: Scope<'a> + Copy,
+    >(
+        &'a self,
+        scope: Sc,
+        send: &'a S,
+        recv: &'a mut L,
+        op: ReduceOp,
+    ) -> Result<TensorRequest<'a, Sc>> {
+        let (mut send, mut recv) = (send.tensors(), recv.tensors_mut());
+        // SAFETY: `send` and `recv` live until the fused call returns, untouched meanwhile.
+        let (send, recv) = unsafe { (detach(&mut send), detach_mut(&mut recv)) };
+        fused::reduce_scatter_block_tensors(self, Immediate(scope), send, recv, op)
+    }
+
+    /// The earlier name of [`TensorComm::immediate_reduce_scatter_block_tensors`],
+    /// deprecated.
+    ///
+    /// # Errors
+    /// As [`TensorComm::immediate_reduce_scatter_block_tensors`].
+    #[deprecated(note = "renamed `immediate_reduce_scatter_block_tensors`")]
+    #[doc(hidden)]
     fn immediate_reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
@@ -840,21 +966,54 @@ pub trait TensorComm {
         recv: &'a mut [&'b mut dyn Tensor],
         op: ReduceOp,
     ) -> Result<TensorRequest<'a, Sc>> {
-        fused::reduce_scatter_tensors(self, Immediate(scope), send, recv, op)
+        fused::reduce_scatter_block_tensors(self, Immediate(scope), send, recv, op)
     }
 
     /// Nonblocking [`TensorComm::broadcast_tensors`].
     ///
     /// # Errors
     /// As [`TensorComm::broadcast_tensors`].
-    fn immediate_broadcast_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
+    fn immediate_broadcast_tensors<'a, L: TensorListMut + ?Sized, Sc: Scope<'a> + Copy>(
         &'a self,
         scope: Sc,
-        tensors: &'a mut [&'b mut dyn Tensor],
+        tensors: &'a mut L,
         root: Rank,
     ) -> Result<TensorRequest<'a, Sc>> {
-        fused::broadcast_tensors(self, Immediate(scope), tensors, root)
+        let mut list = tensors.tensors_mut();
+        // SAFETY: `list` lives until the fused call returns and is not touched meanwhile.
+        let list = unsafe { detach_mut(&mut list) };
+        fused::broadcast_tensors(self, Immediate(scope), list, root)
     }
+}
+
+// The nonblocking fused collectives take a list as the slice of `&mut dyn Tensor` the fused
+// engine takes, borrowed for the request's `'a`; the caller's list (`TensorList`,
+// `TensorListMut`) gives it as a `Vec` made for the call. The engine keeps nothing that
+// points into that slice once the call returns: a `Fused` has no lifetime (its members are
+// `spec::facts::Facts`, the elements' addresses), and a device bucket borrows the tensors
+// the slice's elements point to (reborrowed through them), which the request keeps
+// borrowed for `'a` through the caller's list, never the elements themselves. So the `Vec`
+// may go when the call returns, though the slice's type says `'a`.
+
+/// `list` as a slice of lifetime `'a`, for a fused entry point.
+///
+/// # Safety
+/// Pass the slice to one fused entry point only (`fused::all_reduce_tensors`,
+/// `broadcast_tensors`, `reduce_scatter_block_tensors`), and keep `list` alive and
+/// untouched until that call returns; use the slice for nothing else.
+unsafe fn detach_mut<'a>(list: &mut [&'a mut dyn Tensor]) -> &'a mut [&'a mut dyn Tensor] {
+    // SAFETY: a live slice's pointer and length; the caller bounds its use to the call
+    // (see above).
+    unsafe { std::slice::from_raw_parts_mut(list.as_mut_ptr(), list.len()) }
+}
+
+/// The read-only form of [`detach_mut`], for a send list.
+///
+/// # Safety
+/// As [`detach_mut`].
+unsafe fn detach<'a>(list: &mut [&'a dyn Tensor]) -> &'a [&'a dyn Tensor] {
+    // SAFETY: as in `detach_mut`.
+    unsafe { std::slice::from_raw_parts(list.as_ptr(), list.len()) }
 }
 
 impl<C: Communicator + ?Sized> TensorComm for C {

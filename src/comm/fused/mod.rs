@@ -702,7 +702,7 @@ impl Fused {
     }
 }
 
-/// [`super::TensorComm::all_reduce_tensors`], [`super::TensorComm::all_reduce_tensors_into`]
+/// [`super::TensorComm::all_reduce_tensors_in_place`], [`super::TensorComm::all_reduce_tensors`]
 /// and their nonblocking forms: `send` `None` reduces `recv`'s members in place.
 pub(super) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
     tc: &'a T,
@@ -751,8 +751,14 @@ pub(super) fn broadcast_tensors<'a, 'b: 'a, T: TensorComm + ?Sized, M: Mode<'a>>
     mode.prepared(tc, sig, prepared)
 }
 
-/// [`super::TensorComm::reduce_scatter_tensors`] and its nonblocking form.
-pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized, M: Mode<'a>>(
+/// [`super::TensorComm::reduce_scatter_block_tensors`] and its nonblocking form.
+pub(super) fn reduce_scatter_block_tensors<
+    'a,
+    'b: 'a,
+    'c: 'a,
+    T: TensorComm + ?Sized,
+    M: Mode<'a>,
+>(
     tc: &'a T,
     mode: M,
     send: &'a [&'c dyn Tensor],
@@ -762,7 +768,7 @@ pub(super) fn reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, T: TensorComm + ?Sized,
     let comm = tc.communicator();
     check_intra(comm)?;
     let sig = signature(
-        "reduce_scatter_tensors",
+        "reduce_scatter_block_tensors",
         recv.iter().map(|t| &**t as &dyn Tensor),
     )
     .reduce(op);
