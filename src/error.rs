@@ -408,7 +408,7 @@ pub enum Error {
 
     /// Another rank of the communicator refused its arguments to a collective of
     /// [`crate::comm::TensorComm`], so no rank entered the data operation (the agreement of
-    /// [`crate::comm::Agreement::Collective`]). `rank` is the lowest rank that refused (in
+    /// [`crate::settings::Agreement::Collective`]). `rank` is the lowest rank that refused (in
     /// the communicator the collective was called on); `reason` is that rank's own error
     /// message, cut to at most [`crate::comm::AGREEMENT_REASON_BYTES`] bytes.
     #[error(

@@ -1,5 +1,9 @@
 #![doc = include_str!("overview.md")]
 
+// `allow`: the settings re-exports left in `agree.rs` and `packing.rs` (`pub use
+// crate::settings::…`, no longer re-exported from here) go when those files move; drop the
+// two `allow`s with them.
+#[allow(unused_imports)]
 mod agree;
 mod bcast;
 mod blocks;
@@ -12,6 +16,7 @@ mod immediate;
 mod mode;
 mod operands;
 pub(crate) mod p2p;
+#[allow(unused_imports)]
 mod packing;
 mod pending;
 pub(crate) mod reduce;
@@ -27,20 +32,27 @@ use mpi::topology::{Communicator, Rank};
 use mpi::traits::*;
 use mpi::Tag;
 
-pub use agree::{
-    agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
-};
+pub use agree::AGREEMENT_REASON_BYTES;
 pub use bcast::BroadcastBuffer;
 pub use blocks::Blocks;
 pub(crate) use checks::{check_rank, check_tag};
-pub use fused::ALONE_BYTES;
 pub use immediate::{test_any, wait_all, wait_any, TensorRequest};
 pub(crate) use p2p::{recv_matched, unfit};
-pub use packing::{
-    default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
-    parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
-    DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
-};
+pub use packing::inner_block_bytes;
+// The settings' earlier paths here (`comm::Agreement`, `comm::set_packing`, …; they are in
+// `crate::settings`) and `ALONE_BYTES`, deprecated: a glob, so that any name this module
+// declares or imports itself wins over them.
+mod deprecated;
+#[cfg(doc)]
+use crate::settings::{Agreement, Packing};
+pub use deprecated::*;
+
+/// A member of a fused collective's list of at least this many bytes (256 KiB) has a bucket
+/// of its own, reduced or broadcast on its own memory when it is contiguous: copying it into
+/// a bucket and back costs more than the latency of one more collective (measured:
+/// `docs/PERFORMANCE.md`, "Fused collectives"). A constant, so that every rank buckets a
+/// list alike. (Named `ALONE_BYTES` before.)
+pub const OWN_BUCKET_BYTES: usize = fused::ALONE_BYTES;
 pub use reduce::halfops;
 #[doc(hidden)]
 pub use stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};

@@ -22,12 +22,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::harness;
-use dlpack_mpi::comm::{Blocks, BroadcastBuffer, Packing, TensorComm};
+use dlpack_mpi::comm::{Blocks, BroadcastBuffer, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
     FLAG_IS_COPIED, FLAG_READ_ONLY,
 };
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::Packing;
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
@@ -1354,15 +1355,17 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         println!("running canary cases at {} rank(s)", w.size());
     }
     // Every case under each packing policy (or only the one DLPACK_MPI_PACKING names).
-    let policies = match dlpack_mpi::comm::parse_packing(
-        std::env::var(dlpack_mpi::comm::PACKING_ENV).ok().as_deref(),
+    let policies = match dlpack_mpi::settings::parse_packing(
+        std::env::var(dlpack_mpi::settings::PACKING_ENV)
+            .ok()
+            .as_deref(),
     ) {
         Ok(Some(p)) => vec![p],
         _ => vec![Packing::Auto, Packing::DerivedDatatype, Packing::Copy],
     };
     let (mut passed, mut failed) = (0, 0);
     for policy in policies {
-        dlpack_mpi::comm::set_packing(policy);
+        dlpack_mpi::settings::set_packing(policy);
         if w.rank() == 0 {
             println!("packing policy {policy:?}");
         }

@@ -158,7 +158,7 @@ fn in_place<T: Val>(w: &SimpleCommunicator, form: Form, offset: usize) -> Outcom
     in_place_of::<T>(w, form, offset, SHAPES)
 }
 
-/// Members of at least `ALONE_BYTES` (256 KiB) in float32 among small ones: each has a
+/// Members of at least `OWN_BUCKET_BYTES` (256 KiB) in float32 among small ones: each has a
 /// bucket of its own, reduced on its own memory when contiguous (nothing copied), packed
 /// alone when strided.
 const LARGE: &[(usize, bool)] = &[

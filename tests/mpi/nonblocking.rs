@@ -777,7 +777,7 @@ fn is_complete_polls_without_consuming(w: &SimpleCommunicator) -> Outcome {
     let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
     let ring_send = Owned::new(vals(me, M));
     let mut ring_recv = receiver(M, true)?;
-    let mut grads = vec![Owned::new(vals(me, M)), Owned::new(vals(me, 2 * M))];
+    let mut grads = [Owned::new(vals(me, M)), Owned::new(vals(me, 2 * M))];
     let short = Owned::new(vals(me, M - 1));
     let mut long = Owned::new(vec![GAP; M]);
     {
