@@ -465,7 +465,9 @@ pub fn from_capsule(capsule: &Bound<'_, PyAny>) -> Result<ManagedTensor<'static>
         let e = PyErr::take(py);
         return Err(match e {
             Some(e) => python_error("PyCapsule_SetName".into(), py, e),
-            None => Error::Export("PyCapsule_SetName failed".into()),
+            None => Error::PythonCallFailed {
+                call: "PyCapsule_SetName",
+            },
         });
     }
     if versioned {

@@ -1173,6 +1173,8 @@ fn owned_never_hands_out_aliasing_writable_tensors() {
     assert_eq!(
         acquire(&o, &opts).err(),
         Some(Error::StorageBusy {
+            dtype: DType::new(dtype::code::UINT, 32),
+            shape: vec![4],
             writable: true,
             readers: 0
         })
@@ -1194,6 +1196,8 @@ fn owned_never_hands_out_aliasing_writable_tensors() {
     assert_eq!(
         acquire(&sm, &opts).err(),
         Some(Error::StorageBusy {
+            dtype: DType::new(dtype::code::INT, 16),
+            shape: vec![3],
             writable: true,
             readers: 0
         })

@@ -1136,8 +1136,11 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
             let e = w.recv_tensor(&mut small.tensor(0), prev, 43).err();
             // The matched message is held by the error: the fitting tensor receives it.
             let got = match e.as_ref().and_then(Error::unreceived) {
-                Some(held) => held.recv_into(&mut fits.tensor(0)).map(|_| ()),
-                None => Err(Error::Export("no held message".into())),
+                Some(held) => held
+                    .recv_into(&mut fits.tensor(0))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                None => Err("no held message".to_string()),
             };
             req.wait();
             ensure!(
@@ -1151,7 +1154,7 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
                 ),
                 "4-element receive of 6: {e:?}"
             );
-            got.map_err(|e| e.to_string())
+            got
         });
         res?;
     }
