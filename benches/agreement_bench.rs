@@ -15,9 +15,10 @@
 //! host). Rooted collectives use root 0. This is a measurement, not a test:
 //! it asserts only that every call returned `Ok` and that the last all-reduce summed right.
 
-use dlpack_mpi::comm::{set_agreement, Agreement, Blocks, TensorComm};
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::{set_agreement, Agreement};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

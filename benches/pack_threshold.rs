@@ -9,8 +9,9 @@
 
 use std::time::Instant;
 
-use dlpack_mpi::comm::{set_packing, Packing, TensorComm};
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+use dlpack_mpi::settings::{set_packing, Packing};
 use mpi::traits::*;
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -37,7 +37,8 @@ use std::time::Instant;
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::AcquireOptions;
 use dlpack_mpi::python::exchange::DLPackExchangeApi;
-use dlpack_mpi::python::{self, pyo3, ExchangeApi};
+use dlpack_mpi::python::{self, pyo3};
+use dlpack_mpi::settings::ExchangeApi;
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
@@ -249,9 +250,12 @@ fn import_rows(
     row(
         "dlpack-mpi from_capsule(__dlpack__(...)) + drop (no device query)",
         &time_rust(n, rounds, || {
-            let capsule = x
-                .call_method(dlpack, (), Some(&kwargs))
-                .map_err(|e| dlpack_mpi::Error::Export(e.to_string()))?;
+            let capsule = x.call_method(dlpack, (), Some(&kwargs)).map_err(|e| {
+                dlpack_mpi::Error::Python {
+                    call: "__dlpack__".into(),
+                    exception: e.to_string(),
+                }
+            })?;
             python::from_capsule(&capsule).map(drop)
         }),
     );
@@ -293,7 +297,10 @@ fn import_rows(
 /// The producer's `managed_tensor_from_py_object_no_sync` and the tensor's deleter, called
 /// directly (what the exchange path costs the producer, without dlpack-mpi).
 fn own_table_call(x: &Bound<'_, PyAny>) -> dlpack_mpi::Result<()> {
-    let err = |what: &str| dlpack_mpi::Error::Export(what.into());
+    let err = |what: &str| dlpack_mpi::Error::ExportRefused {
+        exporter: "the producer's exchange table".into(),
+        reason: what.into(),
+    };
     let capsule = x
         .get_type()
         .getattr("__dlpack_c_exchange_api__")

@@ -15,7 +15,7 @@
 //!    into preallocated buffers. They form four groups, in the order the backward pass
 //!    finishes them (`fc` and `layer4`, `layer3`, `layer2`, `layer1` and the stem); as soon
 //!    as a group's last gradient is written, its members are exported and its in-place sum
-//!    is posted with [`TensorComm::immediate_all_reduce_tensors`], while the backward pass
+//!    is posted with [`TensorComm::immediate_all_reduce_tensors_in_place`], while the backward pass
 //!    goes on with the next group. Every pending request is tested
 //!    ([`TensorRequest::test`]) after every gradient: a test that finds a group's agreement
 //!    complete posts the group's buckets, and later tests let MPI progress them and unpack
@@ -343,7 +343,8 @@ fn backward_pass(
                 guards.push(acquire(owned, &opts)?);
             }
             list.extend(guards.iter_mut().map(|t| t as &mut dyn Tensor));
-            let request = world.immediate_all_reduce_tensors(scope, list, ReduceOp::Sum)?;
+            let request =
+                world.immediate_all_reduce_tensors_in_place(scope, list, ReduceOp::Sum)?;
             pending.push(Some(request));
         }
         // Step 3: whatever is still in flight.

@@ -408,7 +408,7 @@ pub enum Error {
 
     /// Another rank of the communicator refused its arguments to a collective of
     /// [`crate::comm::TensorComm`], so no rank entered the data operation (the agreement of
-    /// [`crate::comm::Agreement::Collective`]). `rank` is the lowest rank that refused (in
+    /// [`crate::settings::Agreement::Collective`]). `rank` is the lowest rank that refused (in
     /// the communicator the collective was called on); `reason` is that rank's own error
     /// message, cut to at most [`crate::comm::AGREEMENT_REASON_BYTES`] bytes.
     #[error(
@@ -563,6 +563,15 @@ pub enum Error {
         name: String,
     },
 
+    /// A call of Python's C API failed without setting a Python exception (feature
+    /// `python`): `PyCapsule_SetName` when taking ownership of a DLPack capsule (the capsule
+    /// keeps its name, and the producer still owns the tensor).
+    #[error("Python's `{call}` failed and set no exception")]
+    PythonCallFailed {
+        /// The C API function.
+        call: &'static str,
+    },
+
     /// A Python call of the producer protocol raised (feature `python`).
     #[error("Python `{call}` raised {exception}")]
     Python {
@@ -649,20 +658,40 @@ pub enum Error {
         tag: i32,
     },
 
-    /// The producer failed to export (its own message).
+    /// Deprecated: no exporter of this crate returns it; an exporter of your own returns
+    /// [`Error::ExportRefused`], which names the exporter.
+    #[deprecated(note = "use Error::ExportRefused { exporter, reason }")]
+    #[doc(hidden)]
     #[error("exporter failed: {0}")]
     Export(String),
+
+    /// An exporter outside this crate (an [`crate::dlpack::Exporter`] of your own, a C
+    /// library's) refused an export for a reason no other variant names.
+    #[error("{exporter} refused the export: {reason}")]
+    ExportRefused {
+        /// The exporter: its type or library, as its author names it.
+        exporter: String,
+        /// Why, in its own words.
+        reason: String,
+    },
 
     /// A built-in exporter ([`crate::dlpack::Owned`], [`crate::dlpack::SliceMut`], the CUDA
     /// exporter) refused an export because tensors it exported earlier still hold its storage:
     /// any number of read-only exports, or one writable export, may be alive at a time. Drop
-    /// the live tensors (or export read-only) and export again.
+    /// the live tensors (or export read-only) and export again. `dtype` and `shape` are the
+    /// refused export's (an exporter hands out one layout, so the live tensors have them
+    /// too): they say which of many tensors it was.
     #[error(
-        "storage is already exported ({}); a {} export must wait: drop that tensor first",
+        "the storage of the {dtype} tensor of shape {shape:?} is already exported ({}); a {} \
+         export must wait: drop that tensor first",
         holders(.readers),
         export_kind(.writable)
     )]
     StorageBusy {
+        /// The exporter's element type.
+        dtype: DType,
+        /// The exporter's shape (elements, outermost first).
+        shape: Vec<i64>,
         /// Whether the refused export was writable (`false`: read-only).
         writable: bool,
         /// The read-only exports alive, in tensors; `0` means one writable export is alive.

@@ -64,6 +64,39 @@
     clippy::cast_possible_wrap
 )]
 
+/// Earlier public paths, each a deprecated item of its own hidden from the docs (Rust
+/// ignores `#[deprecated]` on a `pub use`): `fn NAME(ARGS) -> RET` calls the new function,
+/// `const NAME: TYPE` and `type NAME` name the new item, with the note `$note`.
+macro_rules! old_paths {
+    () => {};
+    ($note:literal => fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $new:path; $($more:tt)*) => {
+        #[doc = concat!("Deprecated path of [`", stringify!($new), "`].")]
+        ///
+        /// # Errors
+        /// As the new path's.
+        #[deprecated(note = $note)]
+        #[doc(hidden)]
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            $new($($arg),*)
+        }
+        old_paths!($($more)*);
+    };
+    ($note:literal => const $name:ident: $ty:ty = $new:path; $($more:tt)*) => {
+        #[doc = concat!("Deprecated path of [`", stringify!($new), "`].")]
+        #[deprecated(note = $note)]
+        #[doc(hidden)]
+        pub const $name: $ty = $new;
+        old_paths!($($more)*);
+    };
+    ($note:literal => type $name:ident = $new:path; $($more:tt)*) => {
+        #[doc = concat!("Deprecated path of [`", stringify!($new), "`].")]
+        #[deprecated(note = $note)]
+        #[doc(hidden)]
+        pub type $name = $new;
+        old_paths!($($more)*);
+    };
+}
+
 pub mod checked;
 pub mod comm;
 pub mod device;

@@ -79,8 +79,8 @@
 //!
 //! A producer whose type has `__dlpack_c_exchange_api__` (dlpack.h 1.3's C exchange table:
 //! PaddlePaddle ≥ 3.3, PyTorch ≥ 2.10; not NumPy 2.4) is acquired through that table
-//! instead of steps 1–4, when the table is usable and the [`ExchangeApi`] policy allows
-//! (the default, [`ExchangeApi::Prefer`], does): see [`exchange`].
+//! instead of steps 1–4, when the table is usable and the [`settings::ExchangeApi`] policy allows
+//! (the default, [`settings::ExchangeApi::Prefer`], does): see [`exchange`].
 //!
 //! # Making and reading NumPy arrays
 //!
@@ -126,7 +126,11 @@ use crate::error::{Error, Result};
 use crate::runtime::default_runtime;
 
 pub mod exchange;
-pub use exchange::ExchangeApi;
+use crate::settings;
+
+old_paths! {
+    "use dlpack_mpi::settings::ExchangeApi" => type ExchangeApi = settings::ExchangeApi;
+}
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
@@ -145,18 +149,18 @@ const USED_LEGACY: &CStr = c"used_dltensor";
 /// [`Error::UnsupportedDevice`] as in [`crate::dlpack::acquire`]. A tensor that was handed
 /// out has been released in every error case.
 pub fn acquire(obj: &Bound<'_, PyAny>, options: &AcquireOptions) -> Result<ManagedTensor<'static>> {
-    acquire_with(obj, options, ExchangeApi::from_env()?)
+    acquire_with(obj, options, settings::ExchangeApi::from_env()?)
 }
 
-/// [`acquire`] with an explicit [`ExchangeApi`] policy instead of the process default.
+/// [`acquire`] with an explicit [`settings::ExchangeApi`] policy instead of the process default.
 ///
 /// # Errors
-/// As [`acquire`]; [`Error::InvalidExchangeApi`] under [`ExchangeApi::Require`] (see
+/// As [`acquire`]; [`Error::InvalidExchangeApi`] under [`settings::ExchangeApi::Require`] (see
 /// [`exchange`]).
 pub fn acquire_with(
     obj: &Bound<'_, PyAny>,
     options: &AcquireOptions,
-    exchange_api: ExchangeApi,
+    exchange_api: settings::ExchangeApi,
 ) -> Result<ManagedTensor<'static>> {
     // ---- DLPack C exchange API (src/python/exchange.rs): a usable table replaces the
     // device query and `__dlpack__`; otherwise the capsule path below.
@@ -461,7 +465,9 @@ pub fn from_capsule(capsule: &Bound<'_, PyAny>) -> Result<ManagedTensor<'static>
         let e = PyErr::take(py);
         return Err(match e {
             Some(e) => python_error("PyCapsule_SetName".into(), py, e),
-            None => Error::Export("PyCapsule_SetName failed".into()),
+            None => Error::PythonCallFailed {
+                call: "PyCapsule_SetName",
+            },
         });
     }
     if versioned {

@@ -13,7 +13,7 @@
 //! | `DLPACK_MPI_HALF_OPS` ([`HALF_OPS_ENV`]) | `auto`, `library` | `auto` | how float16 and bfloat16 reduce: MPI's own datatypes and operations where the MPI library has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`), else this crate's user-defined operations ([`HalfOps`]); every rank must use the same | [`half_ops`], once | [`set_half_ops`] |
 //! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
-//! | `DLPACK_MPI_EXCHANGE_API` ([`EXCHANGE_API_ENV`]; feature `python`) | `prefer`, `never`, `require` | `prefer` | whether Python objects are acquired through their DLPack C exchange table (`python::ExchangeApi`) | `python::ExchangeApi::from_env`, once (by `python::acquire`) | per call: `python::acquire_with` |
+//! | `DLPACK_MPI_EXCHANGE_API` ([`EXCHANGE_API_ENV`]; feature `python`) | `prefer`, `never`, `require` | `prefer` | whether Python objects are acquired through their DLPack C exchange table (`ExchangeApi`) | `ExchangeApi::from_env`, once (by `python::acquire`) | per call: `python::acquire_with` |
 //!
 //! **Common rules.** A value is read in any case with surrounding blanks ignored; unset and
 //! empty mean the default. Any other value, also one that is not UTF-8 (shown lossily), is
@@ -30,9 +30,9 @@
 //! for `python::BUILT_PYTHON`/`BUILT_PYTHON_LIBDIR`) are not settings and are not read here.
 //!
 //! The value types ([`Agreement`], [`Packing`], `ExchangeApi`) are defined here, below every
-//! module that reads them; their old paths (`comm::Agreement`, `comm::Packing`,
+//! module that reads them. Their old paths (`comm::Agreement`, `comm::Packing`,
 //! `python::ExchangeApi`, and the functions and constants at `comm`, `spec::scratch` and
-//! `transport`) are re-exports of these items. This module uses only [`crate::error`] (and
+//! `transport`) are deprecated items hidden from the docs (CHANGELOG.md lists them). This module uses only [`crate::error`] (and
 //! `MPI_Get_library_version`, which MPI allows at any time, for the pack threshold's default).
 
 use std::sync::{Mutex, MutexGuard};
@@ -574,7 +574,7 @@ static CUDA_AWARE: Setting<bool> = Setting::new(
 );
 
 /// Reads a `DLPACK_MPI_CUDA_AWARE` value: `None` when unset or empty (at
-/// `transport::parse_override` too).
+/// its deprecated path `transport::parse_override` too).
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] naming the value when it is not one of `0 1 false true no yes
@@ -629,7 +629,7 @@ pub fn device_override() -> Result<Option<i32>> {
 // DLPACK_MPI_EXCHANGE_API
 // ---------------------------------------------------------------------------------------
 
-/// The environment variable read by `python::ExchangeApi::from_env` (feature `python`).
+/// The environment variable read by `ExchangeApi::from_env` (feature `python`).
 pub const EXCHANGE_API_ENV: &str = "DLPACK_MPI_EXCHANGE_API";
 
 /// Whether `python::acquire` goes through a producer's DLPack C exchange table (see

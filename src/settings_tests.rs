@@ -184,3 +184,51 @@ fn exchange_api_values() {
         "always",
     );
 }
+
+/// The deprecated earlier paths of the settings name the same items and read the same way.
+#[test]
+#[allow(deprecated)]
+fn old_paths_are_the_settings() {
+    use crate::{comm, spec::scratch, transport};
+    assert_eq!(comm::AGREEMENT_ENV, AGREEMENT_ENV);
+    assert_eq!(comm::PACKING_ENV, PACKING_ENV);
+    assert_eq!(comm::PACK_THRESHOLD_ENV, PACK_THRESHOLD_ENV);
+    assert_eq!(
+        comm::DEFAULT_PACK_THRESHOLD_BYTES,
+        DEFAULT_PACK_THRESHOLD_BYTES
+    );
+    assert_eq!(comm::MPICH_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES);
+    assert_eq!(comm::ALONE_BYTES, comm::OWN_BUCKET_BYTES);
+    let local: comm::Agreement = Agreement::Local;
+    assert_eq!(comm::parse_agreement(Some("local")), Ok(Some(local)));
+    assert_eq!(
+        comm::parse_packing(Some("copy")),
+        Ok(Some(comm::Packing::Copy))
+    );
+    assert_eq!(
+        comm::parse_pack_threshold(Some("64")),
+        parse_pack_threshold(Some("64"))
+    );
+    assert_eq!(
+        comm::default_pack_threshold_for("MPICH Version: 4.0.2"),
+        default_pack_threshold_for("MPICH Version: 4.0.2")
+    );
+    assert_eq!(transport::CUDA_AWARE_ENV, CUDA_AWARE_ENV);
+    assert_eq!(
+        transport::parse_override(Some("yes")),
+        parse_cuda_aware(Some("yes"))
+    );
+    assert_eq!(transport::DEVICE_ENV, DEVICE_ENV);
+    assert_eq!(transport::parse_device_override(Some("1")), Ok(Some(1)));
+    assert_eq!(scratch::POOL_CAP_ENV, POOL_CAP_ENV);
+    assert_eq!(scratch::DEFAULT_POOL_CAP_BYTES, DEFAULT_POOL_CAP_BYTES);
+    assert_eq!(
+        scratch::parse_pool_cap(Some("0")),
+        parse_pool_cap(Some("0"))
+    );
+    #[cfg(feature = "python")]
+    {
+        let never: crate::python::ExchangeApi = ExchangeApi::Never;
+        let _: crate::python::exchange::ExchangeApi = never;
+    }
+}

@@ -14,7 +14,10 @@ use dlpack_mpi::dlpack::{
 };
 use dlpack_mpi::dtype::{self, DType, ReduceOp};
 use dlpack_mpi::layout;
-use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+// Deprecated, still tested while they exist.
+#[allow(deprecated)]
+use dlpack_mpi::spec::{VectorRecvSpec, VectorSendSpec};
 use dlpack_mpi::Error;
 use mpi::datatype::{Collection, Pointer};
 
@@ -467,6 +470,7 @@ fn c42_is_copied_receive_is_refused_send_works() {
 }
 
 #[test]
+#[allow(deprecated)]
 fn c45_vector_blocks_past_the_tensor_are_refused() {
     let owned = Owned::new(vec![0i32; 6]);
     let mut t = acquire(&owned, &AcquireOptions::default()).unwrap();
@@ -685,6 +689,7 @@ fn empty_tensors_hand_mpi_a_null_pointer() {
 }
 
 #[test]
+#[allow(deprecated)] // VectorSendSpec
 fn counts_beyond_mpi_int_are_never_truncated() {
     // 3e9 one-byte elements: a truncated int count would be negative. Such a message goes
     // through a large-count derived datatype (tests/mpi/mpi_cases.rs checks its size), which

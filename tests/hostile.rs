@@ -24,7 +24,10 @@ use dlpack_mpi::dlpack::{
 };
 use dlpack_mpi::dtype::{self, DType};
 use dlpack_mpi::layout;
-use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+// Deprecated, still tested while they exist.
+#[allow(deprecated)]
+use dlpack_mpi::spec::{VectorRecvSpec, VectorSendSpec};
 use dlpack_mpi::Error;
 use mpi::datatype::{Collection, Pointer};
 
@@ -913,6 +916,7 @@ fn six() -> Owned<i32> {
 }
 
 #[test]
+#[allow(deprecated)]
 fn vector_send_hostile_counts_and_displacements() {
     let o = six();
     let t = acquire(&o, &AcquireOptions::default()).unwrap();
@@ -954,6 +958,7 @@ fn vector_send_hostile_counts_and_displacements() {
 }
 
 #[test]
+#[allow(deprecated)]
 fn vector_recv_hostile_counts_displacements_and_overlaps() {
     let o = six();
     let mut t = acquire(&o, &AcquireOptions::default()).unwrap();
@@ -1173,6 +1178,8 @@ fn owned_never_hands_out_aliasing_writable_tensors() {
     assert_eq!(
         acquire(&o, &opts).err(),
         Some(Error::StorageBusy {
+            dtype: DType::new(dtype::code::UINT, 32),
+            shape: vec![4],
             writable: true,
             readers: 0
         })
@@ -1194,6 +1201,8 @@ fn owned_never_hands_out_aliasing_writable_tensors() {
     assert_eq!(
         acquire(&sm, &opts).err(),
         Some(Error::StorageBusy {
+            dtype: DType::new(dtype::code::INT, 16),
+            shape: vec![3],
             writable: true,
             readers: 0
         })

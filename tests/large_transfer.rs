@@ -19,10 +19,11 @@
 //! broadcast). Needs about 2.2 GB at rank 0 and 4.3 GB at rank 1 at the peaks (each
 //! transfer frees its buffers before the next); at 1 rank the transfers report themselves ignored.
 
-use dlpack_mpi::comm::{set_packing, Packing, TensorComm};
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::MpiUnit;
 use dlpack_mpi::layout::Axis;
+use dlpack_mpi::settings::{set_packing, Packing};
 use dlpack_mpi::spec::datatype;
 use dlpack_mpi::spec::SendSpec;
 use mpi::collective::SystemOperation;

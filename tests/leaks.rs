@@ -17,9 +17,10 @@
 mod common;
 
 use common::{rss_bytes, RawTensor};
-use dlpack_mpi::comm::{Packing, TensorComm};
+use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::Packing;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -35,7 +36,7 @@ fn cycle(w: &SimpleCommunicator, c: usize) -> Result<(), String> {
     // Every odd cycle sends and receives step-2 views (a strided send and a strided
     // receive), under the three packing policies in turn: the pack pool must stay bounded.
     let strided = c % 2 == 1;
-    dlpack_mpi::comm::set_packing(POLICIES[(c / 2) % POLICIES.len()]);
+    dlpack_mpi::settings::set_packing(POLICIES[(c / 2) % POLICIES.len()]);
     let vals: Vec<f64> = (0..2 * N)
         .map(|i| (rank as usize * 1000 + i + c) as f64)
         .collect();

@@ -13,9 +13,10 @@
 //! and passes without doing anything. The collectives run under `Agreement::Local`: the peer
 //! does not join dlpack-mpi's agreement all-reduce.
 
-use dlpack_mpi::comm::{set_agreement, set_packing, Agreement, Blocks, Packing, TensorComm};
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::{DType, ReduceOp};
+use dlpack_mpi::settings::{set_agreement, set_packing, Agreement, Packing};
 use half::f16;
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;

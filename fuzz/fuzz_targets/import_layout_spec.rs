@@ -34,7 +34,10 @@ use dlpack_mpi::dlpack::{
 };
 use dlpack_mpi::dtype::{self, DType};
 use dlpack_mpi::layout;
-use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec, VectorSendSpec};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
+// Deprecated, still fuzzed while they exist.
+#[allow(deprecated)]
+use dlpack_mpi::spec::{VectorRecvSpec, VectorSendSpec};
 use dlpack_mpi::Error;
 use libfuzzer_sys::fuzz_target;
 use mpi::datatype::{Collection, Pointer};
@@ -312,6 +315,7 @@ fn check_slices(t: &ManagedTensor<'_>, arrays: &Arrays) {
     try_type!(f64);
 }
 
+#[allow(deprecated)] // VectorSendSpec, VectorRecvSpec
 fn check_specs(t: &mut ManagedTensor<'_>, input: &Input) {
     let n = t.num_elements();
     let lookup = dtype::lookup(t.dtype());

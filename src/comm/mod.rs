@@ -2,6 +2,7 @@
 
 #[macro_use]
 mod twins;
+mod deprecated;
 mod engine;
 mod ops;
 
@@ -10,64 +11,40 @@ use std::ops::Range;
 use mpi::point_to_point::Status;
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, Rank};
-use mpi::traits::*;
 use mpi::Tag;
 
-pub use engine::agree::{
-    agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV, AGREEMENT_REASON_BYTES,
-};
+pub use engine::agree::AGREEMENT_REASON_BYTES;
 pub use engine::bcast::BroadcastBuffer;
 pub use engine::blocks::Blocks;
 pub(crate) use engine::checks::check_peer;
 pub use engine::halfops;
-pub use engine::packing::{
-    default_pack_threshold_for, inner_block_bytes, pack_threshold_bytes, packing,
-    parse_pack_threshold, parse_packing, set_pack_threshold_bytes, set_packing, Packing,
-    DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
-};
+pub use engine::packing::inner_block_bytes;
 pub use engine::request::{test_any, wait_all, wait_any, TensorRequest};
 pub(crate) use engine::stager::sealed::Sealed;
 pub use engine::stager::Endpoint;
+// The earlier paths of settings and `ALONE_BYTES`, deprecated (a glob: this module's wins).
+#[cfg(doc)]
+use crate::settings::{Agreement, Packing};
+pub use deprecated::*;
 #[doc(hidden)]
 pub use engine::stager::{BucketMember, Operand, StagedBucket, StagedTensor, Stager, Staging};
-pub use ops::fused::ALONE_BYTES;
+pub use ops::fused::OWN_BUCKET_BYTES;
 pub(crate) use ops::p2p;
 pub(crate) use ops::p2p::{recv_matched, unfit};
 
 use engine::mode::Blocking;
 use engine::request::Immediate;
-use ops::{collective, fused, reduce, window};
+use ops::fused::{self, written};
+use ops::{collective, reduce, window};
 
-use crate::dlpack::Tensor;
+use crate::dlpack::{Tensor, TensorList, TensorListMut};
 use crate::dtype::ReduceOp;
 #[cfg(doc)]
 use crate::error::Error;
 use crate::error::Result;
 use crate::spec::{RecvSpec, SendSpec};
 
-/// Checked tensor operations, for every rsmpi [`Communicator`] and for
-/// `transport::DeviceComm` (the same list, written once).
-///
-/// Tensors are passed as `&dyn Tensor` (any [`crate::dlpack::ManagedTensor`] or
-/// [`crate::dlpack::TensorView`]). Arguments only the root uses are `Option`s; they are
-/// required at the root ([`Error::MissingBuffer`] without them); at another rank they may be
-/// `None`, and when given they are checked as at the root (and not used; `DeviceComm`
-/// neither stages nor copies them there).
-///
-/// Every collective (broadcast, reductions, gathers, scatters, all-to-alls) agrees across
-/// the ranks before moving data (see [`Agreement`]): besides the errors each method lists,
-/// it returns [`Error::PeerRefused`] when another rank refused its arguments, and
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_AGREEMENT` holds a value other than
-/// `collective` or `local`. On any error no rank has entered the data operation (under
-/// [`Agreement::Local`]: only this rank).
-///
-/// Sealed through [`Endpoint`]: it is implemented for every rsmpi communicator and for
-/// `transport::DeviceComm`, and cannot be implemented outside this crate.
-///
-/// ```compile_fail,E0277
-/// struct Mine;
-/// impl dlpack_mpi::comm::TensorComm for Mine {} // refused: `Mine` is no `Endpoint`
-/// ```
+#[doc = include_str!("tensor_comm.md")]
 pub trait TensorComm: Endpoint {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).
     ///
@@ -124,12 +101,8 @@ pub trait TensorComm: Endpoint {
     /// Nonblocking send of all elements of `tensor` to `dest` inside an rsmpi scope
     /// (`MPI_Isend`, MPI-4.1 §3.7.2): the nonblocking form of [`TensorComm::send_tensor`],
     /// with the same argument, packing policy ([`Packing`]) and wire format (the elements
-    /// in logical row-major order).
-    ///
-    /// The returned [`TensorRequest`] borrows `tensor` for `'a` and owns the packed copy
-    /// when the policy packs the layout (a pool buffer, handed back at completion);
-    /// contiguous tensors and derived-datatype layouts go without a copy. Complete it with
-    /// [`TensorRequest::wait`]; dropping it uncompleted waits (see [`TensorRequest`]).
+    /// in logical row-major order). The [`TensorRequest`] borrows `tensor` for `'a` and
+    /// owns a packed copy until it completes; dropping it uncompleted waits.
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`] and the errors of [`SendSpec::new`]
@@ -147,11 +120,9 @@ pub trait TensorComm: Endpoint {
 
     /// Nonblocking receive into all elements of `tensor` from `source` inside an rsmpi
     /// scope (`MPI_Irecv`, MPI-4.1 §3.7.2): the nonblocking form of
-    /// [`TensorComm::recv_tensor`], same argument and packing policy. A strided tensor the
-    /// policy packs is received into a pool buffer the [`TensorRequest`] owns and unpacked
-    /// into `tensor` at completion ([`TensorRequest::wait`]).
-    ///
-    /// The size cannot be probed before posting: a longer message is MPI's truncation
+    /// [`TensorComm::recv_tensor`], same argument and packing policy (a packed copy is
+    /// unpacked into `tensor` at completion). The size cannot be probed before posting: a
+    /// longer message is MPI's truncation
     /// error (fatal under the default error handler), a shorter one is
     /// [`Error::CountMismatch`] from [`TensorRequest::wait`]; use it where sizes are agreed
     /// (or use [`TensorComm::recv_tensor`]).
@@ -173,8 +144,7 @@ pub trait TensorComm: Endpoint {
     /// Nonblocking send of a prebuilt spec inside an rsmpi scope (`MPI_Isend`, §3.7.2),
     /// used as given: a strided spec goes as its derived datatype, never packed (the
     /// [`Packing`] policy is not consulted). Build the spec before the scope; the request
-    /// borrows it, so the tensor outlives the request. (Named `immediate_send_tensor`
-    /// before; that name now takes a tensor.)
+    /// borrows it, so the tensor outlives the request.
     ///
     /// A request dropped uncompleted (e.g. when `?` leaves the scope after a later error)
     /// makes rsmpi panic: check arguments before posting several requests, or use
@@ -189,17 +159,12 @@ pub trait TensorComm: Endpoint {
         dest: Rank,
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
-        let comm = self.communicator();
-        check_peer(comm, dest, tag)?;
-        Ok(comm
-            .process_at_rank(dest)
-            .immediate_send_with_tag(scope, spec, tag))
+        p2p::immediate_send_spec(self.communicator(), scope, spec, dest, tag)
     }
 
     /// Nonblocking receive into a prebuilt spec inside an rsmpi scope (`MPI_Irecv`,
     /// §3.7.2), used as given (never packed). The size cannot be probed before posting; a
-    /// longer message is an MPI truncation error, so use it where sizes are agreed. (Named
-    /// `immediate_recv_tensor` before; that name now takes a tensor.)
+    /// longer message is an MPI truncation error, so use it where sizes are agreed.
     ///
     /// # Errors
     /// [`Error::InvalidRank`], [`Error::InvalidTag`].
@@ -210,11 +175,7 @@ pub trait TensorComm: Endpoint {
         source: Rank,
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
-        let comm = self.communicator();
-        check_peer(comm, source, tag)?;
-        Ok(comm
-            .process_at_rank(source)
-            .immediate_receive_into_with_tag(scope, spec, tag))
+        p2p::immediate_recv_spec(self.communicator(), scope, spec, source, tag)
     }
 
     /// Blocking send of the window `elems` = `[start, end)` of `tensor` (in elements,
@@ -495,26 +456,12 @@ pub trait TensorComm: Endpoint {
         reduce::reduce_scatter_block(self, Blocking, send, recv, op)
     }
 
-    // Nonblocking collectives (MPI-4.1 §6.12). Each is the blocking method's body run in
-    // the nonblocking mode: the same arguments, checks, errors, wire format and agreement,
-    // inside an rsmpi scope, returning a [`TensorRequest`] that owns the packed copies,
-    // the staged copies of a `DeviceComm` and the operation's per-rank arrays until it
-    // completes. Posting never waits for the peers (only a rank that refuses its own
-    // arguments returns its error once they have posted the same collective); the data
-    // operation is posted when the agreement completes, in `test`/`wait` (see
-    // [`TensorComm::immediate_all_reduce_tensor`]).
+    // Nonblocking collectives (MPI-4.1 §6.12): see `twins.rs`.
 
     /// Nonblocking [`TensorComm::all_reduce_tensor`] (`MPI_Iallreduce`, MPI-4.1 §6.12.8).
     ///
-    /// **What progresses when.** The post checks and prepares both sides (packing a strided
-    /// `send`), and posts the agreement (`MPI_Iallreduce` of three `int64_t` on this
-    /// communicator). [`TensorRequest::test`] and [`TensorRequest::wait`] (and the test
-    /// or wait of any later request) complete the agreement and then post the data
-    /// operation, on a duplicate of this communicator made at the first nonblocking
-    /// collective, in posting order; `wait` then completes it and unpacks `recv`. MPI
-    /// matches nonblocking collectives in the order each rank posts them (MPI-4.1 §6.12):
-    /// post them in the same order on every rank, as blocking ones; they may be completed
-    /// in any order. Under [`Agreement::Local`] the data operation is posted at once.
+    /// When the agreement and the data operation progress: the trait's docs, "Nonblocking
+    /// collectives".
     ///
     /// # Errors
     /// As [`TensorComm::all_reduce_tensor`]: this rank's own refusal from the post; from
@@ -614,10 +561,7 @@ pub trait TensorComm: Endpoint {
         )
     }
 
-    // Fused collectives over a list of tensors (`fused`): the members go in buckets of
-    // one dtype (`settings::bucket_bytes`, `settings::first_bucket_bytes`), one agreement
-    // for the list and one collective per bucket, packing, sending and unpacking
-    // overlapped across buckets.
+    // Fused collectives over lists of tensors: the trait's docs, "Lists".
 
     /// All-reduce every tensor of `tensors` in place, as few messages: the members of one
     /// dtype go in buckets (a pooled buffer each, members packed in list order in logical
@@ -625,40 +569,50 @@ pub trait TensorComm: Endpoint {
     /// bucket unpacked into its members as it lands. Every rank passes a list of the same
     /// length, dtypes and element counts (the agreement compares them). The result of each
     /// member is what [`TensorComm::all_reduce_tensor_in_place`] gives it.
+    /// `tensors` is any [`TensorListMut`] (`&mut guards` for a `Vec<ManagedTensor>`);
+    /// members may differ in dtype.
     ///
     /// # Errors
     /// [`Error::Member`] naming the first member refused (its `READ_ONLY`, device, layout,
     /// or a reduction its dtype does not have; around [`Error::BuffersAlias`] when it shares
-    /// memory with an earlier member); [`Error::MixedDevices`]; [`Error::CollectiveMismatch`] when the lists
-    /// differ across ranks; the pool's errors. All before any data moves, on every rank.
-    fn all_reduce_tensors(&self, tensors: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()> {
-        fused::all_reduce_tensors(self, Blocking, None, tensors, op)
+    /// memory with an earlier member); [`Error::MixedDevices`]; [`Error::CollectiveMismatch`]
+    /// when the lists differ across ranks; the pool's errors. All before any data moves, on
+    /// every rank.
+    fn all_reduce_tensors_in_place<L>(&self, tensors: &mut L, op: ReduceOp) -> Result<()>
+    where
+        L: TensorListMut + ?Sized,
+    {
+        fused::all_reduce_tensors(self, Blocking, None, &written(tensors), op)
     }
 
     /// All-reduce the members of `send` into those of `recv` (pairwise: same length,
-    /// dtype and count per member), as [`TensorComm::all_reduce_tensors`] does in place.
+    /// dtype and count per member), as [`TensorComm::all_reduce_tensors_in_place`] does in
+    /// place; the plural of [`TensorComm::all_reduce_tensor`].
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`], and [`Error::ListLengthMismatch`] for lists
-    /// of different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`] or
-    /// [`Error::CountMismatch`].
-    fn all_reduce_tensors_into(
-        &self,
-        send: &[&dyn Tensor],
-        recv: &mut [&mut dyn Tensor],
-        op: ReduceOp,
-    ) -> Result<()> {
-        fused::all_reduce_tensors(self, Blocking, Some(send), recv, op)
+    /// As [`TensorComm::all_reduce_tensors_in_place`], and [`Error::ListLengthMismatch`] for
+    /// lists of different lengths, [`Error::Member`] around a pair's [`Error::DtypeMismatch`]
+    /// or [`Error::CountMismatch`].
+    fn all_reduce_tensors<S, L>(&self, send: &S, recv: &mut L, op: ReduceOp) -> Result<()>
+    where
+        S: TensorList + ?Sized,
+        L: TensorListMut + ?Sized,
+    {
+        let send = send.tensors();
+        fused::all_reduce_tensors(self, Blocking, Some(&send), &written(recv), op)
     }
 
     /// Broadcast every tensor of `tensors` from `root` as few messages (buckets as in
-    /// [`TensorComm::all_reduce_tensors`]; one `MPI_Bcast` per bucket). At the root the
-    /// members are only read (they may be `READ_ONLY`).
+    /// [`TensorComm::all_reduce_tensors_in_place`]; one `MPI_Bcast` per bucket). At the root
+    /// the members are only read (they may be `READ_ONLY`).
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`], and [`Error::InvalidRank`].
-    fn broadcast_tensors(&self, tensors: &mut [&mut dyn Tensor], root: Rank) -> Result<()> {
-        fused::broadcast_tensors(self, Blocking, tensors, root)
+    /// As [`TensorComm::all_reduce_tensors_in_place`], and [`Error::InvalidRank`].
+    fn broadcast_tensors<L>(&self, tensors: &mut L, root: Rank) -> Result<()>
+    where
+        L: TensorListMut + ?Sized,
+    {
+        fused::broadcast_tensors(self, Blocking, &written(tensors), root)
     }
 
     /// Reduce-scatter a list (`MPI_Reduce_scatter_block` per bucket): member `i` of `send`
@@ -667,73 +621,75 @@ pub trait TensorComm: Endpoint {
     /// [`TensorComm::reduce_scatter_block_tensor`] gives each pair).
     ///
     /// # Errors
-    /// As [`TensorComm::all_reduce_tensors_into`], and [`Error::CountTooLarge`] for a bucket
+    /// As [`TensorComm::all_reduce_tensors`], and [`Error::CountTooLarge`] for a bucket
     /// beyond `int` units per rank.
-    fn reduce_scatter_tensors(
-        &self,
-        send: &[&dyn Tensor],
-        recv: &mut [&mut dyn Tensor],
-        op: ReduceOp,
-    ) -> Result<()> {
-        fused::reduce_scatter_tensors(self, Blocking, send, recv, op)
+    fn reduce_scatter_block_tensors<S, L>(&self, send: &S, recv: &mut L, op: ReduceOp) -> Result<()>
+    where
+        S: TensorList + ?Sized,
+        L: TensorListMut + ?Sized,
+    {
+        let send = send.tensors();
+        fused::reduce_scatter_block_tensors(self, Blocking, &send, &written(recv), op)
     }
 
-    /// Nonblocking [`TensorComm::all_reduce_tensors`]: the post checks every member, takes
-    /// the buckets and posts the agreement; `test`/`wait` post every bucket once it
-    /// completes (packing bucket k+1 while bucket k is on the wire) and unpack each as it
-    /// lands.
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`]; this rank's refusal from the post, the peers'
-    /// from [`TensorRequest::wait`].
-    fn immediate_all_reduce_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        tensors: &'a mut [&'b mut dyn Tensor],
-        op: ReduceOp,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        fused::all_reduce_tensors(self, Immediate(scope), None, tensors, op)
+    nonblocking! {
+        /// The post checks every member, takes the buckets and posts the agreement;
+        /// `test`/`wait` post every bucket once it completes (packing bucket k+1 while
+        /// bucket k is on the wire) and unpack each as it lands. The request borrows the
+        /// list (and so every member) until it completes (the trait's docs, "Lists").
+        immediate_all_reduce_tensors_in_place [L: TensorListMut + ?Sized]
+        of all_reduce_tensors_in_place ("MPI_Iallreduce", "6.12.8")
+        (&'a self, scope: Sc, tensors: &'a mut L, op: ReduceOp)
+        => fused::all_reduce_tensors(self, Immediate(scope), None, &written(tensors), op)
     }
 
-    /// Nonblocking [`TensorComm::all_reduce_tensors_into`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensors_into`].
-    fn immediate_all_reduce_tensors_into<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a [&'c dyn Tensor],
-        recv: &'a mut [&'b mut dyn Tensor],
-        op: ReduceOp,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        fused::all_reduce_tensors(self, Immediate(scope), Some(send), recv, op)
+    nonblocking! {
+        immediate_all_reduce_tensors [S: TensorList + ?Sized, L: TensorListMut + ?Sized]
+        of all_reduce_tensors ("MPI_Iallreduce", "6.12.8")
+        (&'a self, scope: Sc, send: &'a S, recv: &'a mut L, op: ReduceOp)
+        => fused::all_reduce_tensors(self, Immediate(scope), Some(&send.tensors()), &written(recv), op)
     }
 
-    /// Nonblocking [`TensorComm::reduce_scatter_tensors`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::reduce_scatter_tensors`].
-    fn immediate_reduce_scatter_tensors<'a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        send: &'a [&'c dyn Tensor],
-        recv: &'a mut [&'b mut dyn Tensor],
-        op: ReduceOp,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        fused::reduce_scatter_tensors(self, Immediate(scope), send, recv, op)
+    nonblocking! {
+        immediate_reduce_scatter_block_tensors [S: TensorList + ?Sized, L: TensorListMut + ?Sized]
+        of reduce_scatter_block_tensors ("MPI_Ireduce_scatter_block", "6.12.9")
+        (&'a self, scope: Sc, send: &'a S, recv: &'a mut L, op: ReduceOp)
+        => fused::reduce_scatter_block_tensors(self, Immediate(scope), &send.tensors(), &written(recv), op)
     }
 
-    /// Nonblocking [`TensorComm::broadcast_tensors`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::broadcast_tensors`].
-    fn immediate_broadcast_tensors<'a, 'b: 'a, Sc: Scope<'a> + Copy>(
-        &'a self,
-        scope: Sc,
-        tensors: &'a mut [&'b mut dyn Tensor],
-        root: Rank,
-    ) -> Result<TensorRequest<'a, Sc>> {
-        fused::broadcast_tensors(self, Immediate(scope), tensors, root)
+    nonblocking! {
+        immediate_broadcast_tensors [L: TensorListMut + ?Sized]
+        of broadcast_tensors ("MPI_Ibcast", "6.12.2")
+        (&'a self, scope: Sc, tensors: &'a mut L, root: Rank)
+        => fused::broadcast_tensors(self, Immediate(scope), &written(tensors), root)
+    }
+
+    // The earlier names, deprecated (hidden from the docs).
+
+    renamed! {
+        all_reduce_tensors_into => all_reduce_tensors,
+        "renamed `all_reduce_tensors` (send list, receive list, op)"
+        (&self, send: &[&dyn Tensor], recv: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()>
+        = self.all_reduce_tensors(send, recv, op);
+
+        reduce_scatter_tensors => reduce_scatter_block_tensors,
+        "renamed `reduce_scatter_block_tensors`"
+        (&self, send: &[&dyn Tensor], recv: &mut [&mut dyn Tensor], op: ReduceOp) -> Result<()>
+        = self.reduce_scatter_block_tensors(send, recv, op);
+
+        immediate_all_reduce_tensors_into ['a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy]
+        => immediate_all_reduce_tensors,
+        "renamed `immediate_all_reduce_tensors` (scope, send, receive, op)"
+        (&'a self, scope: Sc, send: &'a [&'c dyn Tensor], recv: &'a mut [&'b mut dyn Tensor], op: ReduceOp)
+        -> Result<TensorRequest<'a, Sc>>
+        = self.immediate_all_reduce_tensors(scope, send, recv, op);
+
+        immediate_reduce_scatter_tensors ['a, 'b: 'a, 'c: 'a, Sc: Scope<'a> + Copy]
+        => immediate_reduce_scatter_block_tensors,
+        "renamed `immediate_reduce_scatter_block_tensors`"
+        (&'a self, scope: Sc, send: &'a [&'c dyn Tensor], recv: &'a mut [&'b mut dyn Tensor], op: ReduceOp)
+        -> Result<TensorRequest<'a, Sc>>
+        = self.immediate_reduce_scatter_block_tensors(scope, send, recv, op);
     }
 }
 

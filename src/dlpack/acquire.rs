@@ -69,8 +69,10 @@ pub trait Exporter {
     /// `__dlpack__`: hands out a managed tensor honouring `request`.
     ///
     /// # Errors
-    /// Whatever the producer refuses, typically as [`Error::Export`] (the built-in
-    /// exporters: [`Error::StorageBusy`] while earlier exports hold the storage).
+    /// Whatever the producer refuses: the variant that names the refusal where one fits
+    /// ([`Error::UnsupportedDevice`], [`Error::Allocation`], …; the built-in exporters:
+    /// [`Error::StorageBusy`] while earlier exports hold the storage), else
+    /// [`Error::ExportRefused`] naming the exporter and why.
     fn dlpack(&self, request: &ExportRequest) -> Result<ManagedTensor<'_>>;
 }
 

@@ -741,7 +741,8 @@ mod tests {
                 acquire(&owned, &AcquireOptions::default()),
                 Err(Error::StorageBusy {
                     writable: true,
-                    readers: 0
+                    readers: 0,
+                    ..
                 })
             ));
         }

@@ -17,6 +17,8 @@
 //! - `acquire.rs`: the producer protocol, [`Exporter`] and the consumer's [`acquire`], with
 //!   its device-query and stream policies;
 //! - `producers.rs`: the built-in exporters ([`Owned`], [`SliceMut`], `[T]`, `Vec<T>`);
+//! - `list.rs`: lists of tensors as the fused collectives take them ([`TensorList`],
+//!   [`TensorListMut`]: slices, `Vec`s and arrays of guards, views or references);
 //! - `cudarc.rs` (feature `cuda`): `CudaExport`, the exporter of cudarc's device slices.
 //!
 //! GPU work during acquisition (consumer streams, synchronization) goes through
@@ -38,6 +40,7 @@ mod acquire;
 #[cfg(feature = "cuda")]
 mod cudarc;
 mod guard;
+mod list;
 mod producers;
 
 pub use acquire::{
@@ -49,6 +52,7 @@ pub(crate) use acquire::{acquire_from, check_acquired};
 #[cfg(feature = "cuda")]
 pub use cudarc::CudaExport;
 pub use guard::{ManagedTensor, TensorView};
+pub use list::{TensorList, TensorListMut};
 pub use producers::{Owned, SliceMut};
 
 // The DLPack stream table is defined in `crate::device` (below the runtime, which reads it

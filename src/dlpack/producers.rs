@@ -26,10 +26,14 @@ use crate::layout;
 pub(super) struct Lease(AtomicIsize);
 
 impl Lease {
-    fn take(&self, writable: bool) -> Result<()> {
+    /// Takes the lease for one export (`writable` or read-only) of a tensor of `dtype` and
+    /// `shape` (named by the refusal).
+    fn take(&self, writable: bool, (dtype, shape): (DType, &[i64])) -> Result<()> {
         // `now` is -1 (one writable export) or the count of read-only exports: a negative
         // value reads as no readers.
         let busy = |now: isize| Error::StorageBusy {
+            dtype,
+            shape: shape.to_vec(),
             writable,
             readers: usize::try_from(now).unwrap_or(0),
         };
@@ -134,7 +138,7 @@ unsafe fn export_raw<'a>(
         reason: "more axes than DLPack's int32 ndim holds",
     })?;
     if let Some(lease) = lease {
-        lease.take(l.flags & FLAG_READ_ONLY == 0)?;
+        lease.take(l.flags & FLAG_READ_ONLY == 0, (l.dtype, &l.shape))?;
     }
     let mut block = Box::new(Exported {
         managed: DLManagedTensorVersioned {
@@ -731,31 +735,32 @@ mod tests {
     #[test]
     fn busy_lease_names_the_refused_export_and_the_holders() {
         let lease = Lease::default();
-        lease.take(false).unwrap();
-        lease.take(false).unwrap();
-        assert_eq!(
-            lease.take(true),
-            Err(Error::StorageBusy {
-                writable: true,
-                readers: 2
-            })
-        );
+        let f32 = DType::new(crate::dtype::code::FLOAT, 32);
+        let what = (f32, &[512i64, 1000][..]);
+        let busy = |writable, readers| Error::StorageBusy {
+            dtype: f32,
+            shape: vec![512, 1000],
+            writable,
+            readers,
+        };
+        lease.take(false, what).unwrap();
+        lease.take(false, what).unwrap();
+        assert_eq!(lease.take(true, what), Err(busy(true, 2)));
         lease.give_back();
         lease.give_back();
-        lease.take(true).unwrap();
+        lease.take(true, what).unwrap();
         for writable in [true, false] {
-            let err = lease.take(writable).unwrap_err();
-            assert_eq!(
-                err,
-                Error::StorageBusy {
-                    writable,
-                    readers: 0
-                }
+            let err = lease.take(writable, what).unwrap_err();
+            assert_eq!(err, busy(writable, 0));
+            let text = err.to_string();
+            assert!(text.contains("(writable)"), "{text}");
+            assert!(
+                text.contains("float32 tensor of shape [512, 1000]"),
+                "{text}"
             );
-            assert!(err.to_string().contains("(writable)"), "{err}");
         }
         lease.give_back();
-        lease.take(true).unwrap();
+        lease.take(true, what).unwrap();
     }
 
     /// The release hook runs once per tensor, when it is dropped, with the request's stream,

@@ -27,14 +27,14 @@
 //! - the four function pointers dlpack.h says "must not be NULL" are not NULL (a table with
 //!   NULL where none may be is likely not laid out as this module reads it).
 //!
-//! # Policy ([`ExchangeApi`])
+//! # Policy ([`settings::ExchangeApi`])
 //!
-//! By default ([`ExchangeApi::Prefer`]) a usable table is used and an unusable one is
+//! By default ([`settings::ExchangeApi::Prefer`]) a usable table is used and an unusable one is
 //! ignored: the object is acquired through `__dlpack__` as if it had no table (a producer
 //! whose table is broken still has the protocol every producer must have).
-//! [`ExchangeApi::Require`] makes an unusable or missing table [`Error::InvalidExchangeApi`]
-//! (for tests and for callers who want to know); [`ExchangeApi::Never`] always takes the
-//! capsule path. [`super::acquire`] uses the process default, [`ExchangeApi::from_env`]
+//! [`settings::ExchangeApi::Require`] makes an unusable or missing table [`Error::InvalidExchangeApi`]
+//! (for tests and for callers who want to know); [`settings::ExchangeApi::Never`] always takes the
+//! capsule path. [`super::acquire`] uses the process default, [`settings::ExchangeApi::from_env`]
 //! (`DLPACK_MPI_EXCHANGE_API=prefer|never|require`, `prefer` when unset; see
 //! [`crate::settings`]).
 //!
@@ -72,7 +72,11 @@ use crate::dlpack::{
 use crate::error::{Error, Result};
 use crate::runtime::default_runtime;
 // The policy and its setting (`DLPACK_MPI_EXCHANGE_API`) are in `crate::settings`.
-pub use crate::settings::ExchangeApi;
+use crate::settings;
+
+old_paths! {
+    "use dlpack_mpi::settings::ExchangeApi" => type ExchangeApi = settings::ExchangeApi;
+}
 
 /// The capsule name dlpack.h gives the table.
 pub const CAPSULE_NAME: &CStr = c"dlpack_exchange_api";
@@ -317,24 +321,24 @@ unsafe fn find_version_1(
 /// the caller to the capsule path.
 ///
 /// # Errors
-/// [`Error::InvalidExchangeApi`] under [`ExchangeApi::Require`] for a missing or unusable
+/// [`Error::InvalidExchangeApi`] under [`settings::ExchangeApi::Require`] for a missing or unusable
 /// table, and for a function that breaks its contract; [`Error::Python`] when the producer
 /// refuses with an exception; [`Error::InvalidSetting`]; the validation and stream errors of
 /// the capsule path.
 pub(super) fn try_acquire(
     obj: &Bound<'_, PyAny>,
     options: &AcquireOptions,
-    policy: ExchangeApi,
+    policy: settings::ExchangeApi,
 ) -> Result<Option<ManagedTensor<'static>>> {
     let invalid = |reason| Error::InvalidExchangeApi {
         type_name: super::type_name(obj),
         reason,
     };
     let table = match (policy, lookup(obj)) {
-        (ExchangeApi::Never, _) => return Ok(None),
-        (ExchangeApi::Prefer, Ok(None) | Err(_)) => return Ok(None),
-        (ExchangeApi::Require, Ok(None)) => return Err(invalid("the type has none")),
-        (ExchangeApi::Require, Err(Rejected(reason))) => return Err(invalid(reason)),
+        (settings::ExchangeApi::Never, _) => return Ok(None),
+        (settings::ExchangeApi::Prefer, Ok(None) | Err(_)) => return Ok(None),
+        (settings::ExchangeApi::Require, Ok(None)) => return Err(invalid("the type has none")),
+        (settings::ExchangeApi::Require, Err(Rejected(reason))) => return Err(invalid(reason)),
         (_, Ok(Some(table))) => table,
     };
     let tensor = from_py_object(obj, table)?;

@@ -540,8 +540,16 @@ fn blocks(
     )
 }
 
-/// A send buffer split into one block per rank (for scatterv and all-to-allv): counts and
-/// displacements in elements, each block inside the tensor.
+/// A send buffer split into one block per rank (for rsmpi's scatterv and all-to-allv):
+/// counts and displacements in elements, each block inside the tensor.
+///
+/// Deprecated: per-rank blocks are [`crate::comm::Blocks`], which the v-collectives of
+/// [`crate::comm::TensorComm`] take (checked, in elements, strided tensors packed); over a
+/// spec and rsmpi's own v-collectives, rsmpi's `Partition` takes the counts in MPI units.
+#[deprecated(
+    note = "use TensorComm's v-collectives with comm::Blocks, or rsmpi's Partition/PartitionMut over a SendSpec/RecvSpec (counts and displacements in MPI units)"
+)]
+#[doc(hidden)]
 #[derive(Debug, Clone)]
 pub struct VectorSendSpec<'t> {
     spec: SendSpec<'t>,
@@ -549,6 +557,7 @@ pub struct VectorSendSpec<'t> {
     displs: Vec<Count>,
 }
 
+#[allow(deprecated)]
 impl<'t> VectorSendSpec<'t> {
     /// Splits `spec` into blocks `[displacements[i], displacements[i] + counts[i])`.
     ///
@@ -575,6 +584,7 @@ impl<'t> VectorSendSpec<'t> {
     }
 }
 
+#[allow(deprecated)]
 // SAFETY: delegates to the checked spec.
 unsafe impl Pointer for VectorSendSpec<'_> {
     #[inline]
@@ -583,6 +593,7 @@ unsafe impl Pointer for VectorSendSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 // SAFETY: delegates to the checked spec.
 unsafe impl AsDatatype for VectorSendSpec<'_> {
     type Out = DatatypeRef<'static>;
@@ -592,6 +603,7 @@ unsafe impl AsDatatype for VectorSendSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 impl Partitioned for VectorSendSpec<'_> {
     fn counts(&self) -> &[Count] {
         &self.counts
@@ -601,10 +613,18 @@ impl Partitioned for VectorSendSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 impl PartitionedBuffer for VectorSendSpec<'_> {}
 
-/// A receive buffer split into one block per rank (for gatherv, all-gatherv, all-to-allv):
-/// counts and displacements in elements; blocks inside the tensor and pairwise disjoint.
+/// A receive buffer split into one block per rank (for rsmpi's gatherv, all-gatherv,
+/// all-to-allv): counts and displacements in elements; blocks inside the tensor and pairwise
+/// disjoint.
+///
+/// Deprecated, as [`VectorSendSpec`] (rsmpi's `PartitionMut` over a [`RecvSpec`]).
+#[deprecated(
+    note = "use TensorComm's v-collectives with comm::Blocks, or rsmpi's Partition/PartitionMut over a SendSpec/RecvSpec (counts and displacements in MPI units)"
+)]
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct VectorRecvSpec<'t> {
     spec: RecvSpec<'t>,
@@ -612,6 +632,7 @@ pub struct VectorRecvSpec<'t> {
     displs: Vec<Count>,
 }
 
+#[allow(deprecated)]
 impl<'t> VectorRecvSpec<'t> {
     /// Splits `spec` into blocks `[displacements[i], displacements[i] + counts[i])`.
     ///
@@ -637,6 +658,7 @@ impl<'t> VectorRecvSpec<'t> {
     }
 }
 
+#[allow(deprecated)]
 // SAFETY: delegates to the checked spec.
 unsafe impl PointerMut for VectorRecvSpec<'_> {
     #[inline]
@@ -645,6 +667,7 @@ unsafe impl PointerMut for VectorRecvSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 // SAFETY: delegates to the checked spec.
 unsafe impl AsDatatype for VectorRecvSpec<'_> {
     type Out = DatatypeRef<'static>;
@@ -654,6 +677,7 @@ unsafe impl AsDatatype for VectorRecvSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 impl Partitioned for VectorRecvSpec<'_> {
     fn counts(&self) -> &[Count] {
         &self.counts
@@ -663,6 +687,7 @@ impl Partitioned for VectorRecvSpec<'_> {
     }
 }
 
+#[allow(deprecated)]
 impl PartitionedBufferMut for VectorRecvSpec<'_> {}
 
 /// Contiguous specs need no MPI (no derived datatype), so these run under Miri too.
@@ -672,6 +697,7 @@ mod tests {
     use crate::dlpack::{acquire, AcquireOptions, Owned};
 
     #[test]
+    #[allow(deprecated)] // the vector specs, kept working while deprecated
     fn contiguous_specs_describe_the_tensor() {
         let owned = Owned::new(vec![0i32; 6]).with_shape(&[2, 3]).unwrap();
         let mut t = acquire(&owned, &AcquireOptions::default()).unwrap();

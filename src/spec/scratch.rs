@@ -23,7 +23,26 @@ use crate::error::{Error, Result};
 use crate::lifecycle::Registry;
 // The setting (`DLPACK_MPI_PACK_POOL_BYTES`) is in `crate::settings`; its setter,
 // `set_pool_cap_bytes`, is here because it trims the pool.
-pub use crate::settings::{parse_pool_cap, pool_cap_bytes, DEFAULT_POOL_CAP_BYTES, POOL_CAP_ENV};
+use crate::settings;
+
+// The setting's earlier paths here, deprecated; a glob, so that under `cfg(doc)` the
+// hidden re-exports below win and the docs' links to these paths (here and in `comm`) reach
+// the settings themselves.
+mod deprecated {
+    use crate::error::Result;
+    use crate::settings;
+
+    old_paths! {
+        "use dlpack_mpi::settings::parse_pool_cap" => fn parse_pool_cap(value: Option<&str>) -> Result<Option<usize>> = settings::parse_pool_cap;
+        "use dlpack_mpi::settings::pool_cap_bytes" => fn pool_cap_bytes() -> Result<usize> = settings::pool_cap_bytes;
+        "use dlpack_mpi::settings::DEFAULT_POOL_CAP_BYTES" => const DEFAULT_POOL_CAP_BYTES: usize = settings::DEFAULT_POOL_CAP_BYTES;
+        "use dlpack_mpi::settings::POOL_CAP_ENV" => const POOL_CAP_ENV: &str = settings::POOL_CAP_ENV;
+    }
+}
+#[cfg(doc)]
+#[doc(hidden)]
+pub use crate::settings::{pool_cap_bytes, DEFAULT_POOL_CAP_BYTES};
+pub use deprecated::*;
 
 /// The most idle buffers the pool keeps.
 pub const POOL_MAX_BUFFERS: usize = 16;
@@ -86,7 +105,7 @@ impl Scratch {
     /// [`Error::InvalidSetting`] from [`pool_cap_bytes`]; [`Error::Allocation`] when the
     /// system refuses the buffer.
     pub(crate) fn take(len: usize) -> Result<Scratch> {
-        pool_cap_bytes()?;
+        settings::pool_cap_bytes()?;
         POOL_REGISTRY.enlist();
         let reused = {
             let mut p = pool();
@@ -143,7 +162,7 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
         // Read (or failed) in `take`, which made this buffer.
-        let cap = pool_cap_bytes().unwrap_or(0);
+        let cap = settings::pool_cap_bytes().unwrap_or(0);
         let size = buf.capacity();
         if size == 0 || size > cap || mpi::environment::is_finalized() {
             return;
@@ -214,6 +233,6 @@ mod tests {
         assert!(pooled_bytes() <= 1 << 20);
         set_pool_cap_bytes(0);
         assert_eq!(pooled_bytes(), 0);
-        set_pool_cap_bytes(DEFAULT_POOL_CAP_BYTES);
+        set_pool_cap_bytes(settings::DEFAULT_POOL_CAP_BYTES);
     }
 }

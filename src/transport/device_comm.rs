@@ -125,7 +125,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
                         reason: format!(
                             "MPI is not CUDA-aware (the answer: {a}); use the staged \
                              transport, or set {}=1 if this MPI is CUDA-aware",
-                            super::CUDA_AWARE_ENV
+                            crate::settings::CUDA_AWARE_ENV
                         ),
                     });
                 }

@@ -25,9 +25,8 @@ use mpi::topology::Communicator;
 
 use crate::device::device_type;
 use crate::error::{Error, Result};
-// The setting (`DLPACK_MPI_DEVICE`) is in `crate::settings`.
 use crate::runtime::DeviceRuntime;
-pub use crate::settings::{parse_device_override, DEVICE_ENV};
+use crate::settings::{parse_device_override, DEVICE_ENV};
 
 /// Which source decided [`DeviceSelection::ordinal`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

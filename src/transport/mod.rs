@@ -20,9 +20,16 @@
 //! CUDA context exists); call [`cuda_awareness`] after initializing MPI.
 
 use crate::error::Result;
-// The setting (`DLPACK_MPI_CUDA_AWARE`) is in `crate::settings`; `parse_override` is its
-// reader under the name it has always had here.
-pub use crate::settings::{parse_cuda_aware as parse_override, CUDA_AWARE_ENV};
+use crate::settings;
+
+// The settings' earlier paths here (`DLPACK_MPI_CUDA_AWARE`, `DLPACK_MPI_DEVICE`: they are in
+// `crate::settings`), deprecated.
+old_paths! {
+    "use dlpack_mpi::settings::parse_cuda_aware" => fn parse_override(value: Option<&str>) -> Result<Option<bool>> = settings::parse_cuda_aware;
+    "use dlpack_mpi::settings::CUDA_AWARE_ENV" => const CUDA_AWARE_ENV: &str = settings::CUDA_AWARE_ENV;
+    "use dlpack_mpi::settings::parse_device_override" => fn parse_device_override(value: Option<&str>) -> Result<Option<i32>> = settings::parse_device_override;
+    "use dlpack_mpi::settings::DEVICE_ENV" => const DEVICE_ENV: &str = settings::DEVICE_ENV;
+}
 
 mod bucket;
 mod device_comm;
@@ -34,10 +41,7 @@ mod route;
 mod stage;
 
 pub use device_comm::DeviceComm;
-pub use gpu_select::{
-    parse_device_override, select_device, select_device_at, DeviceSelection, DeviceSource,
-    NodeLocal, DEVICE_ENV,
-};
+pub use gpu_select::{select_device, select_device_at, DeviceSelection, DeviceSource, NodeLocal};
 pub use pipeline::{
     DEFAULT_PIPELINE_CHUNK_BYTES, MAX_PIPELINE_CHUNK_BYTES, MIN_PIPELINE_CHUNK_BYTES,
 };
@@ -94,7 +98,7 @@ impl std::fmt::Display for CudaAwareness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let answer = if self.aware { "yes" } else { "no" };
         let why = match self.source {
-            AwarenessSource::Environment => format!("set by {CUDA_AWARE_ENV}"),
+            AwarenessSource::Environment => format!("set by {}", settings::CUDA_AWARE_ENV),
             AwarenessSource::OpenMpiQuery => "Open MPI's MPIX_Query_cuda_support()".into(),
             AwarenessSource::MpichQuery => "MPICH's MPIX_GPU_query_support()".into(),
             AwarenessSource::MemoryAllocKinds => {

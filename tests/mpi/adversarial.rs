@@ -13,11 +13,12 @@
 
 use crate::harness;
 use crate::mismatch::then_all_reduce_works;
-use dlpack_mpi::comm::{packing, set_packing, Blocks, Packing, TensorComm, AGREEMENT_REASON_BYTES};
+use dlpack_mpi::comm::{Blocks, TensorComm, AGREEMENT_REASON_BYTES};
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::dlpack::{acquire, acquire_with_runtime, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::runtime::{DeviceRuntime, SimulatedRuntime};
+use dlpack_mpi::settings::{packing, set_packing, Packing};
 use dlpack_mpi::transport::{DeviceComm, Transport};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;

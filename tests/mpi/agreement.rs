@@ -14,9 +14,10 @@
 
 use crate::common::RawTensor;
 use crate::harness;
-use dlpack_mpi::comm::{set_agreement, Agreement, Blocks, TensorComm, AGREEMENT_REASON_BYTES};
+use dlpack_mpi::comm::{Blocks, TensorComm, AGREEMENT_REASON_BYTES};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::{set_agreement, Agreement};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

@@ -22,12 +22,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::harness;
-use dlpack_mpi::comm::{Blocks, BroadcastBuffer, Packing, TensorComm};
+use dlpack_mpi::comm::{Blocks, BroadcastBuffer, TensorComm};
 use dlpack_mpi::dlpack::{
     DLDataType, DLDevice, DLManagedTensorVersioned, DLPackVersion, DLTensor, ManagedTensor,
     FLAG_IS_COPIED, FLAG_READ_ONLY,
 };
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::Packing;
 use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
@@ -1135,8 +1136,11 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
             let e = w.recv_tensor(&mut small.tensor(0), prev, 43).err();
             // The matched message is held by the error: the fitting tensor receives it.
             let got = match e.as_ref().and_then(Error::unreceived) {
-                Some(held) => held.recv_into(&mut fits.tensor(0)).map(|_| ()),
-                None => Err(Error::Export("no held message".into())),
+                Some(held) => held
+                    .recv_into(&mut fits.tensor(0))
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                None => Err("no held message".to_string()),
             };
             req.wait();
             ensure!(
@@ -1150,7 +1154,7 @@ fn c43_size_mismatch(w: &SimpleCommunicator) -> Outcome {
                 ),
                 "4-element receive of 6: {e:?}"
             );
-            got.map_err(|e| e.to_string())
+            got
         });
         res?;
     }
@@ -1354,15 +1358,17 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         println!("running canary cases at {} rank(s)", w.size());
     }
     // Every case under each packing policy (or only the one DLPACK_MPI_PACKING names).
-    let policies = match dlpack_mpi::comm::parse_packing(
-        std::env::var(dlpack_mpi::comm::PACKING_ENV).ok().as_deref(),
+    let policies = match dlpack_mpi::settings::parse_packing(
+        std::env::var(dlpack_mpi::settings::PACKING_ENV)
+            .ok()
+            .as_deref(),
     ) {
         Ok(Some(p)) => vec![p],
         _ => vec![Packing::Auto, Packing::DerivedDatatype, Packing::Copy],
     };
     let (mut passed, mut failed) = (0, 0);
     for policy in policies {
-        dlpack_mpi::comm::set_packing(policy);
+        dlpack_mpi::settings::set_packing(policy);
         if w.rank() == 0 {
             println!("packing policy {policy:?}");
         }

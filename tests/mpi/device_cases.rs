@@ -17,9 +17,9 @@ use dlpack_mpi::dlpack::{
 };
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::runtime::{DeviceRuntime, RuntimeCall, SimulatedRuntime};
+use dlpack_mpi::settings::DEVICE_ENV;
 use dlpack_mpi::transport::{
     select_device, select_device_at, DeviceComm, DeviceSource, NodeLocal, Route, Transport,
-    DEVICE_ENV,
 };
 use dlpack_mpi::Error;
 use half::f16;

@@ -1,5 +1,5 @@
-//! Fused collectives over lists of tensors (issue 25): `all_reduce_tensors` (in place),
-//! `all_reduce_tensors_into` and `broadcast_tensors`, blocking and nonblocking, over lists
+//! Fused collectives over lists of tensors (issue 25): `all_reduce_tensors_in_place` (in place),
+//! `all_reduce_tensors` and `broadcast_tensors`, blocking and nonblocking, over lists
 //! of mixed sizes, dtypes (float32, float64, float16, bfloat16, int32) and layouts (strided
 //! members, zero-size members, the empty list), with tiny buckets (many buckets, members
 //! larger than a bucket) and the default ones; every member's values exact and the guard
@@ -158,7 +158,7 @@ fn in_place<T: Val>(w: &SimpleCommunicator, form: Form, offset: usize) -> Outcom
     in_place_of::<T>(w, form, offset, SHAPES)
 }
 
-/// Members of at least `ALONE_BYTES` (256 KiB) in float32 among small ones: each has a
+/// Members of at least `OWN_BUCKET_BYTES` (256 KiB) in float32 among small ones: each has a
 /// bucket of its own, reduced on its own memory when contiguous (nothing copied), packed
 /// alone when strided.
 const LARGE: &[(usize, bool)] = &[
@@ -189,10 +189,13 @@ fn in_place_of<T: Val>(
         let mut ts = acquired(&ms)?;
         let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
         match form {
-            Form::Blocking => w.all_reduce_tensors(&mut refs, ReduceOp::Sum).map_err(s)?,
+            Form::Blocking => w
+                .all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum)
+                .map_err(s)?,
             Form::Nonblocking => {
                 let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-                    let req = w.immediate_all_reduce_tensors(scope, &mut refs, ReduceOp::Sum)?;
+                    let req =
+                        w.immediate_all_reduce_tensors_in_place(scope, &mut refs, ReduceOp::Sum)?;
                     let mut req = req;
                     loop {
                         match req.test() {
@@ -258,11 +261,11 @@ fn mixed_into(w: &SimpleCommunicator, form: Form) -> Outcome {
         ];
         match form {
             Form::Blocking => w
-                .all_reduce_tensors_into(&send, &mut recv, ReduceOp::Sum)
+                .all_reduce_tensors(&send, &mut recv, ReduceOp::Sum)
                 .map_err(s)?,
             Form::Nonblocking => {
                 let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-                    w.immediate_all_reduce_tensors_into(scope, &send, &mut recv, ReduceOp::Sum)?
+                    w.immediate_all_reduce_tensors(scope, &send, &mut recv, ReduceOp::Sum)?
                         .wait()
                         .map(drop)
                 });
@@ -287,7 +290,7 @@ fn mixed_into(w: &SimpleCommunicator, form: Form) -> Outcome {
     Ok(())
 }
 
-/// `all_reduce_tensors_into` with members alone (≥ 256 KiB): contiguous to contiguous (on
+/// `all_reduce_tensors` with members alone (≥ 256 KiB): contiguous to contiguous (on
 /// the members' own memory), strided to contiguous and contiguous to strided (packed alone),
 /// among small members.
 fn into_alone(w: &SimpleCommunicator, form: Form) -> Outcome {
@@ -315,11 +318,11 @@ fn into_alone(w: &SimpleCommunicator, form: Form) -> Outcome {
         let mut recvs: Vec<&mut dyn Tensor> = rt.iter_mut().map(|t| t as &mut dyn Tensor).collect();
         match form {
             Form::Blocking => w
-                .all_reduce_tensors_into(&sends, &mut recvs, ReduceOp::Sum)
+                .all_reduce_tensors(&sends, &mut recvs, ReduceOp::Sum)
                 .map_err(s)?,
             Form::Nonblocking => {
                 let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-                    w.immediate_all_reduce_tensors_into(scope, &sends, &mut recvs, ReduceOp::Sum)?
+                    w.immediate_all_reduce_tensors(scope, &sends, &mut recvs, ReduceOp::Sum)?
                         .wait()
                         .map(drop)
                 });
@@ -338,7 +341,7 @@ fn into_alone(w: &SimpleCommunicator, form: Form) -> Outcome {
     Ok(())
 }
 
-/// `reduce_scatter_tensors`: member `m` sends `p` × `n_m` elements (strided for some),
+/// `reduce_scatter_block_tensors`: member `m` sends `p` × `n_m` elements (strided for some),
 /// rank `r` receives the sum of every rank's block `r`, into strided and contiguous
 /// receivers.
 fn reduce_scatter(w: &SimpleCommunicator, form: Form) -> Outcome {
@@ -366,13 +369,18 @@ fn reduce_scatter_of(w: &SimpleCommunicator, form: Form, shapes: &[(usize, bool)
         let mut recv: Vec<&mut dyn Tensor> = rt.iter_mut().map(|t| t as &mut dyn Tensor).collect();
         match form {
             Form::Blocking => w
-                .reduce_scatter_tensors(&send, &mut recv, ReduceOp::Sum)
+                .reduce_scatter_block_tensors(&send, &mut recv, ReduceOp::Sum)
                 .map_err(s)?,
             Form::Nonblocking => {
                 let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-                    w.immediate_reduce_scatter_tensors(scope, &send, &mut recv, ReduceOp::Sum)?
-                        .wait()
-                        .map(drop)
+                    w.immediate_reduce_scatter_block_tensors(
+                        scope,
+                        &send,
+                        &mut recv,
+                        ReduceOp::Sum,
+                    )?
+                    .wait()
+                    .map(drop)
                 });
                 done.map_err(s)?;
             }
@@ -435,7 +443,8 @@ fn broadcast_of(w: &SimpleCommunicator, form: Form, shapes: &[(usize, bool)]) ->
 /// The empty list: every rank returns `Ok` (an agreement, no bucket).
 fn empty_list(w: &SimpleCommunicator) -> Outcome {
     let mut none: Vec<&mut dyn Tensor> = Vec::new();
-    w.all_reduce_tensors(&mut none, ReduceOp::Sum).map_err(s)?;
+    w.all_reduce_tensors_in_place(&mut none, ReduceOp::Sum)
+        .map_err(s)?;
     w.broadcast_tensors(&mut none, 0).map_err(s)
 }
 
@@ -459,9 +468,12 @@ fn one_member_refused(w: &SimpleCommunicator, form: Form) -> Outcome {
         let mut ts = acquired(&ms)?;
         let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
         match form {
-            Form::Blocking => w.all_reduce_tensors(&mut refs, ReduceOp::Sum).map(Ok),
+            Form::Blocking => w
+                .all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum)
+                .map(Ok),
             Form::Nonblocking => mpi::request::scope(|scope| {
-                let req = w.immediate_all_reduce_tensors(scope, &mut refs, ReduceOp::Sum)?;
+                let req =
+                    w.immediate_all_reduce_tensors_in_place(scope, &mut refs, ReduceOp::Sum)?;
                 Ok(req.wait().map(drop))
             }),
         }
@@ -510,7 +522,7 @@ fn lists_differ(w: &SimpleCommunicator) -> Outcome {
         .collect::<Result<_, _>>()?;
     let mut ts = acquired(&ms)?;
     let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
-    match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+    match w.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum) {
         Err(Error::CollectiveMismatch { .. }) => Ok(()),
         other => Err(format!("expected CollectiveMismatch, got {other:?}")),
     }
@@ -524,7 +536,7 @@ fn mixed_devices(w: &SimpleCommunicator) -> Outcome {
     let rt = SimulatedRuntime::new();
     let mut b = acquire_with_runtime(&cuda, &AcquireOptions::default(), Some(&rt)).map_err(s)?;
     let mut refs: Vec<&mut dyn Tensor> = vec![&mut a, &mut b];
-    match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+    match w.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum) {
         Err(Error::MixedDevices { index: 1, .. }) => Ok(()),
         Err(Error::PeerRefused { .. }) if w.rank() != 0 => Ok(()),
         other => Err(format!(
@@ -548,7 +560,7 @@ fn deleters_once(w: &SimpleCommunicator) -> Outcome {
         }
         let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
         let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-            let req = w.immediate_all_reduce_tensors(scope, &mut refs, ReduceOp::Max)?;
+            let req = w.immediate_all_reduce_tensors_in_place(scope, &mut refs, ReduceOp::Max)?;
             drop(req);
             Ok(())
         });
@@ -567,7 +579,7 @@ fn deleters_once(w: &SimpleCommunicator) -> Outcome {
 fn empty_list_nonblocking(w: &SimpleCommunicator) -> Outcome {
     let mut none: Vec<&mut dyn Tensor> = Vec::new();
     let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
-        w.immediate_all_reduce_tensors(scope, &mut none, ReduceOp::Sum)?
+        w.immediate_all_reduce_tensors_in_place(scope, &mut none, ReduceOp::Sum)?
             .wait()
             .map(drop)
     });
@@ -599,7 +611,7 @@ fn bucket_sizes_differ(w: &SimpleCommunicator) -> Outcome {
             .collect::<Result<_, _>>()?;
         let mut ts = acquired(&ms)?;
         let mut refs: Vec<&mut dyn Tensor> = ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
-        match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+        match w.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum) {
             Err(Error::CollectiveMismatch { .. }) => Ok(()),
             other => Err(format!("expected CollectiveMismatch, got {other:?}")),
         }
@@ -617,7 +629,7 @@ fn same_tensor_twice(w: &SimpleCommunicator) -> Outcome {
     // must refuse to write it through two members.
     let mut b = unsafe { TensorView::from_raw(&mut dl) }.map_err(s)?;
     let mut refs: Vec<&mut dyn Tensor> = vec![&mut a, &mut b];
-    match w.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+    match w.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum) {
         Err(Error::Member { index: 1, source })
             if matches!(*source, Error::BuffersAlias { .. }) =>
         {

@@ -33,8 +33,9 @@ use dlpack_mpi::dlpack::{acquire, AcquireOptions, CudaExport, Owned, StreamPolic
 use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::runtime::cuda::CudaRuntime;
 use dlpack_mpi::runtime::DeviceRuntime;
+use dlpack_mpi::settings::DEVICE_ENV;
 use dlpack_mpi::transport::{
-    select_device_at, DeviceComm, DeviceSelection, NodeLocal, Route, Transport, DEVICE_ENV,
+    select_device_at, DeviceComm, DeviceSelection, NodeLocal, Route, Transport,
 };
 use dlpack_mpi::Error;
 use mpi::collective::SystemOperation;

@@ -8,8 +8,9 @@
 //! ranks (a ring: send to `rank + 1`, receive from `rank - 1`).
 
 use crate::harness;
-use dlpack_mpi::comm::{set_packing, BroadcastBuffer, Packing, TensorComm};
+use dlpack_mpi::comm::{BroadcastBuffer, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor, TensorView};
+use dlpack_mpi::settings::{set_packing, Packing};
 use dlpack_mpi::spec::scratch::pooled_bytes;
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;

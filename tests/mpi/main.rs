@@ -67,7 +67,7 @@ mod python_exchange;
 
 use std::ffi::OsString;
 
-use dlpack_mpi::comm::{agreement, packing, set_agreement, set_packing, Agreement, Packing};
+use dlpack_mpi::settings::{agreement, packing, set_agreement, set_packing, Agreement, Packing};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 

@@ -1275,7 +1275,7 @@ fn prop_strided_delivery_equals_reference_gather(w: &SimpleCommunicator) -> Outc
 /// `Packing::Copy` (issue: explicit packing): the same deliveries as the derived-datatype
 /// path, through packed copies, for send/receive, sendrecv and broadcast.
 fn packing_copy_delivers_the_same(w: &SimpleCommunicator) -> Outcome {
-    use dlpack_mpi::comm::{packing, set_packing, Packing};
+    use dlpack_mpi::settings::{packing, set_packing, Packing};
     let before = packing().map_err(|e| e.to_string())?;
     set_packing(Packing::Copy);
     let result = (|| -> Outcome {

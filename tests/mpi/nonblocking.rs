@@ -768,6 +768,70 @@ fn wait_many(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// `is_complete` polls without consuming the request: a strided ring receive, an in-place
+/// fused all-reduce over a `Vec` of guards and a short receive each complete in an
+/// `is_complete` loop, with the values (or the error) `wait` would give; afterwards
+/// `is_complete` stays `Ok(true)` and `wait` says the request was completed already.
+fn is_complete_polls_without_consuming(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let (next, prev) = ((me + 1) % p, (me + p - 1) % p);
+    let ring_send = Owned::new(vals(me, M));
+    let mut ring_recv = receiver(M, true)?;
+    let mut grads = [Owned::new(vals(me, M)), Owned::new(vals(me, 2 * M))];
+    let short = Owned::new(vals(me, M - 1));
+    let mut long = Owned::new(vec![GAP; M]);
+    {
+        let (rs, mut rr) = (t(&ring_send)?, t(&ring_recv)?);
+        let mut guards: Vec<ManagedTensor> = grads.iter().map(t).collect::<Result<_, _>>()?;
+        let (ss, mut lr) = (t(&short)?, t(&long)?);
+        let done: Result<(), String> = mpi::request::scope(|scope| {
+            let mut recv = w
+                .immediate_recv_tensor(scope, &mut rr, prev, 6)
+                .map_err(s)?;
+            let send = w.immediate_send_tensor(scope, &rs, next, 6).map_err(s)?;
+            let op = ReduceOp::Sum;
+            let mut sum = w
+                .immediate_all_reduce_tensors_in_place(scope, &mut guards, op)
+                .map_err(s)?;
+            // `&`, not `&&`: both are polled in every round.
+            while !(recv.is_complete().map_err(s)? & sum.is_complete().map_err(s)?) {}
+            send.wait().map_err(s)?;
+            for r in [&mut recv, &mut sum] {
+                ensure_eq!(r.is_complete().map_err(s)?, true);
+            }
+            let again = recv.wait().unwrap_err().to_string();
+            ensure!(
+                again.contains("completions of one nonblocking request"),
+                "{again}"
+            );
+            // A message shorter than the receive: the error `wait` would give, from the
+            // `is_complete` that finds it.
+            let mut lreq = w
+                .immediate_recv_tensor(scope, &mut lr, prev, 7)
+                .map_err(s)?;
+            let sreq = w.immediate_send_tensor(scope, &ss, next, 7).map_err(s)?;
+            let err = loop {
+                match lreq.is_complete() {
+                    Ok(false) => {}
+                    Ok(true) => return Err("a short message completed".into()),
+                    Err(e) => break e,
+                }
+            };
+            ensure!(matches!(err, Error::CountMismatch { .. }), "{err:?}");
+            ensure_eq!(lreq.is_complete().map_err(s)?, true);
+            sreq.wait().map_err(s)?;
+            Ok(())
+        });
+        done?;
+    }
+    ensure_eq!(logical(&mut ring_recv, M, true)?, vals(prev, M));
+    ensure_eq!(grads[0].as_slice(), &sum_of_ranks(p, M)[..]);
+    ensure_eq!(grads[1].as_slice(), &sum_of_ranks(p, 2 * M)[..]);
+    // A contiguous receive holds the prefix that arrived.
+    ensure_eq!(long.as_slice()[..M - 1], vals(prev, M - 1)[..]);
+    Ok(())
+}
+
 /// Requests dropped uncompleted wait in `Drop` and finish (the strided receiver holds the
 /// values); the send tensor's deleter runs exactly once, after.
 fn dropped_requests_finish_and_release_once(w: &SimpleCommunicator) -> Outcome {
@@ -840,7 +904,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             )
         })
         .collect();
-    let extra: [(&str, Whole); 9] = [
+    let extra: [(&str, Whole); 10] = [
         (
             "two posted, completed in reverse order, a blocking collective between",
             reverse_order_and_blocking_between,
@@ -867,6 +931,10 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         (
             "wait_all, wait_any, test_any over mixed requests",
             wait_many,
+        ),
+        (
+            "is_complete polls without consuming",
+            is_complete_polls_without_consuming,
         ),
         (
             "dropped requests finish, deleters once",

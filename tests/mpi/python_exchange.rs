@@ -21,7 +21,8 @@ use dlpack_mpi::dlpack::{
 use dlpack_mpi::python::exchange::{
     DLPackExchangeApi, DLPackExchangeApiHeader, ManagedTensorFromPyObjectNoSync,
 };
-use dlpack_mpi::python::{self, pyo3, ExchangeApi};
+use dlpack_mpi::python::{self, pyo3};
+use dlpack_mpi::settings::ExchangeApi;
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use pyo3::prelude::*;

@@ -182,11 +182,11 @@ fn print_features() {
         "cuda not built"
     };
     // The variable is named once: after the value, or inside the refusal.
-    let packing = match dlpack_mpi::comm::packing() {
+    let packing = match dlpack_mpi::settings::packing() {
         Ok(p) => format!("{p:?} (DLPACK_MPI_PACKING)"),
         Err(e) => format!("refused: {e}"),
     };
-    let agreement = match dlpack_mpi::comm::agreement() {
+    let agreement = match dlpack_mpi::settings::agreement() {
         Ok(a) => format!("{a:?} (DLPACK_MPI_AGREEMENT)"),
         Err(e) => format!("refused: {e}"),
     };

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use dlpack_mpi::device::{device_type, Device};
 use dlpack_mpi::runtime::{default_runtime, DeviceRuntime, SimulatedRuntime};
-use dlpack_mpi::transport::{
-    parse_device_override, select_device_at, DeviceSelection, NodeLocal, DEVICE_ENV,
-};
+use dlpack_mpi::settings::{parse_device_override, DEVICE_ENV};
+use dlpack_mpi::transport::{select_device_at, DeviceSelection, NodeLocal};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -119,10 +118,10 @@ pub struct GpuArgs {
     pub simulated_devices: u16,
 }
 
-/// `--gpu N`: read like `DLPACK_MPI_DEVICE` (`transport::parse_device_override`: decimal
+/// `--gpu N`: read like `DLPACK_MPI_DEVICE` (`settings::parse_device_override`: decimal
 /// digits only), so the flag and the variable take the same forms.
 fn parse_gpu_flag(value: &str) -> Result<i32, String> {
-    match dlpack_mpi::transport::parse_device_override(Some(value)) {
+    match dlpack_mpi::settings::parse_device_override(Some(value)) {
         Ok(Some(ordinal)) => Ok(ordinal),
         _ => Err(format!("`{value}` is not a device ordinal (0, 1, 2, ...)")),
     }

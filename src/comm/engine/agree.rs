@@ -53,7 +53,7 @@ use super::progress;
 use super::signature::Signature;
 use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
-pub use crate::settings::{agreement, parse_agreement, set_agreement, Agreement, AGREEMENT_ENV};
+use crate::settings::{agreement, Agreement};
 
 /// The most bytes of a refusing rank's error text that reach the other ranks in
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).

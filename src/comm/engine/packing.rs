@@ -39,11 +39,7 @@ use crate::error::Result;
 use crate::layout;
 // The settings (`DLPACK_MPI_PACKING`, `DLPACK_MPI_PACK_THRESHOLD_BYTES`, their setters and
 // defaults) and `Packing` are in `crate::settings`.
-pub use crate::settings::{
-    default_pack_threshold_for, pack_threshold_bytes, packing, parse_pack_threshold, parse_packing,
-    set_pack_threshold_bytes, set_packing, Packing, DEFAULT_PACK_THRESHOLD_BYTES,
-    MPICH_PACK_THRESHOLD_BYTES, PACKING_ENV, PACK_THRESHOLD_ENV,
-};
+use crate::settings::{pack_threshold_bytes, packing, Packing};
 
 /// The contiguous inner block of a layout (`strides_elems`: `None` for C order, as in
 /// DLPack), in bytes: after merging axes
@@ -82,6 +78,7 @@ pub(crate) fn packs_block(block_bytes: usize) -> Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{DEFAULT_PACK_THRESHOLD_BYTES, MPICH_PACK_THRESHOLD_BYTES};
 
     /// Auto's decision on representative layouts, with the default threshold (16 bytes).
     #[test]

@@ -61,13 +61,14 @@ use mpi::raw::{AsRaw, FromRaw};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::Equivalence;
 
-use super::agree::{agreement, decide, post_votes, votes, Agreement};
+use super::agree::{decide, post_votes, votes};
 use super::call::Operation;
 use super::progress::{empty_status, enqueue, progress, progress_all, shadow_of, Resolve, Shadow};
 use super::signature::Signature;
 use super::stager::{stand_ins, Declared, Endpoint, Held, ReadIn, WriteIn};
 use super::{Request, Scope};
 use crate::error::{Error, Result};
+use crate::settings::{agreement, Agreement};
 
 /// Where a posted collective is.
 enum Phase<'a, Sc: Scope<'a>> {

@@ -263,6 +263,52 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
         }
     }
 
+    /// Tests for completion without consuming the request, as mpi4py's `Request.Test()`
+    /// (`MPI_Test`, MPI-4.1 §3.7.3; progress as in [`TensorRequest::test`]): `Ok(false)`
+    /// while it is pending; once the operation has completed, it is finished as
+    /// [`TensorRequest::wait`] finishes it (unpacked, copied back, its buffers returned) and
+    /// the outcome `wait` would return is returned here: `Ok(true)`, or its error. Its
+    /// [`Status`] is not returned (use `test` or `wait` where you need it).
+    ///
+    /// ```no_run
+    /// # use dlpack_mpi::comm::TensorComm;
+    /// # use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
+    /// # use dlpack_mpi::dtype::ReduceOp;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let universe = mpi::initialize().ok_or("MPI was already initialized")?;
+    /// # let world = universe.world();
+    /// # let grad = Owned::new(vec![1.0f32; 1024]);
+    /// let mut g = acquire(&grad, &AcquireOptions::default())?;
+    /// mpi::request::scope(|scope| -> dlpack_mpi::Result<()> {
+    ///     let mut sum = world.immediate_all_reduce_tensor_in_place(scope, &mut g, ReduceOp::Sum)?;
+    ///     while !sum.is_complete()? {
+    ///         // ... computation that does not touch `g` ...
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// What [`TensorRequest::wait`] returns, once, from the call that finds the operation
+    /// complete.
+    ///
+    /// **After completion** (the call that returned `Ok(true)` or the error) the request is
+    /// done: drop it. A later `is_complete` returns `Ok(true)`, and dropping it does nothing;
+    /// its `wait` returns [`Error::CountMismatch`] ("completions of one nonblocking request",
+    /// expected 1, actual 2), and `test`, [`wait_all`], [`wait_any`] and [`test_any`] are not
+    /// for it (a finished point-to-point request reads as pending there, forever).
+    pub fn is_complete(&mut self) -> Result<bool> {
+        if self.is_done() {
+            return Ok(true);
+        }
+        match self.poll(false) {
+            None => Ok(false),
+            Some(outcome) => outcome.map(|_| true),
+        }
+    }
+
     /// Whether this request packed its tensor (the policy chose a packed copy).
     pub fn is_packed(&self) -> bool {
         match &self.inner {

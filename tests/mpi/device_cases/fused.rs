@@ -95,13 +95,13 @@ fn in_place(
         rt.clear_calls();
         if nonblocking {
             let done: Result<(), Error> = mpi::request::scope(|scope| {
-                dc.immediate_all_reduce_tensors(scope, &mut refs, ReduceOp::Sum)?
+                dc.immediate_all_reduce_tensors_in_place(scope, &mut refs, ReduceOp::Sum)?
                     .wait()
                     .map(drop)
             });
             call!(done);
         } else {
-            call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+            call!(dc.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum));
         }
         seen = (crossings(rt), on_device(rt));
     }
@@ -153,7 +153,7 @@ fn direct_in_place(w: &SimpleCommunicator) -> Outcome {
         let mut th = take(&h, &rt)?;
         let mut refs: Vec<&mut dyn Tensor> = vec![&mut tf, &mut th];
         rt.clear_calls();
-        call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+        call!(dc.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum));
         ensure_eq!(crossings(&rt), (1, 8, 1, 8));
         ensure_eq!(dc.last_route(), Some(Route::Staged));
     }
@@ -182,7 +182,7 @@ fn many_members_two_buckets(w: &SimpleCommunicator) -> Outcome {
         refs.extend(ht.iter_mut().map(|t| t as &mut dyn Tensor));
         refs.extend(b.iter_mut().map(|t| t as &mut dyn Tensor));
         rt.clear_calls();
-        call!(dc.all_reduce_tensors(&mut refs, ReduceOp::Sum));
+        call!(dc.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum));
         ensure_eq!(crossings(&rt), (2, 1600 + 24, 2, 1600 + 24));
     }
     for (m, o) in fs.iter_mut().enumerate() {
@@ -261,7 +261,7 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
         let mut tb = take(&b, &rt)?;
         rt.clear_calls();
         let mut refs: Vec<&mut dyn Tensor> = vec![&mut ta, &mut tb];
-        let got = dc.all_reduce_tensors(&mut refs, ReduceOp::Sum);
+        let got = dc.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum);
         match got {
             Err(Error::Member { index: 1, source }) if me == p - 1 => {
                 ensure!(
@@ -291,7 +291,7 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
         let mut th = take(&host, &rt)?;
         let mut td = take(&dev, &rt)?;
         let mut refs: Vec<&mut dyn Tensor> = vec![&mut td, &mut th];
-        match dc.all_reduce_tensors(&mut refs, ReduceOp::Sum) {
+        match dc.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum) {
             Err(Error::MixedDevices { index: 1, .. }) => {}
             other => return Err(format!("expected MixedDevices, got {other:?}")),
         }
@@ -304,7 +304,7 @@ fn refusals(w: &SimpleCommunicator) -> Outcome {
         let mut tr = take(&recv, &rt)?;
         let sends: Vec<&dyn Tensor> = vec![&ts];
         let mut recvs: Vec<&mut dyn Tensor> = vec![&mut tr];
-        match dc.reduce_scatter_tensors(&sends, &mut recvs, ReduceOp::Sum) {
+        match dc.reduce_scatter_block_tensors(&sends, &mut recvs, ReduceOp::Sum) {
             Err(Error::MixedDevices { index: 0, .. }) => {}
             other => return Err(format!("expected MixedDevices, got {other:?}")),
         }
@@ -349,13 +349,13 @@ fn reduce_scatter(
         rt.clear_calls();
         if nonblocking {
             let done: Result<(), Error> = mpi::request::scope(|scope| {
-                dc.immediate_reduce_scatter_tensors(scope, &srefs, &mut rrefs, ReduceOp::Sum)?
+                dc.immediate_reduce_scatter_block_tensors(scope, &srefs, &mut rrefs, ReduceOp::Sum)?
                     .wait()
                     .map(drop)
             });
             call!(done);
         } else {
-            call!(dc.reduce_scatter_tensors(&srefs, &mut rrefs, ReduceOp::Sum));
+            call!(dc.reduce_scatter_block_tensors(&srefs, &mut rrefs, ReduceOp::Sum));
         }
         seen = (crossings(rt), on_device(rt));
     }
@@ -429,7 +429,7 @@ fn half_reduce_scatter(
         let sends: Vec<&dyn Tensor> = vec![&ts];
         let mut recvs: Vec<&mut dyn Tensor> = vec![&mut tr];
         rt.clear_calls();
-        call!(dc.reduce_scatter_tensors(&sends, &mut recvs, ReduceOp::Sum));
+        call!(dc.reduce_scatter_block_tensors(&sends, &mut recvs, ReduceOp::Sum));
         ensure_eq!(crossings(rt), (1, 8 * pu, 1, 8));
         ensure_eq!(dc.last_route(), Some(Route::Staged));
     }

@@ -48,7 +48,7 @@ pub enum Op {
     /// The all-reduce (sum of f32, in place) of a list of tensors: the gradients of
     /// ResNet-50 and BERT-base (benches/data, built in; divided by --fused-scale) and 256
     /// tensors of 1 KiB; one all_reduce_tensor_in_place per member vs one fused
-    /// all_reduce_tensors vs one tensor of the same total elements, and mpi4py on NumPy arrays of the same shapes
+    /// all_reduce_tensors_in_place vs one tensor of the same total elements, and mpi4py on NumPy arrays of the same shapes
     /// (feature `python`; skipped with a line when NumPy or mpi4py cannot be used):
     /// mpi4py-loop = one Allreduce(MPI.IN_PLACE) per member, mpi4py-concat = np.concatenate,
     /// one Allreduce, copied back. Not part of `all`.

@@ -316,7 +316,7 @@ fn once(world: &SimpleCommunicator, path: FusedPath, bufs: &Bufs, iters: u64) ->
             let mut refs: Vec<&mut dyn Tensor> =
                 ts.iter_mut().map(|t| t as &mut dyn Tensor).collect();
             timed(world, || {
-                (0..iters).try_for_each(|_| world.all_reduce_tensors(&mut refs, sum))
+                (0..iters).try_for_each(|_| world.all_reduce_tensors_in_place(&mut refs, sum))
             })?
         }
         FusedPath::Contiguous => {

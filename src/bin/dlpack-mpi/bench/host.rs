@@ -7,7 +7,7 @@
 use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor};
 use dlpack_mpi::dtype::ReduceOp;
-use dlpack_mpi::spec::{RecvSpec, SendSpec, VectorRecvSpec};
+use dlpack_mpi::spec::{RecvSpec, SendSpec};
 use mpi::collective::SystemOperation;
 use mpi::datatype::PartitionMut;
 use mpi::request::{scope, Request, Scope};
@@ -423,14 +423,14 @@ impl Calls<'_> {
         let (world, sum) = (self.world, SystemOperation::sum());
         for _ in 0..self.iters {
             let sspec = SendSpec::new(s)?;
-            let rspec = RecvSpec::new(r)?;
+            let mut rspec = RecvSpec::new(r)?;
             match self.what {
-                Collective::Allreduce => world.all_reduce_into(&sspec, &mut { rspec }, sum),
+                Collective::Allreduce => world.all_reduce_into(&sspec, &mut rspec, sum),
                 Collective::Allgatherv => world.all_gather_varcount_into(
                     &sspec,
-                    &mut VectorRecvSpec::new(rspec, &self.counts, &self.displs)?,
+                    &mut PartitionMut::new(&mut rspec, &self.counts32[..], &self.displs32[..]),
                 ),
-                Collective::Alltoall => world.all_to_all_into(&sspec, &mut { rspec }),
+                Collective::Alltoall => world.all_to_all_into(&sspec, &mut rspec),
             }
             laps.tick();
         }
@@ -442,7 +442,7 @@ impl Calls<'_> {
         let (world, sum) = (self.world, SystemOperation::sum());
         match self.what {
             Collective::Allgatherv => {
-                let mut v = VectorRecvSpec::new(rspec, &self.counts, &self.displs)?;
+                let mut v = PartitionMut::new(&mut rspec, &self.counts32[..], &self.displs32[..]);
                 for _ in 0..self.iters {
                     world.all_gather_varcount_into(sspec, &mut v);
                     laps.tick();

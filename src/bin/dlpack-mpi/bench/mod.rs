@@ -48,7 +48,7 @@
 //!
 //! `--op fused` all-reduces lists of tensors (the gradients of ResNet-50 and BERT-base from
 //! benches/data, built in, and 256 tensors of 1 KiB): one `all_reduce_tensor_in_place` per
-//! member, one fused `all_reduce_tensors` over the list, and one tensor of the same total
+//! member, one fused `all_reduce_tensors_in_place` over the list, and one tensor of the same total
 //! elements (the limit); next to them, with feature `python`, mpi4py's two ways on NumPy arrays of the
 //! same shapes (`mpi4py-loop`: one `Allreduce` per member; `mpi4py-concat`: `np.concatenate`,
 //! one `Allreduce`, copied back), timed in Python. `--json` writes one object per (case,

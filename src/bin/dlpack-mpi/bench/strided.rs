@@ -3,8 +3,9 @@
 //! derived datatype, through the library's pack kernels, and under `Packing::Auto`.
 //! Uses `common`, `args` and `strided_report`.
 
-use dlpack_mpi::comm::{inner_block_bytes, pack_threshold_bytes, set_packing, Packing, TensorComm};
+use dlpack_mpi::comm::{inner_block_bytes, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions};
+use dlpack_mpi::settings::{pack_threshold_bytes, set_packing, Packing};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
 

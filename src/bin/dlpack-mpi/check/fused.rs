@@ -1,4 +1,4 @@
-//! The fused collectives over lists of tensors as cases (`TensorComm::all_reduce_tensors`
+//! The fused collectives over lists of tensors as cases (`TensorComm::all_reduce_tensors_in_place`
 //! and the others, README "Fused collectives"): `fused-allreduce` (in place),
 //! `fused-allreduce-into`, `fused-bcast`, `fused-reduce-scatter`, and the nonblocking
 //! `ifused-allreduce` (posted and completed as [`Call::Nonblocking`] says).
@@ -49,13 +49,13 @@ const SMALL_BUCKETS: (usize, usize) = (16, 64);
 /// The fused collective of a case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fused {
-    /// `all_reduce_tensors`, in place.
+    /// `all_reduce_tensors_in_place`.
     AllReduce,
-    /// `all_reduce_tensors_into`.
+    /// `all_reduce_tensors`.
     AllReduceInto,
     /// `broadcast_tensors` from the last rank.
     Bcast,
-    /// `reduce_scatter_tensors`.
+    /// `reduce_scatter_block_tensors`.
     ReduceScatter,
 }
 
@@ -440,13 +440,15 @@ fn call_list(
         let (send, recv) = tensors.split_at_mut(tensors.len() - members.len());
         let send: Vec<&dyn Tensor> = send.iter().map(|t| &**t as &dyn Tensor).collect();
         let done = match (fused, call) {
-            (Fused::AllReduce, Call::Blocking) => dc.all_reduce_tensors(recv, rop),
+            (Fused::AllReduce, Call::Blocking) => dc.all_reduce_tensors_in_place(recv, rop),
             (Fused::AllReduce, Call::Nonblocking(c)) => {
-                c.post(|sc| dc.immediate_all_reduce_tensors(sc, recv, rop))
+                c.post(|sc| dc.immediate_all_reduce_tensors_in_place(sc, recv, rop))
             }
-            (Fused::AllReduceInto, Call::Blocking) => dc.all_reduce_tensors_into(&send, recv, rop),
+            (Fused::AllReduceInto, Call::Blocking) => dc.all_reduce_tensors(&send, recv, rop),
             (Fused::Bcast, Call::Blocking) => dc.broadcast_tensors(recv, root),
-            (Fused::ReduceScatter, Call::Blocking) => dc.reduce_scatter_tensors(&send, recv, rop),
+            (Fused::ReduceScatter, Call::Blocking) => {
+                dc.reduce_scatter_block_tensors(&send, recv, rop)
+            }
             (_, Call::Nonblocking(_)) => return Err(format!("no nonblocking case of {fused:?}")),
         };
         cx.note_route(dc);

@@ -6,9 +6,10 @@
 //! it or returns wrong data. Skipped at one rank (no peer can differ) and under
 //! `DLPACK_MPI_AGREEMENT=local` (no agreement: the probes would hang).
 
-use dlpack_mpi::comm::{agreement, Agreement, Blocks, TensorComm};
+use dlpack_mpi::comm::{Blocks, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::ReduceOp;
+use dlpack_mpi::settings::{agreement, Agreement};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;

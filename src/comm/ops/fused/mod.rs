@@ -30,7 +30,7 @@
 //! `pending`, all in one go so that no other collective comes between them) and unpacks
 //! each one as `test`/`wait` sees it land.
 //!
-//! **Members alone.** A member of at least [`ALONE_BYTES`] (256 KiB) has a bucket of its
+//! **Members alone.** A member of at least [`OWN_BUCKET_BYTES`] (256 KiB) has a bucket of its
 //! own; when its sides are contiguous the collective runs on the member's own memory (in
 //! place, or from its send tensor into its receive tensor) and nothing is copied. Copying a
 //! large member into a bucket and back costs more than one more collective's latency.
@@ -62,7 +62,7 @@ mod buckets;
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::{StagedBucket, Stager};
 use crate::device::MemoryKind;
-use crate::dlpack::Tensor;
+use crate::dlpack::{Tensor, TensorListMut};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::settings::{bucket_bytes, first_bucket_bytes};
@@ -228,8 +228,8 @@ pub(in crate::comm) fn check_devices<'l>(
 
 /// [`check_devices`] over a send and a receive list, which must also be one kind of memory
 /// with each other ([`Error::MixedDevices`] names the send list's first member otherwise).
-fn same_devices(send: &[&dyn Tensor], recv: &[&mut dyn Tensor], staged: bool) -> Result<bool> {
-    let on = check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged)?;
+fn same_devices(send: &[&dyn Tensor], recv: &[&dyn Tensor], staged: bool) -> Result<bool> {
+    let on = check_devices(recv.iter().copied(), staged)?;
     if let (Some(a), Some(b)) = (send.first(), recv.first()) {
         let (a, b) = (a.device(), b.device());
         if a.memory_kind() != b.memory_kind() {
@@ -298,12 +298,13 @@ fn check_disjoint(members: &[Member]) -> Result<()> {
 /// A member of at least this many bytes (256 KiB) has a bucket of its own, reduced or
 /// broadcast on its own memory when it is contiguous: copying it into a bucket and back
 /// costs more than the latency of one more collective (measured: `docs/PERFORMANCE.md`,
-/// "Fused collectives"). A constant, so that every rank buckets a list alike.
-pub const ALONE_BYTES: usize = 256 << 10;
+/// "Fused collectives"). A constant, so that every rank buckets a list alike. (Named
+/// `ALONE_BYTES` before.)
+pub const OWN_BUCKET_BYTES: usize = 256 << 10;
 
 /// The buckets of `members`: lists of member indices, by dtype in order of first
 /// appearance, each at most `first` bytes (a dtype's first bucket) or `rest` bytes; a
-/// member larger than that, or of at least [`ALONE_BYTES`], alone.
+/// member larger than that, or of at least [`OWN_BUCKET_BYTES`], alone.
 fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usize>> {
     let dtype = |m: &Member| m.facts().map(|f| f.element.dtype);
     let mut order: Vec<DType> = Vec::new();
@@ -319,7 +320,7 @@ fn buckets_of(members: &[Member], (first, rest): (usize, usize)) -> Vec<Vec<usiz
             if dtype(m) != Some(d) {
                 continue;
             }
-            let alone = m.bytes >= ALONE_BYTES;
+            let alone = m.bytes >= OWN_BUCKET_BYTES;
             if !current.is_empty() && (alone || bytes.saturating_add(m.bytes) > cap) {
                 out.push(std::mem::take(&mut current));
                 (bytes, cap) = (0, rest);
@@ -346,9 +347,9 @@ impl Fused {
     /// count against its pair, the reduction for its dtype); [`Error::ListLengthMismatch`]
     /// for lists of different lengths; [`Error::Member`] around [`Error::BuffersAlias`] for
     /// members sharing memory; the pool's errors.
-    pub(in crate::comm) fn all_reduce<'t, 'b: 't, 'c: 't>(
-        send: Option<&'t [&'c dyn Tensor]>,
-        recv: &'t mut [&'b mut dyn Tensor],
+    pub(in crate::comm) fn all_reduce<'t>(
+        send: Option<&[&'t dyn Tensor]>,
+        recv: &[&'t dyn Tensor],
         op: ReduceOp,
         stager: Option<&'t dyn Stager>,
     ) -> Result<Operation<'t>> {
@@ -368,7 +369,7 @@ impl Fused {
             } else {
                 Access::Update
             };
-            let wf = facts_of(i, &**r, access, stager.is_some())?;
+            let wf = facts_of(i, *r, access, stager.is_some())?;
             wf.element.check_reduction(op).map_err(member(i))?;
             let pf = match send {
                 Some(s) => {
@@ -396,10 +397,7 @@ impl Fused {
         let on_device = stager.map(|stager| OnDevice {
             stager,
             tensors: (0..recv.len())
-                .map(|i| {
-                    let r: &dyn Tensor = &*recv[i];
-                    (Some(send.map_or(r, |s| s[i])), Some(r))
-                })
+                .map(|i| (Some(send.map_or(recv[i], |s| s[i])), Some(recv[i])))
                 .collect(),
             reduces: true,
         });
@@ -414,9 +412,9 @@ impl Fused {
     /// As [`Fused::all_reduce`], and [`Error::Member`] around [`Error::CountMismatch`] when
     /// a send member does not hold `ranks` × its receive's elements; [`Error::CountTooLarge`]
     /// for a bucket beyond `int` units per rank.
-    pub(in crate::comm) fn reduce_scatter<'t, 'b: 't, 'c: 't>(
-        send: &'t [&'c dyn Tensor],
-        recv: &'t mut [&'b mut dyn Tensor],
+    pub(in crate::comm) fn reduce_scatter<'t>(
+        send: &[&'t dyn Tensor],
+        recv: &[&'t dyn Tensor],
         op: ReduceOp,
         ranks: Rank,
         stager: Option<&'t dyn Stager>,
@@ -432,7 +430,7 @@ impl Fused {
         for (i, (s, r)) in send.iter().zip(recv.iter()).enumerate() {
             let sf = facts_of(i, *s, Access::Read, stager.is_some())?;
             sf.element.check_reduction(op).map_err(member(i))?;
-            let rf = facts_of(i, &**r, Access::Write, stager.is_some())?;
+            let rf = facts_of(i, *r, Access::Write, stager.is_some())?;
             check_pair("fused reduce-scatter send vs receive", &sf, &rf).map_err(member(i))?;
             check_count(
                 || format!("fused reduce-scatter send (= receive count × {ranks} ranks)"),
@@ -452,10 +450,7 @@ impl Fused {
         let on_device = stager.map(|stager| OnDevice {
             stager,
             tensors: (0..recv.len())
-                .map(|i| {
-                    let r: &dyn Tensor = &*recv[i];
-                    (Some(send[i]), Some(r))
-                })
+                .map(|i| (Some(send[i]), Some(recv[i])))
                 .collect(),
             reduces: true,
         });
@@ -468,8 +463,8 @@ impl Fused {
     /// # Errors
     /// [`Error::Member`] around a member's refusal; [`Error::BuffersAlias`]; the pool's
     /// errors.
-    pub(in crate::comm) fn broadcast<'t, 'b: 't>(
-        tensors: &'t mut [&'b mut dyn Tensor],
+    pub(in crate::comm) fn broadcast<'t>(
+        tensors: &[&'t dyn Tensor],
         root: Rank,
         is_root: bool,
         stager: Option<&'t dyn Stager>,
@@ -477,7 +472,7 @@ impl Fused {
         let mut members = Vec::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
             let access = if is_root { Access::Read } else { Access::Write };
-            let f = facts_of(i, &**t, access, stager.is_some())?;
+            let f = facts_of(i, *t, access, stager.is_some())?;
             let bytes = f.packed_bytes().map_err(member(i))?;
             let (pack, unpack) = if is_root {
                 (Some(f), None)
@@ -496,8 +491,7 @@ impl Fused {
             stager,
             tensors: tensors
                 .iter()
-                .map(|t| {
-                    let t: &dyn Tensor = &**t;
+                .map(|&t| {
                     if is_root {
                         (Some(t), None)
                     } else {
@@ -570,13 +564,16 @@ impl Fused {
     }
 }
 
-/// `all_reduce_tensors`, `all_reduce_tensors_into`
-/// and their nonblocking forms: `send` `None` reduces `recv`'s members in place.
-pub(in crate::comm) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+/// `all_reduce_tensors_in_place`, `all_reduce_tensors` and their nonblocking forms: `send`
+/// `None` reduces `recv`'s members in place. The lists hold the members for `'a`, which the
+/// public methods tie to the caller's lists (a request borrows them until it completes);
+/// the slices themselves are only read during the call (the operation keeps the members'
+/// facts and, for a device list, the member references, never the slices).
+pub(in crate::comm) fn all_reduce_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     tc: &'a E,
     mode: M,
-    send: Option<&'a [&'c dyn Tensor]>,
-    recv: &'a mut [&'b mut dyn Tensor],
+    send: Option<&[&'a dyn Tensor]>,
+    recv: &[&'a dyn Tensor],
     op: ReduceOp,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
@@ -586,63 +583,60 @@ pub(in crate::comm) fn all_reduce_tensors<'a, 'b: 'a, 'c: 'a, E: Endpoint + ?Siz
     } else {
         "all_reduce_tensors_in_place"
     };
-    let sig = signature(name, recv.iter().map(|t| &**t as &dyn Tensor)).reduce(op);
+    let sig = signature(name, recv.iter().copied()).reduce(op);
     let staged = tc.stager().is_some();
     let devices = match send {
         Some(s) => same_devices(s, recv, staged),
-        None => check_devices(recv.iter().map(|t| &**t as &dyn Tensor), staged),
+        None => check_devices(recv.iter().copied(), staged),
     };
     let prepared =
         devices.and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
 }
 
-/// `broadcast_tensors` and its nonblocking form.
-pub(in crate::comm) fn broadcast_tensors<'a, 'b: 'a, E: Endpoint + ?Sized, M: Mode<'a>>(
+/// `broadcast_tensors` and its nonblocking form (lists as in [`all_reduce_tensors`]).
+pub(in crate::comm) fn broadcast_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     tc: &'a E,
     mode: M,
-    tensors: &'a mut [&'b mut dyn Tensor],
+    tensors: &[&'a dyn Tensor],
     root: Rank,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let sig = signature(
-        "broadcast_tensors",
-        tensors.iter().map(|t| &**t as &dyn Tensor),
-    )
-    .root(root);
+    let sig = signature("broadcast_tensors", tensors.iter().copied()).root(root);
     let staged = tc.stager().is_some();
     let is_root = comm.rank() == root;
     let prepared = check_rank(root, comm.size())
-        .and_then(|()| check_devices(tensors.iter().map(|t| &**t as &dyn Tensor), staged))
+        .and_then(|()| check_devices(tensors.iter().copied(), staged))
         .and_then(|on| Fused::broadcast(tensors, root, is_root, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
 }
 
-/// `reduce_scatter_tensors` and its nonblocking form.
-pub(in crate::comm) fn reduce_scatter_tensors<
-    'a,
-    'b: 'a,
-    'c: 'a,
-    E: Endpoint + ?Sized,
-    M: Mode<'a>,
->(
+/// `reduce_scatter_block_tensors` and its nonblocking form (lists as in
+/// [`all_reduce_tensors`]).
+pub(in crate::comm) fn reduce_scatter_block_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     tc: &'a E,
     mode: M,
-    send: &'a [&'c dyn Tensor],
-    recv: &'a mut [&'b mut dyn Tensor],
+    send: &[&'a dyn Tensor],
+    recv: &[&'a dyn Tensor],
     op: ReduceOp,
 ) -> Result<M::Out> {
     let comm = tc.communicator();
     check_intra(comm)?;
-    let sig = signature(
-        "reduce_scatter_tensors",
-        recv.iter().map(|t| &**t as &dyn Tensor),
-    )
-    .reduce(op);
+    let sig = signature("reduce_scatter_block_tensors", recv.iter().copied()).reduce(op);
     let staged = tc.stager().is_some();
     let prepared = same_devices(send, recv, staged).and_then(|on| {
         Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on))
     });
     mode.prepared(tc, sig, prepared)
+}
+
+/// The members of a list MPI writes, as the fused collectives take them: read through
+/// shared references (their facts, a device stager's copies), while the caller's list
+/// stays borrowed exclusively for the call, or for the life of a request.
+pub(in crate::comm) fn written<L: TensorListMut + ?Sized>(list: &mut L) -> Vec<&dyn Tensor> {
+    list.tensors_mut()
+        .into_iter()
+        .map(|t| t as &dyn Tensor)
+        .collect()
 }
