@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds the examples (with feature `python`, for numpy_allreduce) and runs each one under
-# mpirun at 1, 2, 3 and 4 ranks. Also builds the benchmarks of benches/ (not run: they are
-# measurements; benches/README.md), so that they keep building.
+# mpirun at 1, 2, 3 and 4 ranks; under Open MPI, also examples/train_step_mpi4py.py (the
+# same training step as train_step, in mpi4py and NumPy; skipped, and said so, where the
+# interpreter has no mpi4py). Checks that README.md's training step is examples/train_step.rs.
+# Also builds the benchmarks of benches/ (not run: they are measurements; benches/README.md),
+# so that they keep building.
 #
 # Usage: scripts/examples.sh [--release]
 # The MPI library is DLPACK_MPI_IMPL (openmpi, the default, or mpich; see
@@ -23,7 +26,7 @@ for arg in "$@"; do
     esac
 done
 
-examples=(ring allreduce allgatherv nonblocking overlap training_step numpy_allreduce)
+examples=(ring allreduce allgatherv nonblocking overlap training_step train_step numpy_allreduce)
 ranks=(${RANKS:-1 2 3 4})
 timeout_s=${TIMEOUT:-60}
 # shellcheck source=scripts/mpi-env.sh
@@ -54,6 +57,40 @@ for example in "${examples[@]}"; do
         fi
     done
 done
+
+# The same training step in mpi4py (setup.sh installs mpi4py for Open MPI only).
+py_example=examples/train_step_mpi4py.py
+if [[ $DLPACK_MPI_IMPL != openmpi ]]; then
+    echo "SKIP $py_example: mpi4py is installed for Open MPI only (this is $DLPACK_MPI_IMPL)"
+elif ! "$PYO3_PYTHON" -c 'import mpi4py, numpy' >/dev/null 2>&1; then
+    echo "SKIP $py_example: $PYO3_PYTHON has no mpi4py or NumPy (scripts/setup.sh installs them)"
+else
+    for n in "${ranks[@]}"; do
+        if timeout "$timeout_s" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$PYO3_PYTHON" "$py_example" >"$log" 2>&1; then
+            echo "PASS $py_example -n $n: $(tail -n 1 "$log")"
+            passed=$((passed + 1))
+        else
+            rc=$?
+            echo "FAIL $py_example -n $n (exit $rc); output:"
+            sed 's/^/    /' "$log" | tail -n 20
+            failed=$((failed + 1))
+        fi
+    done
+fi
+
+# README.md shows examples/train_step.rs from its first `use` line: the two must not drift.
+readme_step=$(awk '/^```rust/ { block = ""; inside = 1; next }
+    /^```/ && inside { if (block ~ /acquire_all/) { printf "%s", block; exit } inside = 0; next }
+    inside { block = block $0 "\n" }' README.md)
+file_step=$(sed -n '/^use /,$p' examples/train_step.rs)
+if [[ "$readme_step" == "$file_step" ]]; then
+    echo "PASS README.md's training step is examples/train_step.rs"
+    passed=$((passed + 1))
+else
+    echo "FAIL README.md's training step differs from examples/train_step.rs:"
+    diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
+    failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

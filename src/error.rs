@@ -190,7 +190,8 @@ pub enum Error {
     /// One member of the list of a fused collective
     /// ([`crate::comm::TensorComm::all_reduce_tensors`] and the others) was refused: `index`
     /// is its place in the list (from 0), `source` why. Returned before any MPI call (the
-    /// other ranks get [`Error::PeerRefused`] under the default agreement).
+    /// other ranks get [`Error::PeerRefused`] under the default agreement). Also the error
+    /// of [`crate::dlpack::acquire_all`] for the first exporter that refused.
     #[error("member {index} of the tensor list: {source}")]
     Member {
         /// The member's index in the list.

@@ -202,6 +202,39 @@ pub fn acquire<'e, E: Exporter + ?Sized>(
     acquire_with_runtime(exporter, options, default_runtime())
 }
 
+/// [`acquire`] of every exporter of `exporters`, in order: the list of guards a fused
+/// collective takes as it is ([`crate::dlpack::TensorListMut`]). Exporters of different types
+/// (and dtypes) go as `&dyn Exporter`: pass a `Vec<&dyn Exporter>` by value, or
+/// `list.iter().copied()`.
+///
+/// ```
+/// use dlpack_mpi::dlpack::{acquire_all, AcquireOptions, Exporter, Owned, Tensor};
+/// use half::bf16;
+/// let (w, b) = (Owned::new(vec![0.5f32; 6]), Owned::new(vec![bf16::ZERO; 3]));
+/// let mixed: Vec<&dyn Exporter> = vec![&w, &b];
+/// let guards = acquire_all(mixed, &AcquireOptions::default())?;
+/// assert_eq!(guards[1].num_elements(), 3);
+/// # Ok::<(), dlpack_mpi::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Member`] around the first exporter's refusal (what [`acquire`] returns), naming
+/// its index; the guards acquired before it are released.
+pub fn acquire_all<'e, E: Exporter + ?Sized + 'e>(
+    exporters: impl IntoIterator<Item = &'e E>,
+    options: &AcquireOptions,
+) -> Result<Vec<ManagedTensor<'e>>> {
+    let member = |index| {
+        move |e| Error::Member {
+            index,
+            source: Box::new(e),
+        }
+    };
+    (exporters.into_iter().enumerate())
+        .map(|(i, e)| acquire(e, options).map_err(member(i)))
+        .collect()
+}
+
 /// [`acquire`] with an explicit GPU runtime (`None`: device tensors under
 /// `Synchronize` are refused). Under [`StreamPolicy::Synchronize`] `{ stream: None }` the
 /// producer of a CUDA tensor is handed the runtime's own consumer stream

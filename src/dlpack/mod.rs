@@ -44,8 +44,8 @@ mod list;
 mod producers;
 
 pub use acquire::{
-    acquire, acquire_with_runtime, AcquireOptions, DeviceQuery, ExportRequest, Exporter,
-    StreamPolicy,
+    acquire, acquire_all, acquire_with_runtime, AcquireOptions, DeviceQuery, ExportRequest,
+    Exporter, StreamPolicy,
 };
 #[cfg(feature = "python")]
 pub(crate) use acquire::{acquire_from, check_acquired};
