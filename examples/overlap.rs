@@ -58,30 +58,27 @@ fn expected_rows(size: i32, first: usize, end: usize, out: &mut Vec<f32>) {
     }
 }
 
-/// Does the work in `chunks`, testing `pending` after each chunk until it completes;
-/// returns the number of tests, and the chunk after which it completed (if it did).
+/// Does the work in `chunks`, testing `request` after each chunk (`is_complete`, which does
+/// not consume it) until it completes, noting the chunk after which it did in `done_at`;
+/// returns the number of tests.
 fn work_while_testing<'a, Sc: Scope<'a>>(
     chunks: std::ops::Range<usize>,
-    size: i32,
-    want: &mut Vec<f32>,
-    pending: &mut Option<TensorRequest<'a, Sc>>,
-) -> dlpack_mpi::Result<(usize, Option<usize>)> {
-    let (mut tests, mut done_at) = (0, None);
+    (size, want): (i32, &mut Vec<f32>),
+    request: &mut TensorRequest<'a, Sc>,
+    done_at: &mut Option<usize>,
+) -> dlpack_mpi::Result<usize> {
+    let mut tests = 0;
     for chunk in chunks {
         let rows = COLS / CHUNKS;
         expected_rows(size, chunk * rows, (chunk + 1) * rows, want);
-        if let Some(request) = pending.take() {
+        if done_at.is_none() {
             tests += 1;
-            match request.test() {
-                Ok(outcome) => {
-                    outcome?;
-                    done_at = Some(chunk);
-                }
-                Err(still_pending) => *pending = Some(still_pending),
+            if request.is_complete()? {
+                *done_at = Some(chunk);
             }
         }
     }
-    Ok((tests, done_at))
+    Ok(tests)
 }
 
 /// The first element of `got` that differs from `want`, in words.
@@ -125,19 +122,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut p = acquire(&params, &opts)?;
         mpi::request::scope(|scope| -> dlpack_mpi::Result<_> {
             // Post: checks both sides, packs the transposed gradient, posts the agreement.
-            let request = world.immediate_all_reduce_tensor(scope, &g, &mut s, ReduceOp::Sum)?;
-            let packed = request.is_packed();
-            let mut pending = Some(request);
-            let (t1, d1) = work_while_testing(0..CHUNKS / 2, size, &mut want, &mut pending)?;
+            let mut all_reduce =
+                world.immediate_all_reduce_tensor(scope, &g, &mut s, ReduceOp::Sum)?;
+            let packed = all_reduce.is_packed();
+            let mut done_at = None;
+            let work = (size, &mut want);
+            let t1 = work_while_testing(0..CHUNKS / 2, work, &mut all_reduce, &mut done_at)?;
             // A second collective, posted while the all-reduce may still be pending: every
             // rank posts it second, so MPI matches it second.
             let broadcast = world.immediate_broadcast_tensor(scope, &mut p, ROOT)?;
-            let (t2, d2) = work_while_testing(CHUNKS / 2..CHUNKS, size, &mut want, &mut pending)?;
-            // Whatever is left: the all-reduce if no test completed it, and the broadcast.
-            for outcome in wait_all(pending.into_iter().chain(Some(broadcast))) {
+            let work = (size, &mut want);
+            let t2 = work_while_testing(CHUNKS / 2..CHUNKS, work, &mut all_reduce, &mut done_at)?;
+            // Both requests: the all-reduce (its outcome kept if a test completed it) and
+            // the broadcast.
+            for outcome in wait_all([all_reduce, broadcast]) {
                 outcome?;
             }
-            Ok((t1 + t2, d1.or(d2), packed))
+            Ok((t1 + t2, done_at, packed))
         })?
     }; // The guards drop here, after both requests completed: the deleters run now.
 

@@ -12,9 +12,7 @@
 //! ```text
 //! cargo build --examples && mpirun -n 4 target/debug/examples/train_step
 //! ```
-use dlpack_mpi::dlpack::{acquire_all, Owned, Tensor};
-use dlpack_mpi::{comm::TensorComm, dtype::ReduceOp::Sum};
-use mpi::traits::*;
+use dlpack_mpi::prelude::{ReduceOp::Sum, *};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let universe = mpi::initialize().ok_or("MPI was already initialized")?;

@@ -106,6 +106,7 @@ pub mod error;
 pub mod layout;
 mod lifecycle;
 pub mod mpi_library;
+pub mod prelude;
 #[cfg(feature = "python")]
 pub mod python;
 mod raw;

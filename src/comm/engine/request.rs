@@ -151,6 +151,9 @@ use crate::spec::side::{In, Out, Side};
 #[must_use = "a request is completed by wait() or test(); dropping it blocks until it completes"]
 pub struct TensorRequest<'a, Sc: Scope<'a>> {
     inner: Inner<'a, Sc>,
+    /// The outcome [`TensorRequest::is_complete`] found, kept for `wait`, `test` and the
+    /// `*_any` functions.
+    finished: Option<Result<Status>>,
 }
 
 /// What a request completes.
@@ -208,6 +211,7 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     pub(in crate::comm) fn collective(state: State<'a, Sc>) -> Self {
         TensorRequest {
             inner: Inner::Collective(state),
+            finished: None,
         }
     }
 
@@ -219,6 +223,7 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
                 side: Some(side),
                 held: None,
             },
+            finished: None,
         }
     }
 
@@ -267,8 +272,10 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// (`MPI_Test`, MPI-4.1 §3.7.3; progress as in [`TensorRequest::test`]): `Ok(false)`
     /// while it is pending; once the operation has completed, it is finished as
     /// [`TensorRequest::wait`] finishes it (unpacked, copied back, its buffers returned) and
-    /// the outcome `wait` would return is returned here: `Ok(true)`, or its error. Its
-    /// [`Status`] is not returned (use `test` or `wait` where you need it).
+    /// the outcome is kept: `Ok(true)`, or the error `wait` returns. The request then still
+    /// gives that outcome, with its [`Status`], to [`TensorRequest::wait`] (at once),
+    /// [`TensorRequest::test`], [`wait_all`], [`wait_any`] and [`test_any`]; dropping it does
+    /// nothing more.
     ///
     /// ```no_run
     /// # use dlpack_mpi::comm::TensorComm;
@@ -291,21 +298,15 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// ```
     ///
     /// # Errors
-    /// What [`TensorRequest::wait`] returns, once, from the call that finds the operation
-    /// complete.
-    ///
-    /// **After completion** (the call that returned `Ok(true)` or the error) the request is
-    /// done: drop it. A later `is_complete` returns `Ok(true)`, and dropping it does nothing;
-    /// its `wait` returns [`Error::CountMismatch`] ("completions of one nonblocking request",
-    /// expected 1, actual 2), and `test`, [`wait_all`], [`wait_any`] and [`test_any`] are not
-    /// for it (a finished point-to-point request reads as pending there, forever).
+    /// What [`TensorRequest::wait`] returns, from every call once the operation has
+    /// completed.
     pub fn is_complete(&mut self) -> Result<bool> {
-        if self.is_done() {
-            return Ok(true);
+        if self.finished.is_none() {
+            self.finished = self.poll(false);
         }
-        match self.poll(false) {
+        match &self.finished {
             None => Ok(false),
-            Some(outcome) => outcome.map(|_| true),
+            Some(outcome) => outcome.clone().map(|_| true),
         }
     }
 
@@ -327,6 +328,9 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
 
     /// Whether the request has completed and been finished.
     fn is_done(&self) -> bool {
+        if self.finished.is_some() {
+            return true;
+        }
         match &self.inner {
             Inner::PointToPoint { request, .. } => request.is_none(),
             Inner::Collective(c) => c.borrow().is_finished(),
@@ -335,6 +339,9 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
 
     /// Completes the request (waiting when `block`): `None` while it is pending.
     fn poll(&mut self, block: bool) -> Option<Result<Status>> {
+        if let Some(outcome) = self.finished.take() {
+            return Some(outcome);
+        }
         progress_all();
         match &mut self.inner {
             Inner::Collective(c) => {

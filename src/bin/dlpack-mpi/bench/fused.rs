@@ -1,5 +1,5 @@
 //! `--op fused`: the fused all-reduce of a list of tensors
-//! ([`TensorComm::all_reduce_tensors`], in place, sum of f32) next to one
+//! ([`TensorComm::all_reduce_tensors_in_place`], sum of f32) next to one
 //! `all_reduce_tensor_in_place` per member and to one `all_reduce_tensor_in_place` of a single
 //! tensor of the same total elements (the limit), and to mpi4py's two ways on NumPy arrays of
 //! the same shapes (`mpi4py-loop`, `mpi4py-concat`: [`super::fused_mpi4py`]; skipped with a
@@ -17,7 +17,7 @@
 //! is checked. Every path has the same rounds and iterations; a round's time is the slowest
 //! rank's.
 //!
-//! [`TensorComm::all_reduce_tensors`]: dlpack_mpi::comm::TensorComm::all_reduce_tensors
+//! [`TensorComm::all_reduce_tensors_in_place`]: dlpack_mpi::comm::TensorComm::all_reduce_tensors_in_place
 
 use std::io::Write;
 
@@ -50,7 +50,7 @@ const SMALL_CASE: &str = "256x1KiB";
 pub enum FusedPath {
     /// One `all_reduce_tensor_in_place` per member.
     OneByOne,
-    /// One `all_reduce_tensors` over the list.
+    /// One `all_reduce_tensors_in_place` over the list.
     Fused,
     /// One `all_reduce_tensor_in_place` of one tensor of the list's total elements.
     Contiguous,
@@ -401,7 +401,7 @@ fn print_header(ranks: i32, args: &BenchArgs, mpi4py: &Result<Mpi4py, String>) {
         args.fused_scale
     );
     println!(
-        "paths: one-by-one = all_reduce_tensor_in_place per member; fused = all_reduce_tensors \
+        "paths: one-by-one = all_reduce_tensor_in_place per member; fused = all_reduce_tensors_in_place \
          over the list; contiguous = all_reduce_tensor_in_place of one tensor of the same \
          total elements (the limit)"
     );
