@@ -21,4 +21,4 @@ cargo +nightly miri setup >/dev/null
 # Also the half-precision reduction functions at unaligned addresses (MPI hands them the
 # user's buffers, which DLPack lets start at any byte).
 cargo +nightly miri test --lib -- dlpack:: dtype:: layout:: spec:: \
-    comm::reduce::halfops::tests::half_ops_at_any_address
+    comm::engine::halfops::tests::half_ops_at_any_address

@@ -17,7 +17,7 @@
 //! The one MPI object an error can carry, the held message of [`Error::Unfit`]
 //! ([`Unreceived`]), is declared here as data only (a handle and a status behind one shared
 //! owner); the module makes no MPI call. What a held message does (the probe, the receives,
-//! the discard on drop and at `MPI_Finalize`) is in `comm::held`.
+//! the discard on drop and at `MPI_Finalize`) is in `comm::engine::held`.
 
 use std::sync::{Arc, Mutex};
 
@@ -770,8 +770,8 @@ impl Error {
 ///
 /// Declared here, with the two crate-private types inside it, because [`Error::Unfit`]
 /// carries it; everything it does (the probe and receives, the discard, the registry of
-/// held messages and its `MPI_Finalize` discard) is in `comm::held`, beside the receives
-/// that match, and its receives into tensors in `comm::p2p` and `checked`.
+/// held messages and its `MPI_Finalize` discard) is in `comm::engine::held`, beside the receives
+/// that match, and its receives into tensors in `comm::ops::p2p` and `checked`.
 #[derive(Clone)]
 pub struct Unreceived(pub(crate) Arc<HeldMessage>);
 
@@ -790,7 +790,7 @@ pub(crate) struct HeldMessage {
 /// A message matched by `MPI_Mprobe` and not yet received: the raw handle and its status.
 /// Received at most once (a receive consumes it); one dropped unreceived is received into
 /// scratch memory and discarded, so that nothing panics and the job goes on (its `Drop`,
-/// its `Send` and its MPI calls are in `comm::held`). Not `Clone`: one value per message.
+/// its `Send` and its MPI calls are in `comm::engine::held`). Not `Clone`: one value per message.
 pub(crate) struct Matched {
     /// `MPI_MESSAGE_NULL` once received or discarded.
     pub(crate) handle: MPI_Message,

@@ -4,7 +4,7 @@
 //! and must be let go while MPI still works: the derived-datatype cache (`spec::datatype`,
 //! committed types that would outlive MPI), the scratch pool of packed copies
 //! (`spec::scratch`) and the messages held by [`Error::Unfit`](crate::Error::Unfit) errors
-//! (`comm::held`, whose senders must not stay blocked). Each is a [`Registry`]: a static that
+//! (`comm::engine::held`, whose senders must not stay blocked). Each is a [`Registry`]: a static that
 //! holds the function that empties the state, and that *enlists itself* on each use
 //! that may fill it ([`Registry::enlist`]). This module knows none of them.
 //!

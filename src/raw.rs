@@ -3,11 +3,13 @@
 //! operation, `MPI_IN_PLACE`, a chunk of a larger buffer).
 //!
 //! This module is the one place where the crate calls MPI's C API directly, apart from
-//! `comm/call.rs` (the collectives' data operations, blocking and nonblocking, on prepared
-//! sides), `comm/pending.rs` (a nonblocking collective's agreement votes and the shadow
-//! communicator it posts on), `spec/datatype.rs` (the `MPI_Type_*` calls that build and free derived datatypes),
-//! `comm/reduce/halfops.rs` (`MPI_Op_create` for the half-precision operations) and
-//! `comm/held.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
+//! `comm/engine/call.rs` (the collectives' data operations, blocking and nonblocking, on
+//! prepared sides), `comm/engine/agree.rs` and `comm/engine/pending.rs` (a nonblocking
+//! collective's agreement votes and its generalized request), `comm/engine/progress.rs` (the
+//! shadow communicator and the waits that resolve pending agreements), `spec/datatype.rs`
+//! (the `MPI_Type_*` calls that build and free derived datatypes),
+//! `comm/engine/halfops.rs` (`MPI_Op_create` for the half-precision operations) and
+//! `comm/engine/held.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
 //! parted point-to-point messages of `transport::pipeline` post their parts here
 //! too ([`isend`], [`irecv`], [`wait`], [`wait_count`]): rsmpi's safe requests borrow their
 //! buffers for a scope, which the two alternating pinned buffers outgrow. Each
@@ -42,7 +44,7 @@ pub(crate) fn in_place() -> *mut c_void {
 pub(crate) struct Request(MPI_Request);
 
 impl Request {
-    /// The MPI handle, for a caller that completes it itself (`comm::immediate` hands it
+    /// The MPI handle, for a caller that completes it itself (`comm::engine::request` hands it
     /// to an rsmpi request registered with a scope).
     pub(crate) fn into_raw(self) -> MPI_Request {
         self.0
