@@ -309,6 +309,11 @@ pub(in crate::comm) fn with_stand_ins<'a, C: Communicator + ?Sized, R>(
     declared: Declared<'a>,
     body: impl for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<R>,
 ) -> Result<R> {
+    if stager.is_none() {
+        // Host memory, the common case: the caller's tensors, nothing staged or held.
+        let Declared { send, recv, .. } = declared;
+        return body(send.map(|t| (t, None)), recv.map(|(t, _)| (t, None)));
+    }
     let (held, ins) = stand_ins(stager, declared);
     let (send, recv) = match ins {
         Ok(ins) => ins,
