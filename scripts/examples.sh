@@ -43,19 +43,25 @@ passed=0
 failed=0
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-for example in "${examples[@]}"; do
-    binary="$TARGET_DIR/$profile/examples/$example"
+# Runs `NAME COMMAND...` under the launcher at every rank count, one PASS or FAIL line each.
+run_at_ranks() {
+    local name=$1 n rc
+    shift
     for n in "${ranks[@]}"; do
-        if timeout "$timeout_s" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$binary" >"$log" 2>&1; then
-            echo "PASS $example -n $n: $(tail -n 1 "$log")"
+        if timeout "$timeout_s" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$@" >"$log" 2>&1; then
+            echo "PASS $name -n $n: $(tail -n 1 "$log")"
             passed=$((passed + 1))
         else
             rc=$?
-            echo "FAIL $example -n $n (exit $rc); output:"
+            echo "FAIL $name -n $n (exit $rc); output:"
             sed 's/^/    /' "$log" | tail -n 20
             failed=$((failed + 1))
         fi
     done
+}
+
+for example in "${examples[@]}"; do
+    run_at_ranks "$example" "$TARGET_DIR/$profile/examples/$example"
 done
 
 # The same training step in mpi4py (setup.sh installs mpi4py for Open MPI only).
@@ -65,17 +71,7 @@ if [[ $DLPACK_MPI_IMPL != openmpi ]]; then
 elif ! "$PYO3_PYTHON" -c 'import mpi4py, numpy' >/dev/null 2>&1; then
     echo "SKIP $py_example: $PYO3_PYTHON has no mpi4py or NumPy (scripts/setup.sh installs them)"
 else
-    for n in "${ranks[@]}"; do
-        if timeout "$timeout_s" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$n" "$PYO3_PYTHON" "$py_example" >"$log" 2>&1; then
-            echo "PASS $py_example -n $n: $(tail -n 1 "$log")"
-            passed=$((passed + 1))
-        else
-            rc=$?
-            echo "FAIL $py_example -n $n (exit $rc); output:"
-            sed 's/^/    /' "$log" | tail -n 20
-            failed=$((failed + 1))
-        fi
-    done
+    run_at_ranks "$py_example" "$PYO3_PYTHON" "$py_example"
 fi
 
 # README.md shows examples/train_step.rs from its first `use` line: the two must not drift.
