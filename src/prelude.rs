@@ -2,7 +2,8 @@
 //! `mpi::traits::*` is for rsmpi (which it re-exports): the operations ([`TensorComm`], its
 //! [`Endpoint`], [`TensorRequest`] and [`wait_all`]), the import of a tensor ([`acquire`],
 //! [`acquire_all`], [`AcquireOptions`], the guard [`ManagedTensor`] and what it implements,
-//! [`Tensor`], [`TensorList`], [`TensorListMut`]), the built-in producer [`Owned`], the
+//! [`Tensor`], [`TensorList`], [`TensorListMut`]), the producers' trait [`Exporter`] (a
+//! `Vec<&dyn Exporter>` is a list of mixed dtypes) and the built-in producer [`Owned`], the
 //! reduction operators ([`ReduceOp`]) and the crate's [`Error`] and [`Result`].
 //!
 //! ```no_run
@@ -20,7 +21,8 @@
 
 pub use crate::comm::{wait_all, Endpoint, TensorComm, TensorRequest};
 pub use crate::dlpack::{
-    acquire, acquire_all, AcquireOptions, ManagedTensor, Owned, Tensor, TensorList, TensorListMut,
+    acquire, acquire_all, AcquireOptions, Exporter, ManagedTensor, Owned, Tensor, TensorList,
+    TensorListMut,
 };
 pub use crate::dtype::ReduceOp;
 pub use crate::error::{Error, Result};

@@ -8,7 +8,7 @@ mod ops;
 
 use std::ops::Range;
 
-use mpi::point_to_point::Status;
+use mpi::point_to_point::{Destination, Source, Status};
 use mpi::request::{Request, Scope};
 use mpi::topology::{Communicator, Rank};
 use mpi::Tag;
@@ -159,7 +159,9 @@ pub trait TensorComm: Endpoint {
         dest: Rank,
         tag: Tag,
     ) -> Result<Request<'a, SendSpec<'t>, Sc>> {
-        p2p::immediate_send_spec(self.communicator(), scope, spec, dest, tag)
+        p2p::immediate_spec(self.communicator(), (dest, tag), |process| {
+            process.immediate_send_with_tag(scope, spec, tag)
+        })
     }
 
     /// Nonblocking receive into a prebuilt spec inside an rsmpi scope (`MPI_Irecv`,
@@ -175,7 +177,9 @@ pub trait TensorComm: Endpoint {
         source: Rank,
         tag: Tag,
     ) -> Result<Request<'a, RecvSpec<'t>, Sc>> {
-        p2p::immediate_recv_spec(self.communicator(), scope, spec, source, tag)
+        p2p::immediate_spec(self.communicator(), (source, tag), |process| {
+            process.immediate_receive_into_with_tag(scope, spec, tag)
+        })
     }
 
     /// Blocking send of the window `elems` = `[start, end)` of `tensor` (in elements,
@@ -664,8 +668,7 @@ pub trait TensorComm: Endpoint {
         => fused::broadcast_tensors(self, Immediate(scope), &written(tensors), root)
     }
 
-    // The earlier names, deprecated (hidden from the docs).
-
+    // The earlier names, deprecated (hidden from the docs):
     renamed! {
         all_reduce_tensors_into => all_reduce_tensors,
         "renamed `all_reduce_tensors` (send list, receive list, op)"

@@ -487,14 +487,34 @@ pub(in crate::comm) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
     dest: Rank,
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
-    let (ptr, count, datatype) =
+    let posting =
         window.unwrap_or_else(|| (side.pointer().cast(), side.count(), side.as_datatype()));
-    // SAFETY: `ptr` holds `count` readable units of `datatype`: the tensor's validated
-    // elements (borrowed for 'a by `side`) or (a window of) the packed copy `side` owns,
-    // whose heap buffer does not move when `side` moves into the request; neither is
-    // written or freed before the request completes (wait, test or Drop) or is leaked
-    // with it.
-    let posted = unsafe {
+    // SAFETY: the posting holds its readable units: the tensor's validated elements
+    // (borrowed for 'a by `side`) or (a window of) the packed copy `side` owns, whose heap
+    // buffer does not move when `side` moves into the request; neither is written or freed
+    // before the request completes (wait, test or Drop) or is leaked with it.
+    let posted = unsafe { isend(comm, posting, (dest, tag)) }?;
+    // SAFETY: a live, nonpersistent request just posted and used only through this value;
+    // its buffers outlive 'a or are owned by the request (see above).
+    let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
+    Ok(TensorRequest::point_to_point(request, Posted::Send(side)))
+}
+
+/// `MPI_Isend` (MPI-4.1 §3.7.2) of `posting`'s units to `dest` with `tag` on `comm`.
+///
+/// # Safety
+/// `posting`'s pointer holds its count of readable units of its datatype, which nothing
+/// writes or frees until the returned request has completed.
+///
+/// # Errors
+/// As `raw::isend` (a count beyond MPI's `int`).
+pub(in crate::comm) unsafe fn isend<C: Communicator + ?Sized>(
+    comm: &C,
+    (ptr, count, datatype): Posting<*const u8>,
+    (dest, tag): (Rank, Tag),
+) -> Result<raw::Request> {
+    // SAFETY: the caller's contract.
+    unsafe {
         raw::isend(
             ptr,
             units(count),
@@ -503,11 +523,7 @@ pub(in crate::comm) fn post_send<'a, C: Communicator + ?Sized, Sc: Scope<'a>>(
             tag,
             comm.as_raw(),
         )
-    }?;
-    // SAFETY: a live, nonpersistent request just posted and used only through this value;
-    // its buffers outlive 'a or are owned by the request (see above).
-    let request = unsafe { Request::from_raw(posted.into_raw(), &(), scope) };
-    Ok(TensorRequest::point_to_point(request, Posted::Send(side)))
+    }
 }
 
 /// Posts a receive into `posting` (the side's whole buffer, or a window of its packed

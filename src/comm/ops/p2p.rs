@@ -10,8 +10,8 @@
 
 use mpi::datatype::{AsDatatype, Buffer, Collection};
 use mpi::point_to_point::{Destination, Source, Status};
-use mpi::request::{Request, Scope};
-use mpi::topology::{Communicator, Rank};
+use mpi::request::Scope;
+use mpi::topology::{Communicator, Process, Rank};
 use mpi::Tag;
 
 use crate::comm::engine::checks::{
@@ -31,7 +31,6 @@ use crate::error::{Error, Matched, Result, Unreceived};
 use crate::spec::encoding::Need;
 use crate::spec::side::{Out, Side};
 use crate::spec::{Access, Reach};
-use crate::spec::{RecvSpec, SendSpec};
 
 /// `send_tensor`.
 pub(crate) fn send<E: Endpoint + ?Sized>(
@@ -284,46 +283,19 @@ pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     Ok(post_recv(comm, scope, side, posting, expected, (source, tag))?.holding(held))
 }
 
-/// `immediate_send_spec`: a prebuilt spec posted as given (`MPI_Isend`), after its peer's
-/// checks.
+/// `immediate_send_spec` and `immediate_recv_spec`: `post` (the rsmpi post of a prebuilt
+/// spec, as given) to the process `peer` of `comm`, after the peer's and the tag's checks.
 ///
 /// # Errors
 /// As [`check_peer`].
-pub(in crate::comm) fn immediate_send_spec<'a, 't: 'a, C, Sc>(
-    comm: &C,
-    scope: Sc,
-    spec: &'a SendSpec<'t>,
-    dest: Rank,
-    tag: Tag,
-) -> Result<Request<'a, SendSpec<'t>, Sc>>
+pub(in crate::comm) fn immediate_spec<'c, C, R>(
+    comm: &'c C,
+    (peer, tag): (Rank, Tag),
+    post: impl FnOnce(Process<'c>) -> R,
+) -> Result<R>
 where
     C: Communicator + ?Sized,
-    Sc: Scope<'a>,
 {
-    check_peer(comm, dest, tag)?;
-    Ok(comm
-        .process_at_rank(dest)
-        .immediate_send_with_tag(scope, spec, tag))
-}
-
-/// `immediate_recv_spec`: a prebuilt spec posted as given (`MPI_Irecv`), after its peer's
-/// checks.
-///
-/// # Errors
-/// As [`check_peer`].
-pub(in crate::comm) fn immediate_recv_spec<'a, 't: 'a, C, Sc>(
-    comm: &C,
-    scope: Sc,
-    spec: &'a mut RecvSpec<'t>,
-    source: Rank,
-    tag: Tag,
-) -> Result<Request<'a, RecvSpec<'t>, Sc>>
-where
-    C: Communicator + ?Sized,
-    Sc: Scope<'a>,
-{
-    check_peer(comm, source, tag)?;
-    Ok(comm
-        .process_at_rank(source)
-        .immediate_receive_into_with_tag(scope, spec, tag))
+    check_peer(comm, peer, tag)?;
+    Ok(post(comm.process_at_rank(peer)))
 }

@@ -26,7 +26,7 @@ use mpi::Tag;
 use super::p2p::unfit;
 use crate::comm::engine::checks::{check_incoming, check_peer};
 use crate::comm::engine::operands::{read_facts, side_in, side_out, write_facts};
-use crate::comm::engine::request::{post_recv, post_send, TensorRequest};
+use crate::comm::engine::request::{isend, post_recv, post_send, TensorRequest};
 use crate::comm::engine::stager::Endpoint;
 use crate::comm::engine::stager::{read_stand_in, write_stand_in};
 use crate::comm::engine::stager::{with_read, with_write, Kind};
@@ -45,10 +45,6 @@ fn displacement_count(elems: &Range<i64>) -> (i64, i64) {
 
 fn check_window(displacement: i64, count: i64, len: i64) -> Result<()> {
     layout::check_range(|| "range".to_string(), displacement, count, len)
-}
-
-fn units(count: mpi::Count) -> usize {
-    usize::try_from(count).unwrap_or(0)
 }
 
 /// The send side of a window: a run of the tensor's own elements (contiguous), or its
@@ -101,19 +97,11 @@ pub(in crate::comm) fn send<E: Endpoint + ?Sized>(
             comm.process_at_rank(dest).send_with_tag(&side, tag);
             return Ok(());
         }
-        let (ptr, count, datatype) = side.window(window.0, window.1)?;
-        // SAFETY: `ptr` holds `count` units of `datatype` inside the packed copy `side`
-        // owns, which lives until the request is waited for just below.
-        let mut request = Some(unsafe {
-            raw::isend(
-                ptr,
-                units(count),
-                datatype.as_raw(),
-                dest,
-                tag,
-                comm.as_raw(),
-            )
-        }?);
+        let posting = side.window(window.0, window.1)?;
+        let posting = (posting.0.cast_const(), posting.1, posting.2);
+        // SAFETY: the posting holds its units inside the packed copy `side` owns, which
+        // lives until the request is waited for just below.
+        let mut request = Some(unsafe { isend(comm, posting, (dest, tag)) }?);
         raw::wait(&mut request);
         drop(side);
         Ok(())

@@ -89,11 +89,10 @@ fn latency_once(
     n: usize,
     (iters, batch): (u64, u64),
 ) -> Res<Timing> {
-    let rank = world.rank();
-    if rank > 1 {
-        world.barrier();
+    if sits_out(world) {
         return Ok(Timing::default());
     }
+    let rank = world.rank();
     let other = 1 - rank;
     let peer = world.process_at_rank(other);
     let mut laps = Laps::new(batch);
@@ -295,11 +294,10 @@ fn bandwidth_once(
     (n, window): (usize, usize),
     (iters, batch): (u64, u64),
 ) -> Res<Timing> {
-    let rank = world.rank();
-    if rank > 1 {
-        world.barrier();
+    if sits_out(world) {
         return Ok(Timing::default());
     }
+    let rank = world.rank();
     if rank == 1 {
         bandwidth_recv(world, path, recv, n, iters)?;
         return Ok(Timing::default());
@@ -806,4 +804,14 @@ pub fn sweep(world: &SimpleCommunicator, args: &BenchArgs, op: Op) -> Res<(Vec<R
         print_sweep_footer(op, &rows, all_ok, args.check);
     }
     Ok((rows, all_ok))
+}
+
+/// Whether this rank takes no part in a two-rank measurement (ranks above 1): it then waits
+/// at the barrier the measured ranks end with.
+pub(super) fn sits_out(world: &SimpleCommunicator) -> bool {
+    let out = world.rank() > 1;
+    if out {
+        world.barrier();
+    }
+    out
 }

@@ -213,19 +213,13 @@ impl<S: AnyBits> Store<S> {
         if bytes.is_empty() {
             bytes.push(0);
         }
-        let slice = run
-            .cuda_stream()?
-            .clone_htod(&bytes)
-            .map_err(|err| format!("CUDA: {err}"))?;
-        Ok(Store::Cuda {
-            slice: std::cell::RefCell::new(slice),
-            template: storage,
-            dtype,
-            shape: shape.to_vec(),
-            strides: strides.to_vec(),
-            byte_offset,
-            framed: None,
-        })
+        Store::uploaded(
+            run,
+            &bytes,
+            (dtype, storage),
+            (shape, strides, byte_offset),
+            None,
+        )
     }
 
     /// An offset tensor in new device memory: `storage` at `offset` in a guarded frame
@@ -246,18 +240,39 @@ impl<S: AnyBits> Store<S> {
         let mut buffer = vec![GUARD; total];
         frame.fill(&mut buffer, &bytes);
         let (data_at, byte_offset) = frame.view(offset.form, (first * esize) as u64);
+        let layout = (shape, strides, byte_offset);
+        Store::uploaded(
+            run,
+            &buffer,
+            (dtype, storage),
+            layout,
+            Some((data_at, frame)),
+        )
+    }
+
+    /// `bytes` copied to new device memory: the store of `storage`'s elements there (at
+    /// `framed`'s data offset inside its guarded frame, when framed), exported with `shape`,
+    /// `strides` (elements) from `byte_offset`.
+    #[cfg(feature = "cuda")]
+    fn uploaded(
+        run: &RunContext,
+        bytes: &[u8],
+        (dtype, template): (DType, Vec<S>),
+        (shape, strides, byte_offset): (&[i64], &[i64], u64),
+        framed: Option<(usize, Frame)>,
+    ) -> Res<Store<S>> {
         let slice = run
             .cuda_stream()?
-            .clone_htod(&buffer)
+            .clone_htod(bytes)
             .map_err(|err| format!("CUDA: {err}"))?;
         Ok(Store::Cuda {
             slice: std::cell::RefCell::new(slice),
-            template: storage,
+            template,
             dtype,
             shape: shape.to_vec(),
             strides: strides.to_vec(),
             byte_offset,
-            framed: Some((data_at, frame)),
+            framed,
         })
     }
 
