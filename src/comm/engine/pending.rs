@@ -65,7 +65,7 @@ use super::agree::{decide, post_votes, votes};
 use super::call::Operation;
 use super::progress::{empty_status, enqueue, progress, progress_all, shadow_of, Resolve, Shadow};
 use super::signature::Signature;
-use super::stager::{stand_ins, Declared, Endpoint, Held, ReadIn, WriteIn};
+use super::stager::Held;
 use super::{Request, Scope};
 use crate::error::{Error, Result};
 use crate::settings::{agreement, Agreement};
@@ -217,50 +217,17 @@ fn post_data<'a, Sc: Scope<'a> + Copy>(
         .collect()
 }
 
-/// Posts a prepared collective (see the module docs): under agreement, its votes and, once
-/// agreed, its data operation; else its data operation at once.
-///
-/// # Errors
-/// This rank's own refusal (`prepared`'s error, or the staging's), after the agreement has
-/// told the peers.
-pub(in crate::comm) fn post<'a, E, Sc, P>(
-    tc: &'a E,
-    scope: Sc,
-    sig: Signature<'a>,
-    declared: Declared<'a>,
-    prepare: P,
-) -> Result<State<'a, Sc>>
-where
-    E: Endpoint + ?Sized,
-    Sc: Scope<'a> + Copy,
-    P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
-{
-    let (held, ins) = stand_ins(tc.stager(), declared);
-    let prepared = ins.and_then(|(s, r)| prepare(s, r));
-    start(tc.communicator(), scope, sig, prepared, held)
-}
-
-/// A refusal found before the operands were declared (see [`super::mode::Mode::refuse`]).
-///
-/// # Errors
-/// `e`, after the agreement has told the peers.
-pub(in crate::comm) fn refuse<'a, C, Sc>(
-    comm: &C,
-    scope: Sc,
-    sig: Signature<'a>,
-    e: Error,
-) -> Result<State<'a, Sc>>
-where
-    C: Communicator + ?Sized,
-    Sc: Scope<'a> + Copy,
-{
-    start(comm, scope, sig, Err(e), None)
-}
-
 /// The state of one posted collective, shared by its request and its queue entry.
 pub(in crate::comm) type State<'a, Sc> = Rc<RefCell<Collective<'a, Sc>>>;
 
-/// [`post`] after preparation.
+/// Posts a prepared collective (see the module docs): under agreement, its votes and, once
+/// agreed, its data operation; else its data operation at once. `prepared` is the
+/// preparation's outcome (a refusal found before any operand was declared, too), `held` the
+/// device stand-ins its sides borrow.
+///
+/// # Errors
+/// This rank's own refusal (`prepared`'s error, or the setting's), after the agreement has
+/// told the peers.
 pub(in crate::comm) fn start<'a, C, Sc>(
     comm: &C,
     scope: Sc,

@@ -38,7 +38,7 @@ use super::mode::Mode;
 use super::pending::{self, State};
 use super::progress::progress_all;
 use super::signature::Signature;
-use super::stager::{Declared, Endpoint, Held, ReadIn, WriteIn};
+use super::stager::{stand_ins, Declared, Endpoint, Held, ReadIn, WriteIn};
 use crate::error::{Error, Result};
 use crate::raw;
 use crate::spec::side::{In, Out, Side};
@@ -588,7 +588,10 @@ impl<'a, Sc: Scope<'a> + Copy> Mode<'a> for Immediate<Sc> {
         E: Endpoint + ?Sized,
         P: for<'x> FnOnce(Option<ReadIn<'x>>, Option<WriteIn<'x>>) -> Result<Operation<'x>>,
     {
-        pending::post(tc, self.0, sig, declared, prepare).map(TensorRequest::collective)
+        let (held, ins) = stand_ins(tc.stager(), declared);
+        let prepared = ins.and_then(|(s, r)| prepare(s, r));
+        pending::start(tc.communicator(), self.0, sig, prepared, held)
+            .map(TensorRequest::collective)
     }
 
     fn prepared<E: Endpoint + ?Sized>(
@@ -607,6 +610,6 @@ impl<'a, Sc: Scope<'a> + Copy> Mode<'a> for Immediate<Sc> {
         sig: Signature<'a>,
         e: Error,
     ) -> Result<TensorRequest<'a, Sc>> {
-        pending::refuse(tc.communicator(), self.0, sig, e).map(TensorRequest::collective)
+        pending::start(tc.communicator(), self.0, sig, Err(e), None).map(TensorRequest::collective)
     }
 }
