@@ -286,7 +286,11 @@ impl InitFailureRecord {
     }
 }
 
-impl DeviceRuntime for CudaRuntime {
+// SAFETY: allocations are the driver's (`cuMemHostAlloc`, `cuMemAlloc`) of the size asked,
+// freed once by the matching call; pointers are checked with `cuPointerGetAttribute`;
+// `synchronize` is `cuStreamSynchronize` on the stream named; copies are synchronous or
+// synchronized before returning.
+unsafe impl DeviceRuntime for CudaRuntime {
     fn describe(&self) -> String {
         format!(
             "CUDA driver {}.{}, {} device(s)",

@@ -39,7 +39,31 @@ pub use strided::{Copy2d, CopyKind, Direction, StridedCopy};
 /// Stream values are DLPack's (dlpack.h, `__dlpack__` stream table): for CUDA `1` is the
 /// legacy default stream, `2` the per-thread default stream, `-1` means "do not
 /// synchronize", any other value is a `CUstream` handle; `0` is never used.
-pub trait DeviceRuntime: Send + Sync {
+///
+/// # Safety
+/// The crate hands MPI and its own copies the memory a runtime reports, so an
+/// implementation keeps what each method documents: [`DeviceRuntime::alloc_pinned`] and
+/// [`DeviceRuntime::alloc_device`] return `bytes` bytes of their kind of memory, valid and
+/// used by nothing else until freed; [`DeviceRuntime::check_pointer`] returns `Ok` only for
+/// memory of the device named; [`DeviceRuntime::synchronize`] returns once the producer's
+/// work on the stream is complete; the copies copy what they are given and are complete on
+/// return. (`SimulatedRuntime` and `cuda::CudaRuntime` are the crate's.)
+///
+/// ```compile_fail,E0200
+/// // A runtime of one's own is an `unsafe impl`: its allocations reach MPI.
+/// struct Mine;
+/// impl dlpack_mpi::runtime::DeviceRuntime for Mine {
+///     fn describe(&self) -> String { String::new() }
+///     fn consumer_stream(&self, _: dlpack_mpi::device::Device) -> dlpack_mpi::Result<isize> { Ok(-1) }
+///     fn synchronize(&self, _: dlpack_mpi::device::Device, _: isize) -> dlpack_mpi::Result<()> { Ok(()) }
+///     fn check_pointer(&self, _: dlpack_mpi::device::Device, _: *const std::ffi::c_void) -> dlpack_mpi::Result<()> { Ok(()) }
+///     fn alloc_pinned(&self, _: usize) -> dlpack_mpi::Result<std::ptr::NonNull<u8>> { Ok(std::ptr::NonNull::dangling()) }
+///     unsafe fn free_pinned(&self, _: std::ptr::NonNull<u8>, _: usize) {}
+///     unsafe fn copy_to_host(&self, _: dlpack_mpi::device::Device, _: *mut u8, _: *const std::ffi::c_void, _: usize) -> dlpack_mpi::Result<()> { Ok(()) }
+///     unsafe fn copy_to_device(&self, _: dlpack_mpi::device::Device, _: *mut std::ffi::c_void, _: *const u8, _: usize) -> dlpack_mpi::Result<()> { Ok(()) }
+/// }
+/// ```
+pub unsafe trait DeviceRuntime: Send + Sync {
     /// A one-line description for reports (`dlpack-mpi info`, check headers).
     fn describe(&self) -> String;
 

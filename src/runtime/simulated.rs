@@ -348,7 +348,11 @@ impl SimulatedRuntime {
     }
 }
 
-impl DeviceRuntime for SimulatedRuntime {
+// SAFETY: its "device" memory is host memory it allocates with the size asked and frees
+// once; its copies are `copy_nonoverlapping` of the spans given, complete on return; it
+// checks pointers against its own allocations and producers' labels; its streams do no
+// asynchronous work, so synchronizing has nothing left to wait for.
+unsafe impl DeviceRuntime for SimulatedRuntime {
     fn describe(&self) -> String {
         let n = self.state().devices;
         format!("simulated device (host memory labelled as GPU memory), {n} device(s)")

@@ -12,7 +12,8 @@ use crate::error::{Error, Result};
 /// One rank's buffer of `broadcast_tensor_from`.
 ///
 /// ```no_run
-/// use dlpack_mpi::comm::*;
+/// use dlpack_mpi::comm::BroadcastBuffer;
+/// use dlpack_mpi::prelude::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use mpi::traits::*;
 ///

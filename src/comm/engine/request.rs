@@ -67,7 +67,7 @@ use crate::spec::side::{In, Out, Side};
 /// end, before the tensors' borrows end (rsmpi's rule for uncompleted requests).
 ///
 /// ```no_run
-/// use dlpack_mpi::comm::*;
+/// use dlpack_mpi::prelude::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use mpi::traits::*;
 ///
@@ -103,7 +103,7 @@ use crate::spec::side::{In, Out, Side};
 /// before then.
 ///
 /// ```compile_fail,E0505
-/// use dlpack_mpi::comm::*;
+/// use dlpack_mpi::prelude::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -119,7 +119,7 @@ use crate::spec::side::{In, Out, Side};
 /// ```
 ///
 /// ```compile_fail,E0502
-/// use dlpack_mpi::comm::*;
+/// use dlpack_mpi::prelude::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -135,7 +135,7 @@ use crate::spec::side::{In, Out, Side};
 /// ```
 ///
 /// ```compile_fail,E0521
-/// use dlpack_mpi::comm::*;
+/// use dlpack_mpi::prelude::*;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 /// use dlpack_mpi::dtype::ReduceOp;
 /// let universe = mpi::initialize().unwrap();
@@ -278,9 +278,7 @@ impl<'a, Sc: Scope<'a>> TensorRequest<'a, Sc> {
     /// nothing more.
     ///
     /// ```no_run
-    /// # use dlpack_mpi::comm::TensorComm;
-    /// # use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
-    /// # use dlpack_mpi::dtype::ReduceOp;
+    /// # use dlpack_mpi::prelude::*;
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let universe = mpi::initialize().ok_or("MPI was already initialized")?;
     /// # let world = universe.world();

@@ -148,7 +148,7 @@ impl Unreceived {
     ///
     /// # Examples
     /// ```no_run
-    /// use dlpack_mpi::comm::*;
+    /// use dlpack_mpi::prelude::*;
     /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
     /// use dlpack_mpi::Error;
     /// let universe = mpi::initialize().unwrap();
