@@ -557,6 +557,35 @@ fn reverse_order_and_blocking_between(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// A blocking collective between a nonblocking post and its wait, many times over, with the
+/// ranks at different points (issue 34): every MPI call of a collective must have one form
+/// on every rank. Whether a rank still had the broadcast's agreement pending when its
+/// blocking all-reduce began was its own fact, and it chose `MPI_Allreduce` or
+/// `MPI_Iallreduce` by it: Open MPI 5 hung with ranks in both. The stage's time limit fails
+/// a hang.
+fn blocking_between_post_and_wait_repeated(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    for round in 0..40u64 {
+        let mut bcast = Owned::new(if me == 0 { vals(7, M) } else { vec![GAP; M] });
+        let (send, mut recv) = (Owned::new(vals(me, 3)), Owned::new(vec![GAP; 3]));
+        {
+            let mut bt = t(&bcast)?;
+            let (st, mut rt) = (t(&send)?, t(&recv)?);
+            let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+                let req = w.immediate_broadcast_tensor(scope, &mut bt, 0)?;
+                // The ranks reach the blocking collective at different times.
+                spin(round % 4 * 50 * u64::try_from(me).unwrap_or(0));
+                w.all_reduce_tensor(&st, &mut rt, ReduceOp::Sum)?;
+                req.wait().map(drop)
+            });
+            done.map_err(s)?;
+        }
+        ensure_eq!(bcast.as_slice(), &vals(7, M)[..]);
+        ensure_eq!(recv.as_slice(), &sum_of_ranks(p, 3)[..]);
+    }
+    Ok(())
+}
+
 /// Posting does not wait for the peers, also on a fresh communicator: rank 0 posts, then sends the message rank 1 waits
 /// for before it posts. If the post waited for rank 1, the job would hang (the stage's
 /// timeout fails it).
@@ -914,7 +943,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             )
         })
         .collect();
-    let extra: [(&str, Whole); 10] = [
+    let extra: [(&str, Whole); 11] = [
         (
             "two posted, completed in reverse order, a blocking collective between",
             reverse_order_and_blocking_between,
@@ -945,6 +974,10 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         (
             "is_complete polls without consuming",
             is_complete_polls_without_consuming,
+        ),
+        (
+            "a blocking collective between post and wait, repeated",
+            blocking_between_post_and_wait_repeated,
         ),
         (
             "dropped requests finish, deleters once",

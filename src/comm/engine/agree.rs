@@ -11,9 +11,14 @@
 //! (every rank calling `reduce_tensor(f32 send, Some(f64 recv))` hangs rank 1 inside
 //! `MPI_Reduce` at 4 MiB once the root refuses).
 //!
-//! **Mechanism.** One `MPI_Allreduce` (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN`,
-//! `[status, fp, !fp]`: `status` is the rank's own number when its local checks failed,
-//! else the communicator size; `fp` is the fingerprint of the collective's signature (what
+//! **Mechanism.** One all-reduce (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN`,
+//! `[status, fp, !fp]`: `MPI_Allreduce`, or on a communicator that has had nonblocking
+//! collectives `MPI_Iallreduce` waited for by polling, on every rank alike (a blocking and a
+//! nonblocking collective never match, §6.12, and a rank with nonblocking collectives pending
+//! must resolve them while it waits): `status` is twice the rank's own number
+//! when its local checks failed, else twice the communicator size, plus one unless the rank
+//! has nonblocking collectives whose agreements are unresolved (then every rank runs the data
+//! operation's nonblocking form and polls, [`Form`]); `fp` is the fingerprint of the collective's signature (what
 //! MPI-4.1 §6.1 requires to match, see `signature`), and since `min(!fp) = !max(fp)` the
 //! ranks agree on it exactly when `min(fp) == !min(!fp)`. The minimum status is the
 //! communicator size when every rank can proceed (the success path costs this one small
@@ -49,6 +54,7 @@ use mpi::traits::*;
 
 use mpi::ffi::{MPI_Comm, MPI_Request};
 
+use super::call::Form;
 use super::progress;
 use super::signature::Signature;
 use crate::error::{Error, Result};
@@ -67,33 +73,46 @@ pub const AGREEMENT_REASON_BYTES: usize = 512;
 /// failed and its error text; [`Error::CollectiveMismatch`] on every rank when all
 /// succeeded but their signatures differ.
 ///
-/// One `MPI_Allreduce` (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN` decides both:
-/// `[status, fp, !fp]`, where `status` is this rank when it failed and the communicator size
-/// otherwise, and `fp` the signature's fingerprint; the minimum of `!fp` is `!max(fp)`, so
-/// every rank agrees exactly when `min(fp) == !min(!fp)`. Only on an error do the ranks
-/// send more (the refusing rank's text; or the fingerprints and two ranks' signatures).
+/// One all-reduce of three `int64_t` with `MPI_MIN` (its form the same on every rank, see the
+/// module docs) decides
+/// both: `[status, fp, !fp]` ([`votes`]), `fp` the signature's fingerprint; the minimum of
+/// `!fp` is `!max(fp)`, so every rank agrees exactly when `min(fp) == !min(!fp)`. Only on an
+/// error do the ranks send more (the refusing rank's text; or the fingerprints and two
+/// ranks' signatures). With the value, the [`Form`] of the data operation every rank uses:
+/// [`Form::Polled`] when any rank has nonblocking collectives waiting for their agreements.
 pub(crate) fn agree<C: Communicator + ?Sized, T>(
     comm: &C,
     signature: &Signature<'_>,
     local: Result<T>,
-) -> Result<T> {
+) -> Result<(T, Form)> {
+    // Without an agreement no rank learns the others' state: this rank's own is all there is.
+    let own = || {
+        if progress::active() {
+            Form::Polled
+        } else {
+            Form::Blocking
+        }
+    };
     let local = match agreement() {
-        Ok(Agreement::Local) => return local,
+        Ok(Agreement::Local) => return local.map(|t| (t, own())),
         Ok(Agreement::Collective) => local,
         Err(e) => local.and(Err(e)),
     };
     let size = comm.size();
     if size == 1 {
-        return local;
+        return local.map(|t| (t, own()));
     }
     // Held agreements of nonblocking collectives come first (see `pending`).
     progress::before_blocking(comm);
     let fp = signature.fingerprint();
-    let mine = votes(local.is_err(), comm.rank(), size, fp);
+    let pending = progress::active();
+    let mine = votes(local.is_err(), (comm.rank(), size), fp, pending);
     let mut min = [0i64; 3];
-    if progress::active() {
-        // Nonblocking collectives wait for their agreements: agree nonblocking and resolve
-        // them meanwhile (`progress::wait_raw`).
+    if progress::has_shadow(comm) {
+        // A communicator with nonblocking collectives: on every rank of it the nonblocking
+        // form (a blocking and a nonblocking collective never match, MPI-4.1 §6.12, and a
+        // rank with collectives pending must resolve them while it waits,
+        // `progress::wait_raw`); the others wait in MPI.
         let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
         // SAFETY: `both` is alive and untouched until the request completes in `wait_raw`
         // below; every rank posts this agreement here.
@@ -101,9 +120,17 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
         progress::wait_raw(&mut [req]);
         min.copy_from_slice(&both[3..]);
     } else {
+        // One without (the same on every rank): the blocking form, MPI's fastest. A rank
+        // whose pending collectives are on other communicators waits here in MPI, as in any
+        // blocking MPI call of its program.
         comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
     }
-    decide(comm, min, signature, local)
+    let form = if min[0] & 1 == 0 {
+        Form::Polled
+    } else {
+        Form::Blocking
+    };
+    decide(comm, min, signature, local).map(|t| (t, form))
 }
 
 /// Posts the votes `votes[0..3]` (`MPI_Iallreduce` of three `int64_t` with `MPI_MIN`,
@@ -132,11 +159,19 @@ pub(in crate::comm) unsafe fn post_votes(comm: MPI_Comm, votes: &mut [i64; 6]) -
     req
 }
 
-/// This rank's three votes of an agreement: `[status, fp, !fp]`, `status` this rank when
-/// its local checks `failed`, else the communicator `size`.
-pub(in crate::comm) fn votes(failed: bool, rank: Rank, size: Rank, fp: i64) -> [i64; 3] {
+/// This rank's three votes of an agreement: `[status, fp, !fp]`, `status` twice this rank
+/// when its local checks `failed`, else twice the communicator `size`, plus one unless this
+/// rank has nonblocking collectives `pending` (their agreements unresolved): the minimum
+/// tells every rank the lowest refusing rank (`status / 2`) and whether any rank has such
+/// collectives (an even minimum), which decides the data operation's [`Form`].
+pub(in crate::comm) fn votes(
+    failed: bool,
+    (rank, size): (Rank, Rank),
+    fp: i64,
+    pending: bool,
+) -> [i64; 3] {
     let status = i64::from(if failed { rank } else { size });
-    [status, fp, !fp]
+    [2 * status + i64::from(!pending), fp, !fp]
 }
 
 /// The outcome of an agreement whose all-reduce gave `min` (the element-wise minimum of
@@ -149,9 +184,9 @@ pub(in crate::comm) fn decide<C: Communicator + ?Sized, T>(
     local: Result<T>,
 ) -> Result<T> {
     let size = comm.size();
-    if min[0] < i64::from(size) {
+    if min[0] >> 1 < i64::from(size) {
         // A rank number: below `size`, so it fits a Rank.
-        let lowest = Rank::try_from(min[0]).unwrap_or(0);
+        let lowest = Rank::try_from(min[0] >> 1).unwrap_or(0);
         return refused(comm, lowest, local);
     }
     if min[1] == !min[2] {

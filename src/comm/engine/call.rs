@@ -182,13 +182,13 @@ pub(in crate::comm) enum Call {
 /// A data operation made of several calls over buffers it owns (a fused list's buckets),
 /// run blocking or posted by [`Operation`] as one call is.
 pub(in crate::comm) trait Batch: fmt::Debug {
-    /// Runs every call blocking on `comm` (with whatever copies in and out of its own
-    /// buffers they need).
+    /// Runs every call on `comm` in `form` (blocking, or posted and polled; the same on
+    /// every rank), with whatever copies in and out of its own buffers they need.
     ///
     /// # Safety
     /// As [`Call::run`] for each of its calls: every rank of `comm` runs the same batch
     /// (the agreement said so), and the tensors behind it are alive until it returns.
-    unsafe fn run(&mut self, comm: MPI_Comm);
+    unsafe fn run(&mut self, comm: MPI_Comm, form: Form);
 
     /// Posts every call's nonblocking form on `comm`, pushing the requests to `requests` in
     /// posting order.
@@ -209,6 +209,20 @@ pub(in crate::comm) trait Batch: fmt::Debug {
     /// # Errors
     /// The batch's own (a device copy back).
     fn outcome(self: Box<Self>) -> Result<()>;
+}
+
+/// How a blocking collective's data operation goes to MPI. Every rank learns it from the
+/// agreement ([`super::agree::agree`]), never from its own state alone: a blocking and a
+/// nonblocking collective never match (MPI-4.1 §6.12), so the form must be the same on
+/// every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// The blocking call (`MPI_Allreduce`, `MPI_Bcast`, …): no rank had nonblocking
+    /// collectives waiting for their agreements.
+    Blocking,
+    /// The nonblocking call, completed by polling ([`progress::wait_raw`]): some rank had,
+    /// and it resolves them while it waits, so that no peer waits for it.
+    Polled,
 }
 
 /// Where a call's requests go: `None` runs it blocking.
@@ -406,18 +420,19 @@ impl<'t> Operation<'t> {
 }
 
 impl Operation<'_> {
-    /// Runs the call blocking on `comm`, then unpacks the receive side.
+    /// Runs the call on `comm` in `form` (the same on every rank), then unpacks the
+    /// receive side.
     ///
     /// # Errors
     /// As [`Side::finish`].
-    pub(in crate::comm) fn run(mut self, comm: MPI_Comm) -> Result<()> {
+    pub(in crate::comm) fn run(mut self, comm: MPI_Comm, form: Form) -> Result<()> {
         match &mut self.call {
             // SAFETY: the batch's buffers are its own, over members its body checked, alive
             // until it returns; every rank agreed on it.
-            Call::Batch(b) => unsafe { b.run(comm) },
-            // While nonblocking collectives wait for their agreements, post and poll
-            // (`progress::wait_raw`) so that this rank resolves them meanwhile.
-            call if progress::active() => {
+            Call::Batch(b) => unsafe { b.run(comm, form) },
+            // While nonblocking collectives wait for their agreements on some rank, every
+            // rank posts and polls (`progress::wait_raw`), so that they are resolved meanwhile.
+            call if form == Form::Polled => {
                 let mut requests = Vec::with_capacity(1);
                 // SAFETY: as below; the requests complete before this returns.
                 unsafe { call.post(comm, &mut requests) };

@@ -92,7 +92,10 @@ impl<'a> Mode<'a> for Blocking {
             comm,
             Kind::Collective(sig),
             declared,
-            |s, r| agree(comm, &sig, prepare(s, r))?.run(comm.as_raw()),
+            |s, r| {
+                let (op, form) = agree(comm, &sig, prepare(s, r))?;
+                op.run(comm.as_raw(), form)
+            },
         )
     }
 
@@ -103,11 +106,12 @@ impl<'a> Mode<'a> for Blocking {
         prepared: Result<Operation<'a>>,
     ) -> Result<()> {
         let comm = tc.communicator();
-        agree(comm, &sig, prepared)?.run(comm.as_raw())
+        let (op, form) = agree(comm, &sig, prepared)?;
+        op.run(comm.as_raw(), form)
     }
 
     fn refuse<E: Endpoint + ?Sized>(self, tc: &'a E, sig: Signature<'a>, e: Error) -> Result<()> {
-        agree(tc.communicator(), &sig, Err(e))
+        agree::<_, ()>(tc.communicator(), &sig, Err(e)).map(drop)
     }
 }
 

@@ -261,7 +261,7 @@ where
         Err(e) => (None, Some(e)),
     };
     let fp = signature.fingerprint();
-    let mine = votes(local.is_some(), comm.rank(), comm.size(), fp);
+    let mine = votes(local.is_some(), (comm.rank(), comm.size()), fp, false);
     let boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
     // Held until the shadow is ready (`Phase::Waiting`), then posted by `release`, below or
     // in the progress of any request.

@@ -200,6 +200,14 @@ pub(in crate::comm) fn empty_status() -> Status {
     }
 }
 
+/// Whether `comm` has had nonblocking collectives under agreement (it has a shadow). The
+/// same on every rank of `comm` at any collective of it: the shadow is made at the first
+/// such collective, which every rank posts at the same point of `comm`'s collective order.
+pub(in crate::comm) fn has_shadow<C: Communicator + ?Sized>(comm: &C) -> bool {
+    NEXT_SHADOW.load(std::sync::atomic::Ordering::Relaxed) > 0
+        && comm.get_attr::<Shadow>().is_some()
+}
+
 /// Before a blocking collective on `comm`: a duplication of it still pending is completed
 /// and the agreements held for it are posted, so that the caller's communicator sees them
 /// before the blocking one on every rank (and no collective runs beside the duplication).

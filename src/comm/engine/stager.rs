@@ -332,7 +332,9 @@ pub(in crate::comm) fn with_stand_ins<'a, C: Communicator + ?Sized, R>(
 /// (its peers return `PeerRefused`); else returned.
 fn agreed<C: Communicator + ?Sized, T>(comm: &C, kind: Kind<'_>, e: crate::Error) -> Result<T> {
     match kind {
-        Kind::Collective(signature) if !comm.test_inter() => agree(comm, &signature, Err(e)),
+        Kind::Collective(signature) if !comm.test_inter() => {
+            agree(comm, &signature, Err(e)).map(|(t, _)| t)
+        }
         _ => Err(e),
     }
 }

@@ -12,7 +12,7 @@ use mpi::ffi::{MPI_Comm, MPI_Request};
 
 use super::{Fused, FusedKind, Member, OnDevice};
 use crate::comm::engine::call::handles;
-use crate::comm::engine::call::Batch;
+use crate::comm::engine::call::{Batch, Form};
 use crate::comm::engine::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
 use crate::comm::engine::progress;
 use crate::comm::engine::stager::{BucketMember, StagedBucket};
@@ -346,8 +346,8 @@ impl Batch for Fused {
     ///
     /// # Safety
     /// As [`Fused::post`].
-    unsafe fn run(&mut self, comm: MPI_Comm) {
-        if progress::active() {
+    unsafe fn run(&mut self, comm: MPI_Comm, form: Form) {
+        if form == Form::Polled {
             let mut requests = Vec::with_capacity(self.buckets.len());
             // SAFETY: the caller's contract; `self` outlives the waits below.
             unsafe { self.post(comm, &mut requests) };
