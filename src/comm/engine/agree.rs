@@ -258,6 +258,43 @@ fn decode_reason(buf: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    /// The element-wise minimum of the ranks' votes gives the lowest refusing rank and
+    /// whether any rank has collectives pending, each independently of the other.
+    #[test]
+    fn votes_carry_the_lowest_refusal_and_any_pending() {
+        let min = |vs: &[[i64; 3]]| {
+            let mut m = [i64::MAX; 3];
+            for v in vs {
+                for (a, b) in m.iter_mut().zip(v) {
+                    *a = (*a).min(*b);
+                }
+            }
+            m
+        };
+        let size = 4;
+        let all = |failed: &[bool], pending: &[bool]| {
+            (0..4)
+                .map(|r: Rank| {
+                    let i = usize::try_from(r).unwrap_or(0);
+                    votes(failed[i], (r, size), 7, pending[i])
+                })
+                .collect::<Vec<_>>()
+        };
+        // Nobody refuses, nobody pending: status 2·size + 1, odd.
+        let m = min(&all(&[false; 4], &[false; 4]));
+        assert_eq!((m[0] >> 1, m[0] & 1), (4, 1));
+        // Rank 3 pending only: even, still size.
+        let m = min(&all(&[false; 4], &[false, false, false, true]));
+        assert_eq!((m[0] >> 1, m[0] & 1), (4, 0));
+        // Ranks 2 and 1 refuse (rank 1 the lowest), rank 0 pending.
+        let m = min(&all(
+            &[false, true, true, false],
+            &[true, false, false, false],
+        ));
+        assert_eq!(m[0] >> 1, 1);
+        assert_eq!((m[1], !m[2]), (7, 7));
+    }
+
     #[test]
     fn reason_round_trip_and_cut() {
         let mut buf = [0xffu8; 16];
