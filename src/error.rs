@@ -422,17 +422,22 @@ pub enum Error {
         reason: String,
     },
 
-    /// The ranks passed arguments to one collective that do not match across the
-    /// communicator (MPI-4.1 §6.1: the same operation, root, reduction operator and type
-    /// signature on every rank), each valid on its own rank; found by the agreement before
-    /// the data operation, so no rank entered it, every rank returns this error, and the
-    /// next matching collective on the communicator works. Names two ranks that differ
-    /// (the lowest rank, and the lowest rank whose arguments differ from its) and each one's
-    /// arguments in words, e.g. `all_reduce float32 × 1000 sum` and `broadcast float32 ×
-    /// 1000 root 0` (counts in elements).
+    /// The ranks' calls to one collective do not match across the communicator (MPI-4.1
+    /// §6.1: the same operation, root, reduction operator and type signature on every
+    /// rank; §6.12: a blocking and a nonblocking collective never match), each valid on its
+    /// own rank; found by the agreement before the data operation, so no rank entered it,
+    /// every rank returns this error, and the next matching collective on the communicator
+    /// works. Names two ranks that differ (the lowest rank, and the lowest rank whose call
+    /// differs from its) and each one's call in words, e.g. `all_reduce float32 × 1000 sum`
+    /// and `broadcast float32 × 1000 root 0` (counts in elements; the nonblocking form is
+    /// prefixed `immediate_`), and `difference`, what differs across all ranks in words:
+    /// which ranks used which form, or for fused lists the first member that differs with
+    /// its index, dtype and shape on each rank and which ranks have which length
+    /// (`member 57: rank 0 float32 [2048], rank 2 float64 [2048]`).
     #[error(
-        "the ranks' arguments to this collective do not match (MPI-4.1 §6.1), so no rank \
-         entered it: rank {rank}: {arguments}; rank {other_rank}: {other_arguments}"
+        "the ranks' calls to this collective do not match (MPI-4.1 §6.1), so no rank \
+         entered it: {difference}. Rank {rank}: {arguments}; rank {other_rank}: \
+         {other_arguments}"
     )]
     CollectiveMismatch {
         /// The lowest rank of the communicator.
@@ -443,6 +448,28 @@ pub enum Error {
         other_rank: i32,
         /// That rank's collective and arguments, in words.
         other_arguments: String,
+        /// What differs across the ranks, in words.
+        difference: String,
+    },
+
+    /// The ranks are out of step on this communicator: one skipped or added a collective
+    /// (found by the agreement, which counts each communicator's collectives and, after a
+    /// mismatch, compares every rank's last collective with the others' current one), or a
+    /// peer that does not take part in dlpack-mpi's agreement answered it. Every rank
+    /// returns it where it was found, and every later collective of dlpack-mpi on the
+    /// communicator returns it at once, without entering MPI, so that no rank hangs and the
+    /// program can end; `first` is that first finding in words (`rank 2 at collective 7,
+    /// ranks 0, 1 at 6: …`). [`crate::comm::reset_out_of_step`], called by every rank,
+    /// clears it.
+    #[error(
+        "the ranks are out of step on this communicator, so dlpack-mpi enters no collective on \
+         it: {first}. Every rank must make the same collectives in the same order \
+         (MPI-4.1 §6.13); after fixing the program's order, or to go on, call \
+         comm::reset_out_of_step on every rank"
+    )]
+    OutOfStep {
+        /// The first finding, in words.
+        first: String,
     },
 
     /// The first element is not aligned for the Rust type asked for (DLPack does not promise

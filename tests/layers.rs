@@ -11,6 +11,8 @@ use std::path::Path;
 /// The layer of each file of `src/comm/engine` (lowest first).
 const ENGINE: &[(&str, u8)] = &[
     ("progress", 1),
+    ("ledger", 1),
+    ("diagnosis", 1),
     ("signature", 1),
     ("checks", 1),
     ("packing", 1),

@@ -44,6 +44,20 @@ use crate::error::Error;
 use crate::error::Result;
 use crate::spec::{RecvSpec, SendSpec};
 
+/// Clears the out-of-step state of `comm` ([`Error::OutOfStep`]: a rank skipped or added a
+/// collective, and every collective of this crate on `comm` has failed at once since), so
+/// that its collectives run again. Collective: every rank of `comm` calls it, at the same
+/// point, with none of this crate's nonblocking collectives on `comm` pending; it is a
+/// barrier (`MPI_Ibarrier`, MPI-4.1 §6.12.1) on `comm`, polled as every blocking call of this
+/// crate, and returns whether `comm` was out of step on this rank. The collective count
+/// the agreement compares carries on (it is equal on every rank that got the error).
+/// Call it after the program has brought its ranks back to the same collective order
+/// (for example after each rank has left the loop that diverged); a rank that does not
+/// call it leaves the others waiting in the barrier.
+pub fn reset_out_of_step<C: Communicator + ?Sized>(comm: &C) -> bool {
+    engine::ledger::reset(comm)
+}
+
 #[doc = include_str!("tensor_comm.md")]
 pub trait TensorComm: Endpoint {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).

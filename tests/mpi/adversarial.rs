@@ -56,6 +56,7 @@ fn expect_mismatch(
             arguments,
             other_rank,
             other_arguments,
+            ..
         }) => {
             ensure_eq!((rank, other_rank), (0, other));
             ensure_eq!(arguments.as_str(), ours);

@@ -52,6 +52,7 @@ fn expect_mismatch(
             arguments,
             other_rank,
             other_arguments,
+            ..
         }) => {
             ensure_eq!((rank, other_rank), (0, w.size() - 1));
             ensure!(

@@ -586,17 +586,17 @@ fn blocking_between_post_and_wait_repeated(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
-/// Posting does not wait for the peers, also on a fresh communicator: rank 0 posts, then sends the message rank 1 waits
-/// for before it posts. If the post waited for rank 1, the job would hang (the stage's
-/// timeout fails it).
+/// Posting does not wait for the peers (after the communicator's first nonblocking
+/// collective, which agrees at the call): rank 0 posts, then sends the message rank 1
+/// waits for before it posts. If the post waited for rank 1, the job would hang (the
+/// stage's timeout fails it).
 fn post_does_not_wait_for_peers(w: &SimpleCommunicator) -> Outcome {
     let (me, p) = (w.rank(), w.size());
     if p < 2 {
         return Ok(());
     }
-    // A fresh communicator: its first nonblocking collective must not wait either (the
-    // duplication it starts completes in the background).
     let w = &w.duplicate();
+    first_nonblocking(w)?;
     let send = Owned::new(vals(me, M));
     let mut recv = Owned::new(vec![GAP; M]);
     {
@@ -616,6 +616,72 @@ fn post_does_not_wait_for_peers(w: &SimpleCommunicator) -> Outcome {
     }
     ensure_eq!(recv.as_slice(), &sum_of_ranks(p, M)[..]);
     Ok(())
+}
+
+/// The first nonblocking collective on `w` (an all-reduce, every rank): it agrees at the
+/// call and duplicates `w`; later ones agree in the background.
+fn first_nonblocking(w: &SimpleCommunicator) -> Outcome {
+    let send = Owned::new(vals(w.rank(), 3));
+    let mut recv = Owned::new(vec![GAP; 3]);
+    {
+        let (st, mut rt) = (t(&send)?, t(&recv)?);
+        let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+            w.immediate_all_reduce_tensor(scope, &st, &mut rt, ReduceOp::Sum)?
+                .wait()
+                .map(drop)
+        });
+        done.map_err(s)?;
+    }
+    ensure_eq!(recv.as_slice(), &sum_of_ranks(w.size(), 3)[..]);
+    Ok(())
+}
+
+/// A refusing rank's post returns at once, not when its peers wait (issue 34): the last
+/// rank refuses (a `READ_ONLY` receive), then sends every other rank the message each
+/// receives (with rsmpi, outside dlpack-mpi) between its post and its wait, then waits in
+/// a plain `MPI_Barrier`. On the old code the refusing post waited for the peers' `wait`,
+/// which waited for that message: a hang (the stage's timeout fails it). The peers' `wait`
+/// returns `PeerRefused` naming the last rank and its reason, and the next collective is
+/// exact.
+fn refusing_post_does_not_wait_for_peers(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    if p < 2 {
+        return Ok(());
+    }
+    let w = &w.duplicate();
+    first_nonblocking(w)?;
+    let refuser = p - 1;
+    let send = Owned::new(vals(me, M));
+    let recv = if me == refuser {
+        Owned::new(vec![GAP; M]).read_only()
+    } else {
+        Owned::new(vec![GAP; M])
+    };
+    let got = {
+        let st = t(&send)?;
+        let mut rt = t(&recv)?;
+        mpi::request::scope(|scope| {
+            let req = w.immediate_all_reduce_tensor(scope, &st, &mut rt, ReduceOp::Sum);
+            if me == refuser {
+                for r in 0..p - 1 {
+                    w.process_at_rank(r).send(&1i32);
+                }
+            } else {
+                let (_go, _) = w.process_at_rank(refuser).receive::<i32>();
+            }
+            req.map(|r| r.wait().map(drop))
+        })
+    };
+    match (me == refuser, got) {
+        (true, Err(e)) => ensure!(e.to_string().contains("READ_ONLY"), "{e}"),
+        (false, Ok(Err(Error::PeerRefused { rank, reason }))) => {
+            ensure_eq!(rank, refuser);
+            ensure!(reason.contains("READ_ONLY"), "{reason}");
+        }
+        (_, other) => return Err(format!("rank {me}: got {other:?}")),
+    }
+    w.barrier();
+    first_nonblocking(w)
 }
 
 /// Spins for `micros` µs (local work the ranks do for different times).
@@ -943,7 +1009,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             )
         })
         .collect();
-    let extra: [(&str, Whole); 11] = [
+    let extra: [(&str, Whole); 12] = [
         (
             "two posted, completed in reverse order, a blocking collective between",
             reverse_order_and_blocking_between,
@@ -951,6 +1017,10 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         (
             "a post does not wait for its peers",
             post_does_not_wait_for_peers,
+        ),
+        (
+            "a refusing rank's post does not wait for its peers",
+            refusing_post_does_not_wait_for_peers,
         ),
         (
             "first posts on a fresh communicator, skewed",

@@ -48,14 +48,20 @@
 //! messages on that error path only). What a fingerprint cannot see is listed in
 //! `signature`'s docs.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use mpi::collective::SystemOperation;
-use mpi::topology::{Communicator, Rank};
+use mpi::raw::FromRaw;
+use mpi::topology::{Communicator, Rank, SimpleCommunicator};
 use mpi::traits::*;
 
 use mpi::ffi::{MPI_Comm, MPI_Request};
 
 use super::call::Form;
-use super::progress;
+use super::diagnosis::{explain, gather, Report, Verdict};
+use super::ledger::{self, Ledger};
+use super::progress::{self, Shadow};
 use super::signature::Signature;
 use crate::error::{Error, Result};
 // The setting (`DLPACK_MPI_AGREEMENT`, `set_agreement`) is in `crate::settings`.
@@ -65,25 +71,129 @@ use crate::settings::{agreement, Agreement};
 /// [`Error::PeerRefused`] (the fixed size of the broadcast that carries it).
 pub const AGREEMENT_REASON_BYTES: usize = 512;
 
+/// This rank's turn in a communicator's collective order: the collective's number, the
+/// fingerprint of the call (its signature and form), and what the last collective left.
+pub(in crate::comm) struct Turn {
+    pub(in crate::comm) count: u64,
+    pub(in crate::comm) call: i64,
+    pub(in crate::comm) nonblocking: bool,
+    /// The last collective's fingerprint and words when it ended in a mismatch.
+    pub(in crate::comm) last: Option<(i64, String)>,
+    /// The communicator's shadow when its nonblocking collectives have one.
+    pub(in crate::comm) shadow: Option<Shadow>,
+    ledger: Rc<RefCell<Ledger>>,
+}
+
+/// Takes the next turn on `comm` for a collective with `signature` in the `nonblocking`
+/// form or the blocking one (counts it).
+///
+/// # Errors
+/// [`Error::OutOfStep`] when the ranks of `comm` were found out of step (nothing counted,
+/// no MPI call).
+pub(in crate::comm) fn turn<C: Communicator + ?Sized>(
+    comm: &C,
+    signature: &Signature<'_>,
+    nonblocking: bool,
+) -> Result<Turn> {
+    let ledger = ledger::of(comm);
+    let (count, last, shadow) = {
+        let mut l = ledger.borrow_mut();
+        if let Some(first) = &l.out_of_step {
+            return Err(Error::OutOfStep {
+                first: first.clone(),
+            });
+        }
+        l.count += 1;
+        (l.count, l.suspect.clone(), l.shadow)
+    };
+    Ok(Turn {
+        count,
+        call: mix(signature.fingerprint() as u64 ^ u64::from(nonblocking)) as i64,
+        nonblocking,
+        last,
+        shadow,
+        ledger,
+    })
+}
+
+impl Turn {
+    /// The fingerprint the agreement votes on: the call's and its number.
+    pub(in crate::comm) fn voted(&self) -> i64 {
+        mix(self.call as u64 ^ mix(self.count)) as i64
+    }
+
+    /// This rank's report for the error path ([`super::diagnosis`]).
+    pub(in crate::comm) fn report(&self, signature: &Signature<'_>) -> Report {
+        let words = signature.describe();
+        Report {
+            count: self.count,
+            nonblocking: self.nonblocking,
+            call: self.call,
+            words: if self.nonblocking {
+                format!("immediate_{words}")
+            } else {
+                words
+            },
+            members: signature.member_list(),
+            last: self.last.clone(),
+        }
+    }
+
+    /// Notes this call (in `words`) as the communicator's last collective to compare the
+    /// next one with (the last one ended in a mismatch, or this one did).
+    pub(in crate::comm) fn note_last(&self, words: String) {
+        self.ledger.borrow_mut().suspect = Some((self.call, words));
+    }
+
+    /// Whether the outcome `min` of the votes lets every rank go on without another word:
+    /// nobody refused, the fingerprints agree, and the last collective did not end in a
+    /// mismatch.
+    fn settled(&self, min: [i64; 3], size: Rank) -> bool {
+        min[0] >> 1 >= i64::from(size) && min[1] == !min[2] && self.last.is_none()
+    }
+}
+
+/// SplitMix64's finalizer: a 64-bit mixing of `x`.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
 /// Agrees on `local` (this rank's checks and buffers) and on `signature` (what MPI
 /// requires to match, [`Signature`]) across the ranks of `comm`, an intra-communicator,
-/// before a collective; every rank calls it exactly once per collective. Returns `local`
-/// when every rank succeeded with the same signature (or under [`Agreement::Local`]); this
-/// rank's own error when it failed; [`Error::PeerRefused`] naming the lowest rank that
-/// failed and its error text; [`Error::CollectiveMismatch`] on every rank when all
-/// succeeded but their signatures differ.
+/// before a blocking collective; every rank calls it exactly once per collective. Returns
+/// `local` when every rank succeeded with the same signature (or under
+/// [`Agreement::Local`]); this rank's own error when it failed; [`Error::PeerRefused`]
+/// naming the lowest rank that failed and its error text; [`Error::CollectiveMismatch`] on
+/// every rank when all succeeded but their calls differ; [`Error::OutOfStep`] when the
+/// ranks are out of step (then on every later collective on `comm` too).
 ///
 /// One all-reduce of three `int64_t` with `MPI_MIN` (its form the same on every rank, see the
 /// module docs) decides
-/// both: `[status, fp, !fp]` ([`votes`]), `fp` the signature's fingerprint; the minimum of
-/// `!fp` is `!max(fp)`, so every rank agrees exactly when `min(fp) == !min(!fp)`. Only on an
-/// error do the ranks send more (the refusing rank's text; or the fingerprints and two
-/// ranks' signatures). With the value, the [`Form`] of the data operation every rank uses:
-/// [`Form::Polled`] when any rank has nonblocking collectives waiting for their agreements.
+/// both: `[status, fp, !fp]` ([`votes`]), `fp` the fingerprint of the call and its place in
+/// the communicator's order ([`Turn::voted`]); the minimum of `!fp` is `!max(fp)`, so every
+/// rank agrees exactly when `min(fp) == !min(!fp)`. Only on an error do the ranks send more
+/// (the refusing rank's text; or every rank's report). With the value, the [`Form`] of the
+/// data operation every rank uses: [`Form::Polled`] when any rank has nonblocking
+/// collectives waiting for their agreements.
 pub(crate) fn agree<C: Communicator + ?Sized, T>(
     comm: &C,
     signature: &Signature<'_>,
     local: Result<T>,
+) -> Result<(T, Form)> {
+    agree_now(comm, signature, local, false)
+}
+
+/// [`agree`] for a call of the `nonblocking` form or the blocking one, waiting for the
+/// outcome: the blocking collectives' agreement, and the first nonblocking collective's on
+/// a communicator without a shadow (whose agreement must be the same MPI call as a
+/// blocking one's there, so that a rank calling the other form meets it).
+pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
+    comm: &C,
+    signature: &Signature<'_>,
+    local: Result<T>,
+    nonblocking: bool,
 ) -> Result<(T, Form)> {
     // Without an agreement no rank learns the others' state: this rank's own is all there is.
     let own = || {
@@ -102,35 +212,58 @@ pub(crate) fn agree<C: Communicator + ?Sized, T>(
     if size == 1 {
         return local.map(|t| (t, own()));
     }
-    // Held agreements of nonblocking collectives come first (see `pending`).
-    progress::before_blocking(comm);
-    let fp = signature.fingerprint();
+    let turn = turn(comm, signature, nonblocking)?;
     let pending = progress::active();
-    let mine = votes(local.is_err(), (comm.rank(), size), fp, pending);
+    let mine = votes(local.is_err(), (comm.rank(), size), turn.voted(), pending);
     let mut min = [0i64; 3];
-    if progress::has_shadow(comm) {
+    if let Some(shadow) = turn.shadow {
         // A communicator with nonblocking collectives: on every rank of it the nonblocking
         // form (a blocking and a nonblocking collective never match, MPI-4.1 §6.12, and a
         // rank with collectives pending must resolve them while it waits,
         // `progress::wait_raw`); the others wait in MPI.
+        let told = local
+            .as_ref()
+            .err()
+            .map(|e| tell(shadow, turn.count, &e.to_string()));
         let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
         // SAFETY: `both` is alive and untouched until the request completes in `wait_raw`
         // below; every rank posts this agreement here.
         let req = unsafe { post_votes(comm.as_raw(), &mut both) };
         progress::wait_raw(&mut [req]);
+        if let Some(told) = told {
+            told.wait();
+        }
         min.copy_from_slice(&both[3..]);
+        if !turn.settled(min, size) {
+            // The error path goes on the shadow, as the nonblocking collectives' do (a peer
+            // may have called this collective's nonblocking form), after every
+            // collective queued on it before this one.
+            progress::progress(shadow, std::ptr::null(), true);
+        }
+        let diag = on(shadow);
+        decide(&*diag, min, &turn, signature, local)
     } else {
         // One without (the same on every rank): the blocking form, MPI's fastest. A rank
         // whose pending collectives are on other communicators waits here in MPI, as in any
         // blocking MPI call of its program.
         comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+        decide(comm, min, &turn, signature, local)
     }
-    let form = if min[0] & 1 == 0 {
-        Form::Polled
-    } else {
-        Form::Blocking
-    };
-    decide(comm, min, signature, local).map(|t| (t, form))
+    .map(|t| {
+        let form = if min[0] & 1 == 0 {
+            Form::Polled
+        } else {
+            Form::Blocking
+        };
+        (t, form)
+    })
+}
+
+/// The shadow as a communicator this crate never frees through the wrapper.
+pub(in crate::comm) fn on(shadow: Shadow) -> std::mem::ManuallyDrop<SimpleCommunicator> {
+    // SAFETY: the shadow is a live intra-communicator this crate made (freed only with the
+    // caller's communicator); the wrapper is never dropped, so it does not free it.
+    std::mem::ManuallyDrop::new(unsafe { SimpleCommunicator::from_raw(shadow.comm) })
 }
 
 /// Posts the votes `votes[0..3]` (`MPI_Iallreduce` of three `int64_t` with `MPI_MIN`,
@@ -175,65 +308,170 @@ pub(in crate::comm) fn votes(
 }
 
 /// The outcome of an agreement whose all-reduce gave `min` (the element-wise minimum of
-/// every rank's [`votes`]): `local` when every rank succeeded with the same signature; else
-/// the error path's messages on `comm` (every rank takes the same path) and its error.
+/// every rank's [`votes`]) for this rank's `turn` with `signature`: `local` when every rank
+/// succeeded with the same call; else the error path's messages on `comm` (every rank takes
+/// the same path) and its error. Writes what the outcome leaves in the communicator's
+/// ledger.
 pub(in crate::comm) fn decide<C: Communicator + ?Sized, T>(
     comm: &C,
     min: [i64; 3],
+    turn: &Turn,
     signature: &Signature<'_>,
     local: Result<T>,
 ) -> Result<T> {
     let size = comm.size();
+    if turn.settled(min, size) {
+        return local;
+    }
     if min[0] >> 1 < i64::from(size) {
         // A rank number: below `size`, so it fits a Rank.
         let lowest = Rank::try_from(min[0] >> 1).unwrap_or(0);
-        return refused(comm, lowest, local);
+        if turn.last.is_some() {
+            // Still watching for a rank out of step: compare with this call next time.
+            turn.note_last(turn.report(signature).words);
+        }
+        let reason = match (turn.shadow, &local) {
+            // On a shadow the refusing rank sent its text before it voted ([`tell`]).
+            (Some(_), Ok(_)) => hear(comm, lowest, turn.count),
+            (Some(_), Err(_)) => String::new(),
+            (None, _) => refused(comm, lowest, local.as_ref().err().map(ToString::to_string)),
+        };
+        return match local {
+            Err(e) => Err(e),
+            Ok(_) => Err(Error::PeerRefused {
+                rank: lowest,
+                reason,
+            }),
+        };
     }
-    if min[1] == !min[2] {
-        return local;
+    let mine = turn.report(signature);
+    let reports = gather(comm, &mine);
+    let mut l = turn.ledger.borrow_mut();
+    match explain(&reports) {
+        Verdict::Agreed => {
+            l.suspect = None;
+            local
+        }
+        Verdict::Mismatch {
+            arguments,
+            other_rank,
+            other_arguments,
+            difference,
+        } => {
+            l.suspect = Some((turn.call, mine.words));
+            Err(Error::CollectiveMismatch {
+                rank: 0,
+                arguments,
+                other_rank,
+                other_arguments,
+                difference,
+            })
+        }
+        Verdict::OutOfStep(first) => {
+            l.out_of_step = Some(first.clone());
+            Err(Error::OutOfStep { first })
+        }
     }
-    Err(mismatch(comm, signature, signature.fingerprint()))
 }
 
-/// The refusal path: the lowest refusing rank broadcasts its error text.
-fn refused<C: Communicator + ?Sized, T>(comm: &C, lowest: Rank, local: Result<T>) -> Result<T> {
+/// The refusal path on a communicator without a shadow: the `lowest` refusing rank
+/// broadcasts its error text (`own`, this rank's when it refused); returns that rank's text.
+fn refused<C: Communicator + ?Sized>(comm: &C, lowest: Rank, own: Option<String>) -> String {
     let mut text = [0u8; AGREEMENT_REASON_BYTES];
-    if let (Err(e), true) = (&local, comm.rank() == lowest) {
-        encode_reason(&e.to_string(), &mut text);
+    if let (Some(e), true) = (&own, comm.rank() == lowest) {
+        encode_reason(e, &mut text);
     }
     comm.process_at_rank(lowest).broadcast_into(&mut text[..]);
-    match local {
-        Err(e) => Err(e),
-        Ok(_) => Err(Error::PeerRefused {
-            rank: lowest,
-            reason: decode_reason(&text),
-        }),
+    decode_reason(&text)
+}
+
+/// The tag of a refusal's text on a shadow (the shadow carries nothing else point to
+/// point).
+const REFUSAL_TAG: i32 = 32_000;
+
+/// A refusal's text on its way to the peers (see [`tell`]): its sends and their buffer.
+pub(in crate::comm) struct Told {
+    requests: Vec<MPI_Request>,
+    /// The collective's number, then the text (the sends read it until they complete).
+    _buf: Box<[u8]>,
+}
+
+impl Told {
+    /// Completes the sends (polled while collectives of this rank are pending).
+    pub(in crate::comm) fn wait(mut self) {
+        progress::wait_raw(&mut self.requests);
+    }
+
+    /// Whether the sends have completed (then nothing is left to wait for).
+    pub(in crate::comm) fn test(&mut self) -> bool {
+        let Ok(n) = std::ffi::c_int::try_from(self.requests.len()) else {
+            return true;
+        };
+        let mut flag = 0;
+        // SAFETY: live send requests of this value (completed ones become NULL).
+        unsafe {
+            mpi::ffi::MPI_Testall(
+                n,
+                self.requests.as_mut_ptr(),
+                &mut flag,
+                mpi::ffi::RSMPI_STATUSES_IGNORE,
+            )
+        };
+        flag != 0
     }
 }
 
-/// The mismatch path (every rank took it): the ranks gather the fingerprints, and rank 0
-/// and the lowest rank whose fingerprint differs from rank 0's broadcast their signatures
-/// in words.
-fn mismatch<C: Communicator + ?Sized>(comm: &C, signature: &Signature<'_>, fp: i64) -> Error {
-    let size = usize::try_from(comm.size()).unwrap_or(1);
-    let mut fps = vec![0i64; size];
-    comm.all_gather_into(&fp, &mut fps[..]);
-    let other = fps.iter().position(|&f| f != fps[0]).unwrap_or(0);
-    let other = Rank::try_from(other).unwrap_or(0);
-    let said = |who: Rank| {
-        let mut text = [0u8; AGREEMENT_REASON_BYTES];
-        if comm.rank() == who {
-            encode_reason(&signature.describe(), &mut text);
+/// On a communicator whose collectives have a shadow, a refusing rank sends its `text`
+/// (for the collective numbered `count`) to every peer on the shadow before it votes
+/// (`MPI_Isend`, at most [`AGREEMENT_REASON_BYTES`] bytes: eager in every MPI), so that
+/// the peers that learn from the agreement that it is the lowest refusing rank receive it
+/// ([`hear`]) without this rank taking another step: its nonblocking post returns at once.
+pub(in crate::comm) fn tell(shadow: Shadow, count: u64, text: &str) -> Told {
+    let mut buf = vec![0u8; 8 + AGREEMENT_REASON_BYTES].into_boxed_slice();
+    buf[..8].copy_from_slice(&count.to_le_bytes());
+    encode_reason(text, &mut buf[8..]);
+    let comm = on(shadow);
+    let (me, size) = (comm.rank(), comm.size());
+    let len = std::ffi::c_int::try_from(buf.len()).unwrap_or(0);
+    let requests = (0..size)
+        .filter(|&r| r != me)
+        .map(|r| {
+            // SAFETY: a constant handle of the MPI library.
+            let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: `buf` is a heap box this value keeps until the sends complete; the
+            // shadow is live; several sends may read one buffer (MPI-4.1 §3.7.2).
+            unsafe {
+                mpi::ffi::MPI_Isend(
+                    buf.as_ptr().cast(),
+                    len,
+                    u8::equivalent_datatype().as_raw(),
+                    r,
+                    REFUSAL_TAG,
+                    shadow.comm,
+                    &mut req,
+                )
+            };
+            req
+        })
+        .collect();
+    Told {
+        requests,
+        _buf: buf,
+    }
+}
+
+/// The text the `lowest` refusing rank sent for the collective numbered `count` ([`tell`]),
+/// received on the shadow `comm`; older texts of that rank (refusals of collectives whose
+/// text another rank's gave) are passed over.
+fn hear<C: Communicator + ?Sized>(comm: &C, lowest: Rank, count: u64) -> String {
+    let mut buf = vec![0u8; 8 + AGREEMENT_REASON_BYTES];
+    loop {
+        comm.process_at_rank(lowest)
+            .receive_into_with_tag(&mut buf[..], REFUSAL_TAG);
+        let said = u64::from_le_bytes(buf[..8].try_into().unwrap_or([0; 8]));
+        if said >= count {
+            return decode_reason(&buf[8..]);
         }
-        comm.process_at_rank(who).broadcast_into(&mut text[..]);
-        decode_reason(&text)
-    };
-    let (arguments, other_arguments) = (said(0), said(other));
-    Error::CollectiveMismatch {
-        rank: 0,
-        arguments,
-        other_rank: other,
-        other_arguments,
     }
 }
 

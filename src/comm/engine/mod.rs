@@ -2,7 +2,8 @@
 //! files of its own layer or lower ones (no file here names an operation of `ops`).
 //!
 //! 1. [`progress`] (the queues of pending agreements and the progress every blocking path
-//!    polls), and the leaves: [`signature`], [`checks`], [`packing`], [`blocks`], [`bcast`],
+//!    polls), [`ledger`] (what each rank knows of a communicator's collectives),
+//!    [`diagnosis`] (the words of a failed agreement), and the leaves: [`signature`], [`checks`], [`packing`], [`blocks`], [`bcast`],
 //!    [`halfops`];
 //! 2. [`agree`] (the agreement before a collective), [`call`] (one MPI collective call and
 //!    the prepared data operation, [`call::Batch`] for several), [`stager`] (the sealed
@@ -18,8 +19,10 @@ pub(crate) mod bcast;
 pub(crate) mod blocks;
 pub(crate) mod call;
 pub(crate) mod checks;
+pub(crate) mod diagnosis;
 pub mod halfops;
 pub(crate) mod held;
+pub(crate) mod ledger;
 pub(crate) mod mode;
 pub(crate) mod operands;
 pub(crate) mod packing;

@@ -90,7 +90,7 @@ impl<'a> Mode<'a> for Blocking {
         with_stand_ins(
             tc.stager(),
             comm,
-            Kind::Collective(sig),
+            Kind::Collective(sig.clone()),
             declared,
             |s, r| {
                 let (op, form) = agree(comm, &sig, prepare(s, r))?;

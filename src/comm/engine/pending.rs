@@ -51,19 +51,16 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::ffi::{c_int, c_void};
-use std::mem::ManuallyDrop;
 use std::rc::Rc;
 
-use mpi::ffi::MPI_Comm;
+use mpi::ffi::{MPI_Comm, MPI_Request};
 use mpi::point_to_point::Status;
-use mpi::raw::{AsRaw, FromRaw};
-use mpi::topology::{Communicator, SimpleCommunicator};
-use mpi::traits::Equivalence;
+use mpi::topology::Communicator;
 
-use super::agree::{decide, post_votes, votes};
+use super::agree::{agree_now, decide, on, post_votes, tell, turn, votes, Told, Turn};
 use super::call::Operation;
-use super::progress::{empty_status, enqueue, progress, progress_all, shadow_of, Resolve, Shadow};
+use super::ledger;
+use super::progress::{empty_status, enqueue, make_shadow, progress, Resolve, Shadow};
 use super::signature::Signature;
 use super::stager::Held;
 use super::{Request, Scope};
@@ -72,29 +69,15 @@ use crate::settings::{agreement, Agreement};
 
 /// Where a posted collective is.
 enum Phase<'a, Sc: Scope<'a>> {
-    /// The caller's communicator is still being duplicated (its first nonblocking
-    /// collectives): the agreement is held, to be posted in posting order once the
-    /// duplication completes. Open MPI 4.1 mismatches nonblocking collectives posted while
-    /// an `MPI_Comm_idup` of their communicator is pending (open-mpi/ompi#2025). `guard`, a
-    /// generalized request (`MPI_Grequest_start`, MPI-4.1 §13.2), holds the rsmpi scope
-    /// meanwhile, as the agreement's request does later.
-    Waiting {
-        guard: Request<'a, (), Sc>,
-        votes: Box<[i64; 6]>,
-        local: Option<Error>,
-        shadow: Shadow,
-        /// The caller's communicator, which the agreement goes on.
-        comm: MPI_Comm,
-    },
     /// The agreement is posted on the caller's communicator; the data operation is not.
     Agreeing {
         request: Request<'a, (), Sc>,
         /// This rank's votes (0..3) and their minimum over the ranks (3..6), written by MPI
         /// until the agreement completes.
         votes: Box<[i64; 6]>,
-        /// This rank's own refusal.
-        local: Option<Error>,
-        /// The key of the shadow's queue.
+        /// This rank's turn in the communicator's order.
+        turn: Turn,
+        /// The shadow the data operation and the error path go on.
         shadow: Shadow,
     },
     /// The data operation is posted (one request per chunk of a chunked reduction, per
@@ -111,7 +94,7 @@ pub(in crate::comm) struct Collective<'a, Sc: Scope<'a>> {
     /// The rsmpi scope its requests are registered with.
     scope: Sc,
     phase: Phase<'a, Sc>,
-    /// The prepared data operation (`None` once finished, or for a rank that refused).
+    /// The prepared data operation (`None` once finished).
     operation: Option<Operation<'a>>,
     /// The device stand-ins the operation's sides borrow: dropped after it.
     held: Option<Held<'a>>,
@@ -119,41 +102,12 @@ pub(in crate::comm) struct Collective<'a, Sc: Scope<'a>> {
 }
 
 impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
-    fn release(&mut self) {
-        let phase = std::mem::replace(&mut self.phase, Phase::Finished);
-        let Phase::Waiting {
-            guard,
-            mut votes,
-            local,
-            shadow,
-            comm,
-        } = phase
-        else {
-            self.phase = phase;
-            return;
-        };
-        // SAFETY: the guard's own generalized request, completed once, here.
-        unsafe { mpi::ffi::MPI_Grequest_complete(guard.as_raw()) };
-        guard.wait();
-        // SAFETY: `votes` is a heap box this collective owns until the request completes
-        // (it does not move with its owner); the request is live, nonpersistent and used
-        // only through this value.
-        let request = unsafe { Request::from_raw(post_votes(comm, &mut votes), &(), self.scope) };
-        self.phase = Phase::Agreeing {
-            request,
-            votes,
-            local,
-            shadow,
-        };
-    }
-
     fn resolve(&mut self, block: bool) -> bool {
-        self.release();
         let phase = std::mem::replace(&mut self.phase, Phase::Finished);
         let Phase::Agreeing {
             request,
             votes,
-            local,
+            turn,
             shadow,
         } = phase
         else {
@@ -169,7 +123,7 @@ impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
                     self.phase = Phase::Agreeing {
                         request,
                         votes,
-                        local,
+                        turn,
                         shadow,
                     };
                     return false;
@@ -177,15 +131,7 @@ impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
             }
         }
         let min = [votes[3], votes[4], votes[5]];
-        let local = match local {
-            Some(e) => Err(e),
-            None => Ok(()),
-        };
-        // SAFETY: the shadow is a live intra-communicator this crate made (freed only with
-        // the caller's communicator, which outlives the request); the wrapper is never
-        // dropped, so it does not free it.
-        let comm = ManuallyDrop::new(unsafe { SimpleCommunicator::from_raw(shadow.comm) });
-        self.phase = match decide(&*comm, min, &self.signature, local) {
+        self.phase = match decide(&*on(shadow), min, &turn, &self.signature, Ok(())) {
             Err(e) => {
                 self.operation = None;
                 Phase::Failed(e)
@@ -195,6 +141,51 @@ impl<'a, Sc: Scope<'a> + Copy> Resolve for Collective<'a, Sc> {
                 None => Phase::Finished,
             },
         };
+        true
+    }
+}
+
+/// The agreement a refusing rank leaves behind when its post returns (it owns nothing of
+/// the caller's), with the sends of its text ([`tell`]): completed by MPI's progress in
+/// this rank's later MPI calls and by this crate's (or at `MPI_Finalize`).
+struct Refusal {
+    request: MPI_Request,
+    /// Read by MPI until the request completes.
+    _votes: Box<[i64; 6]>,
+    told: Option<Told>,
+    turn: Turn,
+    /// Its words, for the ledger when the last collective ended in a mismatch.
+    words: String,
+}
+
+impl Resolve for Refusal {
+    fn resolve(&mut self, block: bool) -> bool {
+        let mut flag = 0;
+        // SAFETY: the live agreement request this value owns (then MPI_REQUEST_NULL).
+        unsafe {
+            if block {
+                mpi::ffi::MPI_Wait(&mut self.request, mpi::ffi::RSMPI_STATUS_IGNORE);
+                flag = 1;
+            } else {
+                mpi::ffi::MPI_Test(&mut self.request, &mut flag, mpi::ffi::RSMPI_STATUS_IGNORE);
+            }
+        }
+        if flag == 0 {
+            return false;
+        }
+        match self.told.take() {
+            Some(told) if block => told.wait(),
+            Some(mut told) => {
+                if !told.test() {
+                    self.told = Some(told);
+                    return false;
+                }
+            }
+            None => {}
+        }
+        if self.turn.last.is_some() {
+            self.turn.note_last(std::mem::take(&mut self.words));
+        }
         true
     }
 }
@@ -226,8 +217,9 @@ pub(in crate::comm) type State<'a, Sc> = Rc<RefCell<Collective<'a, Sc>>>;
 /// device stand-ins its sides borrow.
 ///
 /// # Errors
-/// This rank's own refusal (`prepared`'s error, or the setting's), after the agreement has
-/// told the peers.
+/// This rank's own refusal (`prepared`'s error, or the setting's), at once (its part of
+/// the agreement completes in this rank's later calls, see the module docs);
+/// [`Error::OutOfStep`] when the communicator's ranks were found out of step.
 pub(in crate::comm) fn start<'a, C, Sc>(
     comm: &C,
     scope: Sc,
@@ -239,46 +231,92 @@ where
     C: Communicator + ?Sized,
     Sc: Scope<'a> + Copy,
 {
-    let (prepared, agreeing) = match agreement() {
-        Ok(Agreement::Collective) => (prepared, comm.size() > 1),
-        Ok(Agreement::Local) => (prepared, false),
-        Err(e) => (prepared.and(Err(e)), comm.size() > 1),
+    let agreeing = match agreement() {
+        Ok(Agreement::Local) => false,
+        Ok(Agreement::Collective) | Err(_) => comm.size() > 1,
     };
-    if !agreeing {
-        let mut op = prepared?;
-        let requests = post_data(&mut op, comm.as_raw(), scope);
-        return Ok(Rc::new(RefCell::new(Collective {
+    let collective = |phase, operation, held, signature| {
+        Rc::new(RefCell::new(Collective {
             scope,
-            phase: Phase::Posted(requests),
-            operation: Some(op),
+            phase,
+            operation,
             held,
             signature,
-        })));
+        }))
+    };
+    if !agreeing {
+        let mut op = agreement().and(prepared)?;
+        let requests = post_data(&mut op, comm.as_raw(), scope);
+        return Ok(collective(
+            Phase::Posted(requests),
+            Some(op),
+            held,
+            signature,
+        ));
     }
-    let shadow = shadow_of(comm);
-    let (operation, local) = match prepared {
+    let Some(shadow) = ledger::shadow(comm) else {
+        // The first nonblocking collective on `comm`: agreed now, with the blocking
+        // collectives' MPI call there (so a rank that calls the blocking form meets it);
+        // once agreed, every rank duplicates `comm` here.
+        let refuses = prepared.is_err();
+        return match agree_now(comm, &signature, prepared, true) {
+            Ok((mut op, _)) => {
+                let shadow = make_shadow(comm);
+                ledger::of(comm).borrow_mut().shadow = Some(shadow);
+                let requests = post_data(&mut op, shadow.comm, scope);
+                Ok(collective(
+                    Phase::Posted(requests),
+                    Some(op),
+                    held,
+                    signature,
+                ))
+            }
+            Err(e) if refuses => Err(e),
+            Err(e @ Error::OutOfStep { .. }) => Err(e),
+            Err(e) => Ok(collective(Phase::Failed(e), None, None, signature)),
+        };
+    };
+    let turn = turn(comm, &signature, true)?;
+    let fp = turn.voted();
+    let (operation, local) = match agreement().and(prepared) {
         Ok(op) => (Some(op), None),
         Err(e) => (None, Some(e)),
     };
-    let fp = signature.fingerprint();
     let mine = votes(local.is_some(), (comm.rank(), comm.size()), fp, false);
-    let boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
-    // Held until the shadow is ready (`Phase::Waiting`), then posted by `release`, below or
-    // in the progress of any request.
-    let phase = Phase::Waiting {
-        guard: guard(scope),
+    // A refusing rank's text goes to the peers first (they receive it once the agreement
+    // names this rank), so that nothing is left for this rank to do after its post.
+    let told = local
+        .as_ref()
+        .map(|e| tell(shadow, turn.count, &e.to_string()));
+    let mut boxed = Box::new([mine[0], mine[1], mine[2], 0, 0, 0]);
+    // SAFETY: `boxed` is a heap box owned, until the request completes, by the value the
+    // queue holds (it does not move with its owner); every rank posts this agreement here,
+    // in posting order.
+    let raw = unsafe { post_votes(comm.as_raw(), &mut boxed) };
+    if let Some(e) = local {
+        // This rank refused: its post returns now; the agreement stays queued (owning
+        // nothing of the caller's) until this rank's later calls, or `MPI_Finalize`,
+        // complete it and tell the peers.
+        let words = turn.report(&signature).words;
+        let refusal = Refusal {
+            request: raw,
+            _votes: boxed,
+            told,
+            turn,
+            words,
+        };
+        enqueue(Rc::new(RefCell::new(refusal)), shadow);
+        return Err(e);
+    }
+    // SAFETY: a live, nonpersistent request just posted, used only through this value.
+    let request = unsafe { Request::from_raw(raw, &(), scope) };
+    let phase = Phase::Agreeing {
+        request,
         votes: boxed,
-        local,
+        turn,
         shadow,
-        comm: comm.as_raw(),
     };
-    let state = Rc::new(RefCell::new(Collective {
-        scope,
-        phase,
-        operation,
-        held,
-        signature,
-    }));
+    let state = collective(phase, operation, held, signature);
     let erased: Rc<RefCell<dyn Resolve + '_>> = state.clone();
     // SAFETY: only the lifetime changes. The queue holds this entry only while its agreement
     // is pending: the entry is removed when resolved, and its request resolves it before it
@@ -287,60 +325,10 @@ where
     // process at its end, before 'a ends.
     let erased: Rc<RefCell<dyn Resolve + 'static>> = unsafe { std::mem::transmute(erased) };
     enqueue(erased, shadow);
-    if state.borrow().refused_here() {
-        // This rank refused: learn the outcome now and return it from the post.
-        progress_all();
-        return Err(match complete(&state, true) {
-            Some(Err(e)) => e,
-            _ => Error::PeerRefused {
-                rank: comm.rank(),
-                reason: "refused".into(),
-            },
-        });
-    }
     Ok(state)
 }
 
-/// A generalized request registered with `scope`, completed by [`Resolve::release`].
-fn guard<'a, Sc: Scope<'a>>(scope: Sc) -> Request<'a, (), Sc> {
-    unsafe extern "C" fn query(_: *mut c_void, status: *mut mpi::ffi::MPI_Status) -> c_int {
-        // SAFETY: MPI hands a status to fill (MPI-4.1 §13.2): no elements, not cancelled.
-        unsafe {
-            mpi::ffi::MPI_Status_set_elements(status, u8::equivalent_datatype().as_raw(), 0);
-            mpi::ffi::MPI_Status_set_cancelled(status, 0);
-        }
-        0
-    }
-    unsafe extern "C" fn free(_: *mut c_void) -> c_int {
-        0
-    }
-    unsafe extern "C" fn cancel(_: *mut c_void, _: c_int) -> c_int {
-        0
-    }
-    // SAFETY: a constant handle of the MPI library.
-    let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: the callbacks touch nothing but the status MPI hands them; MPI writes `req`.
-    unsafe {
-        mpi::ffi::MPI_Grequest_start(
-            Some(query),
-            Some(free),
-            Some(cancel),
-            std::ptr::null_mut(),
-            &mut req,
-        );
-        Request::from_raw(req, &(), scope)
-    }
-}
-
 impl<'a, Sc: Scope<'a>> Collective<'a, Sc> {
-    /// Whether this rank refused (its agreement carries its own error).
-    pub(in crate::comm) fn refused_here(&self) -> bool {
-        matches!(
-            &self.phase,
-            Phase::Agreeing { local: Some(_), .. } | Phase::Waiting { local: Some(_), .. }
-        )
-    }
-
     /// Whether it is done (completed and reported).
     pub(in crate::comm) fn is_finished(&self) -> bool {
         matches!(self.phase, Phase::Finished)
@@ -360,7 +348,7 @@ pub(in crate::comm) fn complete<'a, Sc: Scope<'a>>(
     block: bool,
 ) -> Option<Result<Option<Status>>> {
     let shadow = match &state.borrow().phase {
-        Phase::Agreeing { shadow, .. } | Phase::Waiting { shadow, .. } => Some(*shadow),
+        Phase::Agreeing { shadow, .. } => Some(*shadow),
         _ => None,
     };
     if let Some(shadow) = shadow {
@@ -397,7 +385,7 @@ pub(in crate::comm) fn complete<'a, Sc: Scope<'a>>(
         }
         Phase::Failed(e) => return Some(Err(e)),
         Phase::Finished => None,
-        agreeing @ (Phase::Agreeing { .. } | Phase::Waiting { .. }) => {
+        agreeing @ Phase::Agreeing { .. } => {
             // Not reached: `progress` resolved it.
             st.phase = agreeing;
             return None;

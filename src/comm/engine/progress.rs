@@ -1,38 +1,36 @@
 //! The progress service every blocking path of this crate polls, and the posting-order
 //! queues of the nonblocking collectives' agreements (the ground floor of [`crate::comm`]):
-//! which communicators have a *shadow* (the duplicate their nonblocking collectives' data
-//! operations go on, see [`super::pending`]), which agreements wait on each, in posting
-//! order, and the calls that resolve them in between: [`active`], [`wait_raw`],
-//! [`before_blocking`] and [`progress_all`]. It knows a pending agreement only as a
+//! the *shadows* (the duplicate of a caller's communicator its nonblocking collectives' data
+//! operations go on, see [`super::pending`]; made by [`make_shadow`], kept in the caller's
+//! [`super::ledger`]), which agreements wait on each, in posting order, and the calls that
+//! resolve them in between: [`active`], [`wait_raw`] and [`progress_all`]; what is still
+//! queued at `MPI_Finalize` is resolved there. It knows a pending agreement only as a
 //! [`Resolve`]: nothing here names a request, an operation or a mode.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::rc::Rc;
 
-use mpi::attribute::{AttributeKey, CommAttribute};
 use mpi::ffi::{MPI_Comm, MPI_Request};
 use mpi::point_to_point::Status;
-use mpi::raw::AsRaw;
 use mpi::topology::Communicator;
-use mpi::traits::*;
+
+use crate::lifecycle::Registry;
 
 /// Something a queue resolves in order: a pending agreement (a nonblocking collective of
-/// [`super::pending`]). An entry stays in its queue only while its agreement is pending: it
-/// is removed when resolved, and its owner resolves it before it is dropped.
+/// [`super::pending`], or the agreement a refusing rank left behind when it returned). An
+/// entry stays in its queue only while its agreement is pending: it is removed when
+/// resolved, and its owner resolves it before it is dropped.
 pub(in crate::comm) trait Resolve {
-    /// Posts a held agreement (the shadow is ready); nothing otherwise.
-    fn release(&mut self);
-
     /// Completes the agreement (waiting when `block`) and posts the data operation, or
     /// takes the error path; `false` when `block` is not set and the agreement is pending.
     fn resolve(&mut self, block: bool) -> bool;
 }
 
 /// The shadow of a caller's communicator: where the data operations and error paths of its
-/// nonblocking collectives are posted. Cached as an attribute of the caller's communicator
-/// and freed with it.
+/// nonblocking collectives are posted. Kept in the caller's communicator's ledger
+/// ([`super::ledger`]) and freed with it ([`free_shadow`]).
 #[derive(Clone, Copy)]
 pub(in crate::comm) struct Shadow {
     /// The duplicate communicator.
@@ -51,106 +49,61 @@ impl Shadow {
 /// The number of the next shadow made.
 static NEXT_SHADOW: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-impl CommAttribute for Shadow {
-    unsafe extern "C" fn comm_delete_attr_fn(
-        _comm: MPI_Comm,
-        _key: std::os::raw::c_int,
-        val: *mut c_void,
-        _extra: *mut c_void,
-    ) -> std::os::raw::c_int {
-        // SAFETY: the attribute was set from a `Box<Shadow>` (`shadow_of`) and MPI calls
-        // this once, when the caller's communicator is freed.
-        let shadow = unsafe { Box::from_raw(val.cast::<Shadow>()) };
-        let mut comm = shadow.comm;
-        // The thread's queues may be gone already (a communicator freed at exit).
-        let _ = QUEUES.try_with(|q| q.borrow_mut().remove(&shadow.key()));
-        // SAFETY: our duplicate, freed once, here.
-        unsafe { mpi::ffi::MPI_Comm_free(&mut comm) };
-        // MPI_SUCCESS is 0.
-        std::os::raw::c_int::try_from(mpi::ffi::MPI_SUCCESS).unwrap_or(0)
-    }
-}
-
-/// The collectives of one shadow waiting for their agreements, in posting order, and the
-/// shadow's `MPI_Comm_idup` request until it completes.
+/// The collectives of one shadow waiting for their agreements, in posting order.
 #[derive(Default)]
 struct Queue {
-    ready: Option<MPI_Request>,
     entries: VecDeque<Rc<RefCell<dyn Resolve>>>,
 }
 
 thread_local! {
     static QUEUES: RefCell<HashMap<usize, Queue>> = RefCell::new(HashMap::new());
-    /// How many shadows of this thread are still being duplicated.
-    static UNREADY: Cell<usize> = const { Cell::new(0) };
     /// How many collectives of this thread wait in a queue for their agreements.
     static ENTRIES: Cell<usize> = const { Cell::new(0) };
 }
 
-/// The shadow of `comm`, made with `MPI_Comm_idup` the first time (every rank makes its
-/// first nonblocking collective on `comm` at the same point of the posting order, so the
-/// duplication is matched there; it completes before the first data operation is posted).
-pub(in crate::comm) fn shadow_of<C: Communicator + ?Sized>(comm: &C) -> Shadow {
-    if let Some(s) = comm.get_attr::<Shadow>() {
-        return *s;
-    }
+/// Queued agreements at `MPI_Finalize` (a refusing rank's, left behind when its post
+/// returned): resolved there, so that the peers waiting for them return.
+static QUEUED_AT_FINALIZE: Registry = Registry::new(drain_all);
+
+/// Makes the shadow of `comm` (`MPI_Comm_dup`, MPI-4.1 §7.4.2): called by every rank at the
+/// same point of `comm`'s collective order (when the first nonblocking collective on it
+/// has agreed), so the duplication is matched there.
+pub(in crate::comm) fn make_shadow<C: Communicator + ?Sized>(comm: &C) -> Shadow {
     // SAFETY: a constant handle of the MPI library.
     let mut dup = unsafe { mpi::ffi::RSMPI_COMM_NULL };
-    // SAFETY: as above.
-    let mut req = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: `comm` is a live intra-communicator; MPI writes both handles.
-    unsafe { mpi::ffi::MPI_Comm_idup(comm.as_raw(), &mut dup, &mut req) };
+    // SAFETY: `comm` is a live intra-communicator; MPI writes the handle.
+    unsafe { mpi::ffi::MPI_Comm_dup(comm.as_raw(), &mut dup) };
     let id = NEXT_SHADOW.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let shadow = Shadow { comm: dup, id };
-    let key: AttributeKey = Shadow::get_key();
-    // SAFETY: the attribute is a `Box<Shadow>`, freed by `comm_delete_attr_fn`.
-    unsafe {
-        mpi::ffi::MPI_Comm_set_attr(
-            comm.as_raw(),
-            key.as_raw(),
-            Box::into_raw(Box::new(shadow)).cast(),
-        )
-    };
-    QUEUES.with(|q| {
-        q.borrow_mut().entry(shadow.key()).or_default().ready = Some(req);
-    });
-    UNREADY.with(|n| n.set(n.get() + 1));
-    shadow
+    QUEUED_AT_FINALIZE.enlist();
+    Shadow { comm: dup, id }
 }
 
-/// Completes the shadow's duplication (waiting when `block`); whether it is usable. When it
-/// becomes usable, the held agreements are posted, in posting order.
-fn shadow_ready(queue: &mut Queue, block: bool) -> bool {
-    let Some(mut req) = queue.ready else {
-        return true;
-    };
-    let mut flag = 0;
-    // SAFETY: the live request of MPI_Comm_idup, completed once (then forgotten).
-    unsafe {
-        if block {
-            mpi::ffi::MPI_Wait(&mut req, mpi::ffi::RSMPI_STATUS_IGNORE);
-            flag = 1;
-        } else {
-            mpi::ffi::MPI_Test(&mut req, &mut flag, mpi::ffi::RSMPI_STATUS_IGNORE);
-        }
+/// Resolves what is still queued on `shadow` (waiting) and frees it: its caller's
+/// communicator is being freed.
+pub(in crate::comm) fn free_shadow(shadow: Shadow) {
+    // The thread's queues may be gone already (a communicator freed at exit).
+    let _ = QUEUES.try_with(|_| progress_key(shadow.key(), std::ptr::null(), true));
+    let _ = QUEUES.try_with(|q| q.borrow_mut().remove(&shadow.key()));
+    let mut comm = shadow.comm;
+    // SAFETY: our duplicate, freed once, here.
+    unsafe { mpi::ffi::MPI_Comm_free(&mut comm) };
+}
+
+/// Resolves every queued agreement of this thread, waiting (run by `MPI_Finalize`).
+fn drain_all() {
+    let keys: Vec<usize> = QUEUES
+        .try_with(|q| q.borrow().keys().copied().collect())
+        .unwrap_or_default();
+    for key in keys {
+        progress_key(key, std::ptr::null(), true);
     }
-    if flag == 0 {
-        queue.ready = Some(req);
-        return false;
-    }
-    queue.ready = None;
-    UNREADY.with(|n| n.set(n.get().saturating_sub(1)));
-    for e in &queue.entries {
-        e.borrow_mut().release();
-    }
-    true
 }
 
 /// Whether this thread has nonblocking collectives whose agreements only this crate's
-/// code progresses (queued, or held behind a duplication): then its blocking calls poll
+/// code progresses (queued): then its blocking calls poll
 /// ([`wait_raw`], and the matched probe of a receive) instead of blocking inside MPI.
 pub(crate) fn active() -> bool {
-    ENTRIES.with(Cell::get) > 0 || UNREADY.with(Cell::get) > 0
+    ENTRIES.with(Cell::get) > 0
 }
 
 /// Waits for `requests` (`MPI_Waitall`); while this thread has queued nonblocking
@@ -200,30 +153,6 @@ pub(in crate::comm) fn empty_status() -> Status {
     }
 }
 
-/// Whether `comm` has had nonblocking collectives under agreement (it has a shadow). The
-/// same on every rank of `comm` at any collective of it: the shadow is made at the first
-/// such collective, which every rank posts at the same point of `comm`'s collective order.
-pub(in crate::comm) fn has_shadow<C: Communicator + ?Sized>(comm: &C) -> bool {
-    NEXT_SHADOW.load(std::sync::atomic::Ordering::Relaxed) > 0
-        && comm.get_attr::<Shadow>().is_some()
-}
-
-/// Before a blocking collective on `comm`: a duplication of it still pending is completed
-/// and the agreements held for it are posted, so that the caller's communicator sees them
-/// before the blocking one on every rank (and no collective runs beside the duplication).
-pub(in crate::comm) fn before_blocking<C: Communicator + ?Sized>(comm: &C) {
-    if UNREADY.with(Cell::get) == 0 {
-        return;
-    }
-    if let Some(shadow) = comm.get_attr::<Shadow>().copied() {
-        QUEUES.with(|q| {
-            if let Some(queue) = q.borrow_mut().get_mut(&shadow.key()) {
-                shadow_ready(queue, true);
-            }
-        });
-    }
-}
-
 /// Resolves the queue of `shadow` in order until `target` is resolved (waiting when
 /// `block`); `false` when an agreement before or at `target` is still pending.
 pub(in crate::comm) fn progress(shadow: Shadow, target: *const (), block: bool) -> bool {
@@ -236,8 +165,6 @@ fn progress_key(key: usize, target: *const (), block: bool) -> bool {
     enum Next {
         /// Nothing before the target is pending any more.
         Done,
-        /// The shadow is not usable yet.
-        Pending,
         Head(Rc<RefCell<dyn Resolve>>),
     }
     loop {
@@ -246,9 +173,6 @@ fn progress_key(key: usize, target: *const (), block: bool) -> bool {
             let Some(queue) = q.get_mut(&key) else {
                 return Next::Done;
             };
-            if !shadow_ready(queue, block) {
-                return Next::Pending;
-            }
             match queue.entries.front() {
                 Some(h) => Next::Head(Rc::clone(h)),
                 None => Next::Done,
@@ -256,7 +180,6 @@ fn progress_key(key: usize, target: *const (), block: bool) -> bool {
         });
         let head = match next {
             Next::Done => return true,
-            Next::Pending => return false,
             Next::Head(h) => h,
         };
         if !head.borrow_mut().resolve(block) {
@@ -297,25 +220,12 @@ pub(in crate::comm) fn progress_all() {
     }
 }
 
-/// Puts `entry` in the queue of `shadow`, in posting order, and posts its agreement (and
-/// every other held one) when the shadow is ready. The queue holds the entry until it is
-/// resolved (see [`Resolve`]).
+/// Puts `entry` (whose agreement is posted) in the queue of `shadow`, in posting order.
+/// The queue holds the entry until it is resolved (see [`Resolve`]).
 pub(in crate::comm) fn enqueue(entry: Rc<RefCell<dyn Resolve>>, shadow: Shadow) {
-    let ready = QUEUES.with(|q| {
+    QUEUES.with(|q| {
         let mut q = q.borrow_mut();
-        let queue = q.entry(shadow.key()).or_default();
-        queue.entries.push_back(Rc::clone(&entry));
+        q.entry(shadow.key()).or_default().entries.push_back(entry);
         ENTRIES.with(|n| n.set(n.get() + 1));
-        queue.ready.is_none()
     });
-    if ready {
-        entry.borrow_mut().release();
-    } else {
-        // Posts every held agreement (this one too) if the duplication has completed.
-        QUEUES.with(|q| {
-            if let Some(queue) = q.borrow_mut().get_mut(&shadow.key()) {
-                shadow_ready(queue, false);
-            }
-        });
-    }
 }

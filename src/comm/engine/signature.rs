@@ -30,6 +30,7 @@
 //! so their agreements do not meet either, and the program hangs (it is erroneous).
 
 use std::fmt::Write as _;
+use std::rc::Rc;
 
 use mpi::topology::Rank;
 
@@ -39,7 +40,7 @@ use crate::dtype::{code, DType, ReduceOp};
 
 /// What must match across ranks for one collective call (MPI-4.1 §6.1); counts in DLPack
 /// elements.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Signature<'a> {
     /// The collective, named as [`crate::comm`]'s method without `_tensor`
     /// (`all_reduce`, `broadcast`, …): declared by the operation's body, so that a new
@@ -53,6 +54,8 @@ pub(crate) struct Signature<'a> {
     /// A fused collective's list: its member count and the hash of each member's dtype and
     /// element count, in order.
     members: Option<(usize, u64)>,
+    /// The same list in words for the error path: each member's dtype word, rank and shape.
+    list: Option<Rc<[i64]>>,
     /// A fused collective's bucket sizes (first, others; bytes): they decide its messages.
     buckets: Option<(usize, usize)>,
     /// The half dtypes among the element types (bit 0 float16, bit 1 bfloat16): a reduction
@@ -87,6 +90,7 @@ impl<'a> Signature<'a> {
             reduce: None,
             counts: None,
             members: None,
+            list: None,
             buckets: None,
             halves: 0,
         }
@@ -138,19 +142,50 @@ impl<'a> Signature<'a> {
         self
     }
 
-    /// A fused collective's list of members, `(dtype, element count)` each, in order: lists
-    /// that differ in length, order or one member's dtype or count differ in fingerprint.
-    pub(crate) fn members(mut self, list: impl IntoIterator<Item = (DType, i64)>) -> Self {
+    /// A fused collective's list of members, `(dtype, shape)` each, in order: lists that
+    /// differ in length, order or one member's dtype or element count differ in
+    /// fingerprint (the shapes are kept for the words of the error path only).
+    pub(crate) fn members<'s>(
+        mut self,
+        list: impl IntoIterator<Item = (DType, &'s [i64])>,
+    ) -> Self {
         let mut h = Fnv::new();
         let mut n = 0usize;
-        for (d, c) in list {
+        let mut words = Vec::new();
+        for (d, shape) in list {
+            let c = shape.iter().product::<i64>();
             h.word(dtype_word(d));
             h.word(bits(c));
             self.halves |= half_bit(d);
             n += 1;
+            words.push(i64::from_ne_bytes(dtype_word(d).to_ne_bytes()));
+            words.push(shape.len() as i64);
+            words.extend_from_slice(shape);
         }
         self.members = Some((n, h.0));
+        self.list = Some(words.into());
         self
+    }
+
+    /// A fused collective's members, dtype and shape each, in order (`None` for another
+    /// collective).
+    pub(crate) fn member_list(&self) -> Option<Vec<(DType, Vec<i64>)>> {
+        let words = self.list.as_deref()?;
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i + 1 < words.len() {
+            let w = u64::from_ne_bytes(words[i].to_ne_bytes());
+            let d = DType {
+                code: (w & 0xff) as u8,
+                bits: (w >> 8 & 0xff) as u8,
+                lanes: (w >> 16 & 0xffff) as u16,
+            };
+            let ndim = usize::try_from(words[i + 1]).unwrap_or(0);
+            let end = (i + 2 + ndim).min(words.len());
+            out.push((d, words[i + 2..end].to_vec()));
+            i = end;
+        }
+        Some(out)
     }
 
     /// The half dtypes of a reduction, each with whether it reduces through MPI's own
@@ -210,8 +245,9 @@ impl<'a> Signature<'a> {
             let more = if list.len() > SHOWN { ", …" } else { "" };
             let _ = write!(s, " counts [{}{more}]", head.join(", "));
         }
-        if let Some((n, list)) = self.members {
-            let _ = write!(s, " members {n} (list {list:016x})");
+        if let Some((n, _)) = self.members {
+            let noun = if n == 1 { "member" } else { "members" };
+            let _ = write!(s, " {n} {noun}");
         }
         if let Some((f, r)) = self.buckets {
             let _ = write!(s, " buckets {f}/{r} B");
@@ -280,10 +316,10 @@ mod tests {
         let fp = base.fingerprint();
         assert_eq!(fp, base.fingerprint(), "deterministic");
         let others = [
-            base.count(1001),
-            base.dtype(DType::new(2, 64)),
-            base.reduce(ReduceOp::Max),
-            base.root(0),
+            base.clone().count(1001),
+            base.clone().dtype(DType::new(2, 64)),
+            base.clone().reduce(ReduceOp::Max),
+            base.clone().root(0),
             Signature::of("broadcast")
                 .dtype(f32)
                 .count(1000)
@@ -296,14 +332,17 @@ mod tests {
         let c1 = [2i64, 1, 3];
         let c2 = [1i64, 2, 3];
         let v = Signature::of("all_gatherv").dtype(f32);
-        assert_ne!(v.counts(&c1).fingerprint(), v.counts(&c2).fingerprint());
+        assert_ne!(
+            v.clone().counts(&c1).fingerprint(),
+            v.clone().counts(&c2).fingerprint()
+        );
         assert_eq!(
-            v.counts(&c1).fingerprint(),
+            v.clone().counts(&c1).fingerprint(),
             v.counts(&[2, 1, 3]).fingerprint()
         );
         // a root of 0 is not an absent root
         let b = Signature::of("broadcast");
-        assert_ne!(b.root(0).fingerprint(), b.fingerprint());
+        assert_ne!(b.clone().root(0).fingerprint(), b.fingerprint());
     }
 
     #[test]
@@ -348,7 +387,11 @@ mod tests {
         assert_eq!(f.describe(), "all_reduce float32 max");
         // A fused list names each half dtype among its members, in a fixed order.
         let list = Signature::of("fused_all_reduce")
-            .members([(bf16, 3), (DType::new(code::FLOAT, 32), 2), (f16, 1)])
+            .members([
+                (bf16, &[3][..]),
+                (DType::new(code::FLOAT, 32), &[2][..]),
+                (f16, &[1][..]),
+            ])
             .reduce(ReduceOp::Max);
         assert!(
             list.describe().ends_with(&format!(

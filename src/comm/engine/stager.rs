@@ -219,7 +219,7 @@ pub unsafe trait StagedBucket {
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as
 /// point-to-point (the error is returned).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(in crate::comm) enum Kind<'a> {
     PointToPoint,
     /// A collective with its signature, which the agreement of a staging error carries.

@@ -167,13 +167,14 @@ pub(in crate::comm) fn signature<'l>(
     name: &'static str,
     tensors: impl Iterator<Item = &'l dyn Tensor>,
 ) -> Signature<'static> {
-    let list: Vec<(DType, i64)> = tensors.map(|t| (t.dtype(), t.num_elements())).collect();
     // An unreadable setting is this rank's error in the preparation; 0 stands in here.
     let caps = (
         first_bucket_bytes().unwrap_or(0),
         bucket_bytes().unwrap_or(0),
     );
-    Signature::of(name).members(list).buckets(caps.0, caps.1)
+    Signature::of(name)
+        .members(tensors.map(|t| (t.dtype(), t.shape())))
+        .buckets(caps.0, caps.1)
 }
 
 /// Wraps member `index`'s error with its index.
