@@ -301,6 +301,272 @@ fn half_ops_differ(w: &SimpleCommunicator) -> Outcome {
     then_all_reduce_works(w)
 }
 
+/// The `CollectiveMismatch` every rank must return, with `difference` containing each of
+/// `words`; at 1 rank the call must succeed.
+fn expect_difference(w: &SimpleCommunicator, got: Result<(), Error>, words: &[&str]) -> Outcome {
+    if w.size() == 1 {
+        return got.map_err(|e| format!("at 1 rank the call must succeed: {e}"));
+    }
+    match got {
+        Err(Error::CollectiveMismatch { difference, .. }) => {
+            for word in words {
+                ensure!(
+                    difference.contains(word),
+                    "rank {}: the difference {difference:?} lacks {word:?}",
+                    w.rank()
+                );
+            }
+            Ok(())
+        }
+        other => Err(format!("expected CollectiveMismatch, got {other:?}")),
+    }
+}
+
+/// An all-reduce of `n` float32 (every element the rank + 1), blocking or nonblocking;
+/// checks the sum when it succeeds.
+fn all_reduce_as(w: &SimpleCommunicator, n: usize, nonblocking: bool) -> Result<(), Error> {
+    let send = Owned::new(vec![w.rank() as f32 + 1.0; n]);
+    let mut recv = Owned::new(vec![0.0f32; n]);
+    {
+        let s = acquire(&send, &opts())?;
+        let mut r = acquire(&recv, &opts())?;
+        if nonblocking {
+            mpi::request::scope(|scope| {
+                w.immediate_all_reduce_tensor(scope, &s, &mut r, ReduceOp::Sum)?
+                    .wait()
+                    .map(drop)
+            })?;
+        } else {
+            w.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)?;
+        }
+    }
+    let size = w.size() as f32;
+    let want = size * (size + 1.0) / 2.0;
+    if recv.as_slice().iter().any(|&v| v != want) {
+        return Err(Error::PeerRefused {
+            rank: w.rank(),
+            reason: format!("wrong sum {:?}", &recv.as_slice()[..2]),
+        });
+    }
+    Ok(())
+}
+
+/// The last rank calls the nonblocking form of an all-reduce where the others call the
+/// blocking one, as the first nonblocking collective on a fresh communicator (issue 34: it
+/// hung, silently): every rank returns the mismatch naming which rank used which form; the
+/// matching collective after it is exact.
+fn form_differs_first(w: &SimpleCommunicator) -> Outcome {
+    let fresh = w.duplicate();
+    let got = all_reduce_as(&fresh, 64, differs(w));
+    let last = w.size() - 1;
+    expect_difference(
+        w,
+        got,
+        &[
+            &format!("rank {last} called the nonblocking form"),
+            "the blocking form",
+            "§6.12",
+        ],
+    )?;
+    all_reduce_as(&fresh, 64, false).map_err(|e| e.to_string())?;
+    then_all_reduce_works(w)
+}
+
+/// The same after nonblocking collectives on the communicator (its agreements run as
+/// `MPI_Iallreduce` on every rank), and the other way round: rank 0 blocking, the others
+/// nonblocking.
+fn form_differs_later(w: &SimpleCommunicator) -> Outcome {
+    let fresh = w.duplicate();
+    all_reduce_as(&fresh, 8, true).map_err(|e| e.to_string())?;
+    let got = all_reduce_as(&fresh, 64, differs(w));
+    expect_difference(
+        w,
+        got,
+        &["called the nonblocking form", "the blocking form"],
+    )?;
+    let got = all_reduce_as(&fresh, 64, w.rank() != 0 && w.size() > 1);
+    expect_difference(w, got, &["rank 0 called the blocking form"])?;
+    all_reduce_as(&fresh, 64, true).map_err(|e| e.to_string())?;
+    all_reduce_as(&fresh, 64, false).map_err(|e| e.to_string())?;
+    then_all_reduce_works(w)
+}
+
+/// A fused list of `len` members `float32 [8]`, except member `odd` (if any) `float64
+/// [8]`; all-reduced in place.
+fn fused_list(w: &SimpleCommunicator, len: usize, odd: Option<usize>) -> Result<(), Error> {
+    let f32s: Vec<Owned<f32>> = (0..len).map(|_| Owned::new(vec![1.0f32; 8])).collect();
+    let f64s: Vec<Owned<f64>> = (0..len).map(|_| Owned::new(vec![1.0f64; 8])).collect();
+    let mut ts = Vec::new();
+    for i in 0..len {
+        ts.push(if Some(i) == odd {
+            acquire(&f64s[i], &opts())?
+        } else {
+            acquire(&f32s[i], &opts())?
+        });
+    }
+    let mut refs: Vec<&mut dyn dlpack_mpi::dlpack::Tensor> = ts
+        .iter_mut()
+        .map(|t| t as &mut dyn dlpack_mpi::dlpack::Tensor)
+        .collect();
+    w.all_reduce_tensors_in_place(&mut refs, ReduceOp::Sum)
+}
+
+/// Member 57 of a 161-member list is float64 on the last rank: the error names the member,
+/// its index, dtype and shape on each rank (issue 34: it named two hashes).
+fn fused_member_differs(w: &SimpleCommunicator) -> Outcome {
+    let odd = differs(w).then_some(57);
+    let got = fused_list(w, 161, odd);
+    let last = w.size() - 1;
+    let others = if w.size() == 2 {
+        "rank 0 float32 [8]".to_string()
+    } else {
+        format!("ranks 0")
+    };
+    expect_difference(
+        w,
+        got,
+        &["member 57: ", &others, &format!("rank {last} float64 [8]")],
+    )?;
+    fused_list(w, 161, None).map_err(|e| e.to_string())?;
+    then_all_reduce_works(w)
+}
+
+/// The last rank leaves the last member out: the error says which rank has which length
+/// and where the first difference is.
+fn fused_length_differs(w: &SimpleCommunicator) -> Outcome {
+    let len = if differs(w) { 160 } else { 161 };
+    let got = fused_list(w, len, None);
+    let last = w.size() - 1;
+    expect_difference(
+        w,
+        got,
+        &[
+            &format!("rank {last} has 160 members"),
+            "161 members",
+            "first difference at member 160",
+            "no member",
+        ],
+    )?;
+    fused_list(w, 161, None).map_err(|e| e.to_string())?;
+    then_all_reduce_works(w)
+}
+
+/// An all-reduce of `n` elements, or a broadcast of `n` from root 0 when `bcast`.
+fn step(w: &SimpleCommunicator, n: usize, bcast: bool) -> Result<(), Error> {
+    if !bcast {
+        return all_reduce_as(w, n, false);
+    }
+    let data = Owned::new(vec![w.rank() as f32; n]);
+    let mut t = acquire(&data, &opts())?;
+    w.broadcast_tensor(&mut t, 0)
+}
+
+/// The last rank skips the second of five collectives (issue 34: every later call was a
+/// mismatch of hashes, then the program hung). The second call is a mismatch on every rank
+/// (a broadcast against an all-reduce); the third finds the last rank out of step, naming
+/// it (`at collective 4`, the others `at 3`); every later collective on the communicator
+/// returns `OutOfStep` at once on every rank, however many each makes, so none hangs; after
+/// `reset_out_of_step` on every rank the next collective is exact.
+fn skipped_collective(w: &SimpleCommunicator) -> Outcome {
+    let fresh = w.duplicate();
+    // (elements, broadcast?) of the program's collectives.
+    let program = [
+        (10, false),
+        (20, true),
+        (30, false),
+        (40, false),
+        (50, false),
+    ];
+    let mine: Vec<(usize, bool)> = program
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !(differs(w) && i == 1))
+        .map(|(_, &c)| c)
+        .collect();
+    let outcomes: Vec<Result<(), Error>> = mine.iter().map(|&(n, b)| step(&fresh, n, b)).collect();
+    if w.size() == 1 {
+        for o in outcomes {
+            o.map_err(|e| e.to_string())?;
+        }
+        return Ok(());
+    }
+    outcomes[0].clone().map_err(|e| format!("first: {e}"))?;
+    ensure!(
+        matches!(outcomes[1], Err(Error::CollectiveMismatch { .. })),
+        "second: {:?}",
+        outcomes[1]
+    );
+    let last = w.size() - 1;
+    match &outcomes[2] {
+        Err(Error::OutOfStep { first }) => {
+            ensure!(
+                first.contains(&format!("rank {last} at collective 4"))
+                    && first.contains("at 3")
+                    && first.contains("skipped"),
+                "third: {first}"
+            );
+        }
+        other => return Err(format!("third: expected OutOfStep, got {other:?}")),
+    }
+    for (i, o) in outcomes.iter().enumerate().skip(3) {
+        ensure!(
+            matches!(o, Err(Error::OutOfStep { .. })),
+            "call {i}: expected OutOfStep at once, got {o:?}"
+        );
+    }
+    ensure!(
+        dlpack_mpi::comm::reset_out_of_step(&fresh),
+        "reset: was not out of step"
+    );
+    all_reduce_as(&fresh, 64, false).map_err(|e| format!("after reset: {e}"))?;
+    then_all_reduce_works(w)
+}
+
+/// The last rank makes one collective more (it retries a broadcast the others made once):
+/// named as one behind.
+fn added_collective(w: &SimpleCommunicator) -> Outcome {
+    let fresh = w.duplicate();
+    let mut program = vec![(10, false), (20, true), (30, false), (40, false)];
+    if differs(w) {
+        program.insert(2, (20, true));
+    }
+    let outcomes: Vec<Result<(), Error>> =
+        program.iter().map(|&(n, b)| step(&fresh, n, b)).collect();
+    if w.size() == 1 {
+        return outcomes
+            .into_iter()
+            .try_for_each(|o| o.map_err(|e| e.to_string()));
+    }
+    ensure!(
+        matches!(outcomes[2], Err(Error::CollectiveMismatch { .. })),
+        "third: {:?}",
+        outcomes[2]
+    );
+    let last = w.size() - 1;
+    match &outcomes[3] {
+        Err(Error::OutOfStep { first }) => ensure!(
+            first.contains(&format!("rank {last} at collective 3")) && first.contains("one more"),
+            "fourth: {first}"
+        ),
+        other => return Err(format!("fourth: expected OutOfStep, got {other:?}")),
+    }
+    dlpack_mpi::comm::reset_out_of_step(&fresh);
+    all_reduce_as(&fresh, 64, true).map_err(|e| format!("after reset: {e}"))?;
+    then_all_reduce_works(w)
+}
+
+/// A mismatch of arguments, then the same call with matching ones on every rank (the odd
+/// rank's wrong arguments equal the next call's): a retry, not a rank out of step.
+fn retry_after_mismatch(w: &SimpleCommunicator) -> Outcome {
+    let fresh = w.duplicate();
+    let n = if differs(w) { 64 } else { 32 };
+    let got = all_reduce_as(&fresh, n, false);
+    expect_difference(w, got, &["× 32", "× 64"])?;
+    all_reduce_as(&fresh, 64, false).map_err(|e| format!("the retry: {e}"))?;
+    all_reduce_as(&fresh, 64, true).map_err(|e| format!("after it: {e}"))?;
+    then_all_reduce_works(w)
+}
+
 type Case = fn(&SimpleCommunicator) -> Outcome;
 
 const CASES: &[(&str, Case)] = &[
@@ -312,6 +578,13 @@ const CASES: &[(&str, Case)] = &[
     ("all_gatherv_counts_differ", all_gatherv_counts_differ),
     ("device_sum_against_max", device_sum_against_max),
     ("half_ops_differ", half_ops_differ),
+    ("form_differs_first", form_differs_first),
+    ("form_differs_later", form_differs_later),
+    ("fused_member_differs", fused_member_differs),
+    ("fused_length_differs", fused_length_differs),
+    ("skipped_collective", skipped_collective),
+    ("added_collective", added_collective),
+    ("retry_after_mismatch", retry_after_mismatch),
 ];
 
 /// The names of the cases, for scripts/test.sh's one job per case.

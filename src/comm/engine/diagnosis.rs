@@ -394,9 +394,10 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
         .collect();
     let now = majority(&current)?;
     let in_step: Vec<usize> = (0..reports.len()).filter(|&r| current[r] == now).collect();
-    let before = majority(&in_step.iter().map(|&r| last[r]).collect::<Vec<_>>())?;
-    if before == now {
-        // The same collective twice: a shift cannot be seen.
+    let before = last[in_step[0]];
+    if before == now || in_step.iter().any(|&r| last[r] != before) {
+        // The same collective twice, or ranks in step now that differed last time: a shift
+        // cannot be told from arguments that differed.
         return None;
     }
     // A rank whose last collective is the one the others make now, and which now makes
@@ -406,8 +407,9 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
     let ahead: Vec<usize> = (0..reports.len())
         .filter(|&r| last[r] == now && current[r] != now)
         .collect();
+    // A rank that now makes the others' last collective, after another one of its own.
     let behind: Vec<usize> = (0..reports.len())
-        .filter(|&r| current[r] == before && current[r] != now)
+        .filter(|&r| current[r] == before && last[r] != before)
         .collect();
     if ahead.is_empty() && behind.is_empty() {
         return None;
@@ -452,4 +454,178 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
          communicator from its first dlpack-mpi collective)",
         said.join("; ")
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::code;
+
+    fn report(count: u64, call: i64, words: &str) -> Report {
+        Report {
+            count,
+            nonblocking: false,
+            call,
+            words: words.into(),
+            members: None,
+            last: None,
+        }
+    }
+
+    fn list(n: usize, odd: Option<(usize, DType)>) -> Option<Vec<(DType, Vec<i64>)>> {
+        let f32 = DType::new(code::FLOAT, 32);
+        Some(
+            (0..n)
+                .map(|i| match odd {
+                    Some((j, d)) if i == j => (d, vec![2048]),
+                    _ => (f32, vec![2048]),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn reports_round_trip_and_foreign_bytes_do_not_decode() {
+        let mut r = report(7, -3, "all_reduce_tensors 2 members");
+        r.nonblocking = true;
+        r.members = list(2, Some((1, DType::new(code::FLOAT, 64))));
+        r.last = Some((42, "broadcast float32 × 4 root 0".into()));
+        assert_eq!(Report::decode(&r.encode()), Some(r.clone()));
+        let bytes = r.encode();
+        assert_eq!(Report::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Report::decode(&[1, 2, 3]), None);
+        let mut long = bytes.clone();
+        long.push(0);
+        assert_eq!(Report::decode(&long), None);
+    }
+
+    #[test]
+    fn ranks_are_grouped_in_ranges() {
+        assert_eq!(ranks(&[2]), "rank 2");
+        assert_eq!(ranks(&[0, 1]), "ranks 0, 1");
+        assert_eq!(ranks(&[0, 1, 2, 3, 5]), "ranks 0–3, 5");
+    }
+
+    #[test]
+    fn a_list_member_is_named_with_index_dtype_and_shape() {
+        let words = "all_reduce_tensors 161 members sum";
+        let mut rs: Vec<Option<Report>> = (0..3)
+            .map(|_| {
+                let mut r = report(1, 5, words);
+                r.members = list(161, None);
+                Some(r)
+            })
+            .collect();
+        if let Some(r) = rs[2].as_mut() {
+            r.call = 6;
+            r.members = list(161, Some((57, DType::new(code::FLOAT, 64))));
+        }
+        let Verdict::Mismatch {
+            other_rank,
+            difference,
+            ..
+        } = explain(&rs)
+        else {
+            panic!("{:?}", explain(&rs))
+        };
+        assert_eq!(other_rank, 2);
+        assert!(
+            difference.starts_with("member 57: ranks 0, 1 float32 [2048], rank 2 float64 [2048]"),
+            "{difference}"
+        );
+    }
+
+    #[test]
+    fn lists_of_different_lengths_say_who_has_which() {
+        let mut rs: Vec<Option<Report>> = (0..3)
+            .map(|_| {
+                let mut r = report(1, 5, "w");
+                r.members = list(161, None);
+                Some(r)
+            })
+            .collect();
+        if let Some(r) = rs[1].as_mut() {
+            r.call = 6;
+            r.members = list(160, None);
+        }
+        let Verdict::Mismatch { difference, .. } = explain(&rs) else {
+            panic!()
+        };
+        assert!(
+            difference.starts_with(
+                "ranks 0, 2 have 161 members, rank 1 has 160 members; first difference at \
+                 member 160: ranks 0, 2 float32 [2048], rank 1 no member"
+            ),
+            "{difference}"
+        );
+    }
+
+    #[test]
+    fn forms_are_named() {
+        let mut rs: Vec<Option<Report>> = (0..2).map(|_| Some(report(3, 5, "w"))).collect();
+        if let Some(r) = rs[1].as_mut() {
+            r.call = 6;
+            r.nonblocking = true;
+        }
+        let Verdict::Mismatch { difference, .. } = explain(&rs) else {
+            panic!()
+        };
+        assert!(
+            difference
+                .starts_with("rank 0 called the blocking form, rank 1 called the nonblocking form"),
+            "{difference}"
+        );
+    }
+
+    /// After a mismatch: a rank whose last call is the others' current one skipped one; a
+    /// rank whose current call is the others' last made one more; a retry with the right
+    /// arguments is agreed; counts that differ are out of step.
+    #[test]
+    fn the_sequence_after_a_mismatch() {
+        let at = |count, call, last: i64| {
+            let mut r = report(count, call, &format!("call {call}"));
+            r.last = Some((last, format!("call {last}")));
+            Some(r)
+        };
+        // Ranks 0, 1 made B (2) then C (3); rank 2 skipped B: C then D (4).
+        let v = explain(&[at(3, 3, 2), at(3, 3, 2), at(3, 4, 3)]);
+        let Verdict::OutOfStep(text) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            text.contains("rank 2 at collective 4, ranks 0, 1 at 3")
+                && text.contains("skipped one they made (call 2)"),
+            "{text}"
+        );
+        // Rank 2 repeated B: its current is the others' last.
+        let v = explain(&[at(3, 3, 2), at(3, 3, 2), at(3, 2, 9)]);
+        let Verdict::OutOfStep(text) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            text.contains("rank 2 at collective 2, ranks 0, 1 at 3"),
+            "{text}"
+        );
+        // A retry: every rank makes the call rank 2 made wrongly before.
+        assert_eq!(
+            explain(&[at(3, 3, 2), at(3, 3, 2), at(3, 3, 3)]),
+            Verdict::Agreed
+        );
+        // Ranks in step now that differed last time: no sequence verdict, a mismatch.
+        let v = explain(&[at(3, 1, 2), at(3, 3, 1), at(3, 3, 2)]);
+        assert!(matches!(v, Verdict::Mismatch { .. }), "{v:?}");
+        // Counts that differ.
+        let v = explain(&[Some(report(6, 1, "a")), Some(report(7, 1, "a"))]);
+        assert_eq!(
+            v,
+            Verdict::OutOfStep(
+                "the ranks are out of step on this communicator: rank 0 at collective 6, \
+                 rank 1 at collective 7"
+                    .into()
+            )
+        );
+        // A peer that sent no report.
+        let v = explain(&[Some(report(1, 1, "a")), None]);
+        assert!(matches!(v, Verdict::OutOfStep(t) if t.starts_with("rank 1 sent no")));
+    }
 }
