@@ -420,7 +420,7 @@ fn fused_member_differs(w: &SimpleCommunicator) -> Outcome {
     let others = if w.size() == 2 {
         "rank 0 float32 [8]".to_string()
     } else {
-        format!("ranks 0")
+        "ranks 0".to_string()
     };
     expect_difference(
         w,

@@ -108,7 +108,7 @@ pub(in crate::comm) fn turn<C: Communicator + ?Sized>(
     };
     Ok(Turn {
         count,
-        call: mix(signature.fingerprint() as u64 ^ u64::from(nonblocking)) as i64,
+        call: mix(signature.fingerprint(), u64::from(nonblocking)),
         nonblocking,
         last,
         shadow,
@@ -119,7 +119,7 @@ pub(in crate::comm) fn turn<C: Communicator + ?Sized>(
 impl Turn {
     /// The fingerprint the agreement votes on: the call's and its number.
     pub(in crate::comm) fn voted(&self) -> i64 {
-        mix(self.call as u64 ^ mix(self.count)) as i64
+        mix(self.call, self.count)
     }
 
     /// This rank's report for the error path ([`super::diagnosis`]).
@@ -153,11 +153,12 @@ impl Turn {
     }
 }
 
-/// SplitMix64's finalizer: a 64-bit mixing of `x`.
-fn mix(mut x: u64) -> u64 {
+/// The fingerprint `fp` mixed with `word` (SplitMix64's finalizer over both).
+fn mix(fp: i64, word: u64) -> i64 {
+    let mut x = u64::from_ne_bytes(fp.to_ne_bytes()) ^ word.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+    i64::from_ne_bytes((x ^ (x >> 31)).to_ne_bytes())
 }
 
 /// Agrees on `local` (this rank's checks and buffers) and on `signature` (what MPI

@@ -173,15 +173,12 @@ impl Resolve for Refusal {
         if flag == 0 {
             return false;
         }
-        match self.told.take() {
-            Some(told) if block => told.wait(),
-            Some(mut told) => {
-                if !told.test() {
-                    self.told = Some(told);
-                    return false;
-                }
+        if block {
+            if let Some(told) = self.told.take() {
+                told.wait();
             }
-            None => {}
+        } else if self.told.as_mut().is_some_and(|t| !t.test()) {
+            return false;
         }
         if self.turn.last.is_some() {
             self.turn.note_last(std::mem::take(&mut self.words));

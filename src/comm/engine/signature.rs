@@ -159,7 +159,7 @@ impl<'a> Signature<'a> {
             self.halves |= half_bit(d);
             n += 1;
             words.push(i64::from_ne_bytes(dtype_word(d).to_ne_bytes()));
-            words.push(shape.len() as i64);
+            words.push(i64::try_from(shape.len()).unwrap_or(i64::MAX));
             words.extend_from_slice(shape);
         }
         self.members = Some((n, h.0));
