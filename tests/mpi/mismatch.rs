@@ -567,6 +567,44 @@ fn retry_after_mismatch(w: &SimpleCommunicator) -> Outcome {
     then_all_reduce_works(w)
 }
 
+/// At 2 ranks, the last rank runs with `Agreement::Local` (a peer that does not take part
+/// in the agreement, as an mpi4py rank calling `Allreduce`) while rank 0 agrees (issue 34:
+/// the job aborted with `MPI_ERR_TRUNCATE` inside the agreement, not a word from
+/// dlpack-mpi). Rank 0's agreement runs with errors returned: it returns `OutOfStep`
+/// naming the likely cause and the fix, and its later collectives on that communicator
+/// fail at once; the peer's own all-reduce returns (its data is what MPI made of the
+/// mismatch: not checked). Nothing aborts. Other sizes: skipped (MPI may leave the
+/// third rank waiting).
+fn peer_without_agreement(w: &SimpleCommunicator) -> Outcome {
+    use dlpack_mpi::settings::{agreement, set_agreement, Agreement};
+    if w.size() != 2 {
+        return Ok(());
+    }
+    let fresh = w.duplicate();
+    let before = agreement().map_err(|e| e.to_string())?;
+    if differs(w) {
+        set_agreement(Agreement::Local);
+    }
+    let got = all_reduce_as(&fresh, 1000, false);
+    set_agreement(before);
+    if differs(w) {
+        return Ok(());
+    }
+    match got {
+        Err(Error::OutOfStep { first }) => ensure!(
+            first.contains("DLPACK_MPI_AGREEMENT=local") && first.contains("mpi4py"),
+            "{first}"
+        ),
+        other => return Err(format!("expected OutOfStep, got {other:?}")),
+    }
+    match all_reduce_as(&fresh, 8, false) {
+        Err(Error::OutOfStep { .. }) => Ok(()),
+        other => Err(format!(
+            "the next call: expected OutOfStep at once, got {other:?}"
+        )),
+    }
+}
+
 type Case = fn(&SimpleCommunicator) -> Outcome;
 
 const CASES: &[(&str, Case)] = &[
@@ -585,6 +623,7 @@ const CASES: &[(&str, Case)] = &[
     ("skipped_collective", skipped_collective),
     ("added_collective", added_collective),
     ("retry_after_mismatch", retry_after_mismatch),
+    ("peer_without_agreement", peer_without_agreement),
 ];
 
 /// The names of the cases, for scripts/test.sh's one job per case.

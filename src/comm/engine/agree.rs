@@ -49,6 +49,7 @@
 //! `signature`'s docs.
 
 use std::cell::RefCell;
+use std::ffi::c_int;
 use std::rc::Rc;
 
 use mpi::collective::SystemOperation;
@@ -227,14 +228,17 @@ pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
             .err()
             .map(|e| tell(shadow, turn.count, &e.to_string()));
         let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
-        // SAFETY: `both` is alive and untouched until the request completes in `wait_raw`
-        // below; every rank posts this agreement here.
-        let req = unsafe { post_votes(comm.as_raw(), &mut both) };
-        progress::wait_raw(&mut [req]);
+        let rc = returning(comm, || {
+            // SAFETY: `both` is alive and untouched until the request completes in
+            // `wait_raw` below; every rank posts this agreement here.
+            let req = unsafe { post_votes(comm.as_raw(), &mut both) };
+            progress::wait_raw(&mut [req])
+        });
         if let Some(told) = told {
             told.wait();
         }
         min.copy_from_slice(&both[3..]);
+        foreign(&turn, rc, min, size)?;
         if !turn.settled(min, size) {
             // The error path goes on the shadow, as the nonblocking collectives' do (a peer
             // may have called this collective's nonblocking form), after every
@@ -247,7 +251,21 @@ pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
         // One without (the same on every rank): the blocking form, MPI's fastest. A rank
         // whose pending collectives are on other communicators waits here in MPI, as in any
         // blocking MPI call of its program.
-        comm.all_reduce_into(&mine[..], &mut min[..], SystemOperation::min());
+        let rc = returning(comm, || {
+            // SAFETY: both arrays are three int64 alive for the call; every rank calls this
+            // agreement here.
+            unsafe {
+                mpi::ffi::MPI_Allreduce(
+                    mine.as_ptr().cast(),
+                    min.as_mut_ptr().cast(),
+                    3,
+                    i64::equivalent_datatype().as_raw(),
+                    SystemOperation::min().as_raw(),
+                    comm.as_raw(),
+                )
+            }
+        });
+        foreign(&turn, rc, min, size)?;
         decide(comm, min, &turn, signature, local)
     }
     .map(|t| {
@@ -258,6 +276,63 @@ pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
         };
         (t, form)
     })
+}
+
+/// Runs `f`, MPI calls on `comm` that return their error code, with `MPI_ERRORS_RETURN`
+/// on `comm` (the caller's error handler restored after, MPI-4.1 §9.3.1), so that a
+/// conflict inside the agreement (a peer that is not in it) is returned, not fatal.
+fn returning<C: Communicator + ?Sized>(comm: &C, f: impl FnOnce() -> c_int) -> c_int {
+    let raw = comm.as_raw();
+    let mut old = std::mem::MaybeUninit::<mpi::ffi::MPI_Errhandler>::uninit();
+    // SAFETY: `comm` is live; MPI writes the handle (a reference it counts).
+    unsafe { mpi::ffi::MPI_Comm_get_errhandler(raw, old.as_mut_ptr()) };
+    // SAFETY: written above.
+    let mut old = unsafe { old.assume_init() };
+    // SAFETY: a predefined handler on a live communicator.
+    unsafe { mpi::ffi::MPI_Comm_set_errhandler(raw, mpi::ffi::RSMPI_ERRORS_RETURN) };
+    let rc = f();
+    // SAFETY: the handler read above, set back, then its reference released.
+    unsafe {
+        mpi::ffi::MPI_Comm_set_errhandler(raw, old);
+        mpi::ffi::MPI_Errhandler_free(&mut old);
+    }
+    rc
+}
+
+/// [`Error::OutOfStep`] (and the communicator marked so) when the agreement's own MPI call
+/// failed (`rc`) or gave votes no dlpack-mpi rank sends (`min`): a peer that is not in the
+/// agreement answered it.
+fn foreign(turn: &Turn, rc: c_int, min: [i64; 3], size: Rank) -> Result<()> {
+    let valid = (0..=2 * i64::from(size) + 1).contains(&min[0]);
+    if rc == 0 && valid {
+        return Ok(());
+    }
+    let what = if rc == 0 {
+        format!("it gave votes no dlpack-mpi rank sends (status {})", min[0])
+    } else {
+        format!("MPI returned {}", error_string(rc))
+    };
+    let first = format!(
+        "the agreement's all-reduce before this collective failed: {what}. A rank of this \
+         communicator is most likely running a plain MPI or mpi4py collective where this \
+         rank runs a dlpack-mpi one, or runs with another DLPACK_MPI_AGREEMENT; on a \
+         communicator shared with ranks that do not use dlpack-mpi, set \
+         DLPACK_MPI_AGREEMENT=local (settings::set_agreement(Agreement::Local)) on every \
+         dlpack-mpi rank"
+    );
+    turn.ledger.borrow_mut().out_of_step = Some(first.clone());
+    Err(Error::OutOfStep { first })
+}
+
+/// MPI's text for the error code `rc` (`MPI_Error_string`, MPI-4.1 §9.4).
+fn error_string(rc: c_int) -> String {
+    let mut buf = vec![0u8; 1024];
+    let mut len: c_int = 0;
+    // SAFETY: the buffer holds more than MPI_MAX_ERROR_STRING characters (256 in Open MPI,
+    // 512 in MPICH); MPI writes `len`.
+    unsafe { mpi::ffi::MPI_Error_string(rc, buf.as_mut_ptr().cast(), &mut len) };
+    buf.truncate(usize::try_from(len).unwrap_or(0).min(1024));
+    format!("{} ({rc})", String::from_utf8_lossy(&buf))
 }
 
 /// The shadow as a communicator this crate never frees through the wrapper.

@@ -85,6 +85,49 @@ pub(in crate::comm) fn free_shadow(shadow: Shadow) {
     let _ = QUEUES.try_with(|_| progress_key(shadow.key(), std::ptr::null(), true));
     let _ = QUEUES.try_with(|q| q.borrow_mut().remove(&shadow.key()));
     let mut comm = shadow.comm;
+    // Refusals' texts that no rank received (a rank hears only the lowest refusing rank's,
+    // and a refusing rank none) are received here: MPICH refuses to free a communicator with
+    // unmatched messages. Any left in flight make the free return an error, not abort.
+    // SAFETY: our duplicate (live until freed below) and a predefined handler.
+    unsafe { mpi::ffi::MPI_Comm_set_errhandler(comm, mpi::ffi::RSMPI_ERRORS_RETURN) };
+    loop {
+        let mut flag = 0;
+        let mut status = std::mem::MaybeUninit::<mpi::ffi::MPI_Status>::uninit();
+        // SAFETY: as above; MPI writes the flag and, when set, the status.
+        unsafe {
+            mpi::ffi::MPI_Iprobe(
+                mpi::ffi::RSMPI_ANY_SOURCE,
+                mpi::ffi::RSMPI_ANY_TAG,
+                comm,
+                &mut flag,
+                status.as_mut_ptr(),
+            )
+        };
+        if flag == 0 {
+            break;
+        }
+        // SAFETY: set by MPI_Iprobe when the flag is.
+        let status = unsafe { status.assume_init() };
+        let mut count: c_int = 0;
+        // SAFETY: a constant handle of the MPI library.
+        let byte = unsafe { mpi::ffi::RSMPI_UINT8_T };
+        let mut buf = Vec::new();
+        // SAFETY: the probed message is received into a buffer of its size, with its
+        // source and tag.
+        unsafe {
+            mpi::ffi::MPI_Get_count(&status, byte, &mut count);
+            buf.resize(usize::try_from(count).unwrap_or(0), 0u8);
+            mpi::ffi::MPI_Recv(
+                buf.as_mut_ptr().cast(),
+                count,
+                byte,
+                status.MPI_SOURCE,
+                status.MPI_TAG,
+                comm,
+                mpi::ffi::RSMPI_STATUS_IGNORE,
+            );
+        }
+    }
     // SAFETY: our duplicate, freed once, here.
     unsafe { mpi::ffi::MPI_Comm_free(&mut comm) };
 }
@@ -109,22 +152,22 @@ pub(crate) fn active() -> bool {
 /// Waits for `requests` (`MPI_Waitall`); while this thread has queued nonblocking
 /// collectives ([`active`]), by testing them (`MPI_Testall`) and resolving those
 /// collectives' agreements in between, so that a peer waiting for one of their data
-/// operations is never left waiting on this rank's blocking call.
-pub(crate) fn wait_raw(requests: &mut [MPI_Request]) {
+/// operations is never left waiting on this rank's blocking call. Returns MPI's error code
+/// (`MPI_SUCCESS` unless the requests' communicator returns errors, `MPI_ERRORS_RETURN`).
+pub(crate) fn wait_raw(requests: &mut [MPI_Request]) -> c_int {
     let Ok(n) = c_int::try_from(requests.len()) else {
-        return;
+        return 0;
     };
     loop {
         if !active() {
             // SAFETY: live requests of the caller's, completed here (set to NULL).
-            unsafe {
+            return unsafe {
                 mpi::ffi::MPI_Waitall(n, requests.as_mut_ptr(), mpi::ffi::RSMPI_STATUSES_IGNORE)
             };
-            return;
         }
         let mut flag = 0;
         // SAFETY: as above; completed ones become MPI_REQUEST_NULL, which Testall accepts.
-        unsafe {
+        let rc = unsafe {
             mpi::ffi::MPI_Testall(
                 n,
                 requests.as_mut_ptr(),
@@ -132,8 +175,8 @@ pub(crate) fn wait_raw(requests: &mut [MPI_Request]) {
                 mpi::ffi::RSMPI_STATUSES_IGNORE,
             )
         };
-        if flag != 0 {
-            return;
+        if flag != 0 || rc != 0 {
+            return rc;
         }
         progress_all();
         std::thread::yield_now();
