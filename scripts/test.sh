@@ -62,7 +62,7 @@ quick   | cargo clippy --features cli -D warnings | - | cargo clippy --all-targe
 quick   | cargo clippy --features cli,python -D warnings | - | cargo clippy --all-targets --features cli,python -- -D warnings
 quick   | cargo doc --no-deps, warnings denied (features cli, cuda, python) | - | doc_stage
 quick   | cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank) | - | timeout 900 cargo test
-heavy   | a user's crate outside the package (tests/downstream): default-features = false, and python with the libpython check | - | scripts/downstream-test.sh
+heavy   | a user's crate outside the package (tests/downstream): default-features = false, python with the libpython check, and python with the README's run-path build script | - | scripts/downstream-test.sh
 heavy   | cargo package: the packaged crate (C shims included) builds | - | timeout 900 cargo package --allow-dirty --quiet
 mpi     | multi-rank cases at 2 ranks | - | suite_at mpi_cases 2
 mpi     | multi-rank cases at 3 ranks | - | suite_at mpi_cases 3
