@@ -24,6 +24,13 @@
 //! names the fix when a dependent program loaded another libpython) and exported as build
 //! metadata for dependents' build scripts (`DEP_DLPACK_MPI_PYTHON_LIBDIR`, through the
 //! `links` key).
+//!
+//! A dependency's run paths never reach its dependents' binaries, so every run path given
+//! here (the MPI directories and libpython's) is also exported as one list,
+//! `DEP_DLPACK_MPI_RPATH` (`:`-separated, as `std::env::split_paths` reads it): a program
+//! depending on dlpack-mpi gets them with a build script of its own that prints
+//! `cargo:rustc-link-arg=-Wl,-rpath,DIR` for each (README, "Use from another project";
+//! tests/downstream's `build.rs` with feature `rpath`).
 
 use std::path::Path;
 
@@ -50,14 +57,17 @@ fn main() {
         }
     }
     build.compile("dlpack_mpi_shim");
-    mpi_rpath(&lib.lib_paths);
+    let mut rpath = mpi_rpath(&lib.lib_paths);
     if std::env::var_os("CARGO_FEATURE_PYTHON").is_some() {
-        python_rpath();
+        rpath.extend(python_rpath());
     }
+    // For dependents' build scripts: DEP_DLPACK_MPI_RPATH.
+    println!("cargo:rpath={}", rpath.join(":"));
 }
 
-/// Adds each MPI library directory as a run path and records them (see the module docs).
-fn mpi_rpath(dirs: &[std::path::PathBuf]) {
+/// Adds each MPI library directory as a run path and records them (see the module docs);
+/// returns those it made run paths.
+fn mpi_rpath(dirs: &[std::path::PathBuf]) -> Vec<String> {
     println!("cargo:rerun-if-env-changed=MPICC");
     let dirs: Vec<String> = dirs
         .iter()
@@ -68,12 +78,18 @@ fn mpi_rpath(dirs: &[std::path::PathBuf]) {
     // no run path: as one it would come before LD_LIBRARY_PATH and before the Python
     // run path below, and load the system's libpython3.x from there instead of the one
     // pyo3 built against.
-    for dir in dirs.iter().filter(|d| !is_system_libdir(Path::new(d))) {
+    let rpath: Vec<String> = dirs
+        .iter()
+        .filter(|d| !is_system_libdir(Path::new(d)))
+        .cloned()
+        .collect();
+    for dir in &rpath {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
     }
     let joined = dirs.join(":");
     println!("cargo:rustc-env=DLPACK_MPI_BUILT_LIBDIRS={joined}");
     println!("cargo:mpi_libdirs={joined}");
+    rpath
 }
 
 /// Whether the dynamic loader searches `dir` by default: `/lib`, `/usr/lib`, their `64`
@@ -90,8 +106,8 @@ fn is_system_libdir(dir: &Path) -> bool {
 }
 
 /// Adds `-rpath <LIBDIR>` of the interpreter pyo3 builds against (PYO3_PYTHON, else
-/// `python3`) when it is a shared build.
-fn python_rpath() {
+/// `python3`) when it is a shared build; returns that directory then.
+fn python_rpath() -> Option<String> {
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = std::process::Command::new(&python)
@@ -105,7 +121,7 @@ fn python_rpath() {
         println!("cargo:warning=cannot run {python} to find its libpython; no run path added");
         println!("cargo:rustc-env=DLPACK_MPI_PYTHON_LIBDIR=");
         println!("cargo:rustc-env=DLPACK_MPI_PYTHON={python}");
-        return;
+        return None;
     };
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();
@@ -116,7 +132,9 @@ fn python_rpath() {
     if shared && !libdir.is_empty() {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
         println!("cargo:python_libdir={libdir}");
+        Some(libdir.to_string())
     } else {
         println!("cargo:warning={python} is not a shared-library build; pyo3 links it statically or not at all");
+        None
     }
 }

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# A user's crate outside the package (tests/downstream, depending on dlpack-mpi by path, no
-# build script of its own) builds and runs at 2 ranks:
+# A user's crate outside the package (tests/downstream, depending on dlpack-mpi by path; its
+# build script does nothing without its feature `rpath`) builds and runs at 2 ranks:
 #   1. with `default-features = false` (the library alone);
 #   2. with feature `python`: first as built, with no loader path — it either runs, or
 #      fails with dlpack-mpi's PythonLibraryMismatch error, which names the directory to put
 #      in LD_LIBRARY_PATH (the case on a machine whose system libpython is not PYO3_PYTHON's);
-#      then with that LD_LIBRARY_PATH, where it must run.
+#      then with that LD_LIBRARY_PATH, where it must run;
+#   3. with features `python,rpath` (the README's two-line build script, which gives the
+#      binary dlpack-mpi's run paths from DEP_DLPACK_MPI_RPATH, libpython's among them):
+#      with no loader path, where it must run.
+# (scripts/wheel-mpi-test.sh builds it against the Open MPI 5 wheel, where the run path
+# decides which libmpi.so.40 it loads.)
 # Expects mpi-env.sh and python-env.sh sourced (test.sh does). Uses the project's Cargo.lock
 # (copied), so the dependencies are the versions the project is tested with, and the
 # project's target directory, so they are not built twice (the binary is target/debug/downstream).
@@ -42,6 +47,15 @@ fi
 LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} run2 -x LD_LIBRARY_PATH "$target/debug/downstream" 2>&1 | tee "$target/downstream-python-fixed.out"
 grep -q "NumPy all-reduce f32 ok" "$target/downstream-python-fixed.out"
 grep -q "downstream: all parts passed at 2 ranks" "$target/downstream-python-fixed.out"
-# The python_libdir build metadata dependents' build scripts read as DEP_DLPACK_MPI_PYTHON_LIBDIR.
+
+echo "downstream: features python,rpath (the README's build script), no loader path"
+(cd "$dir" && CARGO_TARGET_DIR=$target timeout 900 cargo build --quiet --features python,rpath)
+readelf -d "$target/debug/downstream" | grep -q "R.*PATH.*$libdir" ||
+    { echo "downstream: the build script gave no run path $libdir" >&2; exit 1; }
+env -u LD_LIBRARY_PATH timeout 120 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$target/debug/downstream" 2>&1 | tee "$target/downstream-python-rpath.out"
+grep -q "downstream: all parts passed at 2 ranks" "$target/downstream-python-rpath.out"
+# The build metadata dependents' build scripts read: DEP_DLPACK_MPI_PYTHON_LIBDIR and
+# DEP_DLPACK_MPI_RPATH (libpython's directory last).
 grep -qx "cargo:python_libdir=$libdir" "$target"/debug/build/dlpack-mpi-*/output
-echo "downstream: passed (library alone; python with the libpython check and its fix; build metadata)"
+grep -q "^cargo:rpath=\(.*:\)\?$libdir\$" "$target"/debug/build/dlpack-mpi-*/output
+echo "downstream: passed (library alone; python with the libpython check and its fix; the README's run-path build script; build metadata)"

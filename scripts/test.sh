@@ -62,7 +62,7 @@ quick   | cargo clippy --features cli -D warnings | - | cargo clippy --all-targe
 quick   | cargo clippy --features cli,python -D warnings | - | cargo clippy --all-targets --features cli,python -- -D warnings
 quick   | cargo doc --no-deps, warnings denied (features cli, cuda, python) | - | doc_stage
 quick   | cargo test (the library alone: unit, doc, cases, multi-rank cases at 1 rank) | - | timeout 900 cargo test
-heavy   | a user's crate outside the package (tests/downstream): default-features = false, and python with the libpython check | - | scripts/downstream-test.sh
+heavy   | a user's crate outside the package (tests/downstream): default-features = false, python with the libpython check, and python with the README's run-path build script | - | scripts/downstream-test.sh
 heavy   | cargo package: the packaged crate (C shims included) builds | - | timeout 900 cargo package --allow-dirty --quiet
 mpi     | multi-rank cases at 2 ranks | - | suite_at mpi_cases 2
 mpi     | multi-rank cases at 3 ranks | - | suite_at mpi_cases 3
@@ -123,8 +123,8 @@ matrix  | dlpack-mpi check at 2 ranks, simulated CUDA memory, direct (DLPACK_MPI
 matrix  | dlpack-mpi check at 2 ranks, placement and alignment: every --offset (both forms) with send tensors on the host and receive tensors on simulated CUDA memory, and MPICH's -memtype=all (NumPy arrays, 5 dtypes, short lengths) | - | check_placement
 heavy   | a rank killed (SIGKILL) mid-check at 2 and 4 ranks: the job ends within 30 s, non-zero, the launcher naming the killed rank (MPICH: its PID; hydra 4.0's misnaming is a KNOWN-BUG) | - | with_release_cli timeout 900 scripts/kill-rank-test.sh 2 4
 heavy   | two hosts (network namespaces, TCP): check matrix and multi-rank cases | - | with_release_cli netns_stage
-mpi5    | Open MPI 5.0.x (the package registry's wheel, its own venv): built against it, loads it by run path, another release's library refused; check at 2 ranks (NumPy); the multi-rank suites at 2 ranks | skip_unless_debian_mpi | with_release_cli scripts/wheel-mpi-test.sh openmpi5
-mpi5    | MPICH 5.0.x (the package registry's wheel, its own venv): the same, with MPICH's own float16/bfloat16 reductions | skip_unless_debian_mpi | with_release_cli scripts/wheel-mpi-test.sh mpich5
+mpi5    | Open MPI 5.0.x (the package registry's wheel, its own venv): built against it, loads it by run path, another release's library refused (by the CLI and by the library's first operations; a dependent crate without the README's run path loads Debian's and is told, with it runs); check at 2 ranks (NumPy); the multi-rank suites at 2 ranks | skip_unless_debian_mpi | with_release_cli scripts/wheel-mpi-test.sh openmpi5
+mpi5    | MPICH 5.0.x (the package registry's wheel, its own venv): the same (less the dependent crate: no libmpi.so.12 in the loader's default directories), with MPICH's own float16/bfloat16 reductions | skip_unless_debian_mpi | with_release_cli scripts/wheel-mpi-test.sh mpich5
 EOF
 )
 

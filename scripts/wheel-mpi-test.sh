@@ -12,7 +12,14 @@
 #      and which file it loaded;
 #   3. where Debian's library of the same soname is installed, the CLI made to load it
 #      (LD_LIBRARY_PATH) refuses to run, naming both (exit 2), and runs anyway with
-#      DLPACK_MPI_ALLOW_MPI_MISMATCH=1;
+#      DLPACK_MPI_ALLOW_MPI_MISMATCH=1; so does the library: the first operations of the test
+#      binary made to load it (its suite `library`, 1 rank) return MpiLibraryMismatch, and
+#      run with the override; and (openmpi5, where Debian's libmpi.so.40 is in the loader's
+#      default directories) a program depending on dlpack-mpi (tests/downstream), built
+#      against the wheel without a run path of dlpack-mpi's, loads Debian's library run
+#      directly, and its first operation refuses with the error that names the fix (exit 1),
+#      runs with the override, and with the README's build script (its feature `rpath`)
+#      loads the wheel's library and runs, alone and at 2 ranks;
 #   4. `dlpack-mpi check` (NumPy arrays, the system python3 embedded: the venv is never on
 #      PATH) at 2 ranks;
 #   5. the multi-rank suites of tests/mpi at 2 ranks (the mismatch suite: each case a job of
@@ -139,6 +146,51 @@ echo "$info" | head -n 3
 grep -q "^MPI built against: .*($DLPACK_MPI_VENV/lib); loaded from $DLPACK_MPI_VENV/lib/libmpi" <<<"$info" ||
     fail "info does not say it loaded the wheel's library"
 
+# A program that depends on dlpack-mpi (tests/downstream), built against the wheel, run
+# directly (as `cargo run` or a dependent crate's `cargo test` would; the wheel's mpirun
+# puts its own library directory in its ranks' LD_LIBRARY_PATH, other launchers do not):
+# without a run path of dlpack-mpi's it loads Debian's library of the same soname, and its
+# first operation must refuse with the error that names the fix (before this check, it ran
+# on Open MPI 4.1.4 with no word); the override runs it; with the README's short build
+# script (feature `rpath`, reading DEP_DLPACK_MPI_RPATH) it loads the wheel's library. The
+# release profile is this package's (debug = 1), so the dependencies built above are reused.
+downstream() {
+    local target down found rc out
+    target=$(cd "$TARGET_DIR" && pwd)
+    down=$target/release/downstream
+    cp Cargo.lock tests/downstream/Cargo.lock
+    build_downstream() {
+        (cd tests/downstream && CARGO_TARGET_DIR=$target CARGO_PROFILE_RELEASE_DEBUG=1 \
+            timeout 900 cargo build --release --quiet "$@")
+    }
+    build_downstream || fail "tests/downstream does not build against the wheel"
+    found=$(ldd "$down" | awk '/libmpi\.so/ {print $3; exit}')
+    [[ $(cd "$(dirname "$found")" && pwd -P) == "$(cd "$other" && pwd -P)" ]] ||
+        fail "without a run path, tests/downstream loads $found, not $other/$soname"
+    set +e
+    out=$(env -u LD_LIBRARY_PATH timeout 60 "$down" 2>&1)
+    rc=$?
+    set -e
+    [[ $rc -eq 1 ]] || fail "tests/downstream on $found exited $rc, not 1: $out"
+    grep -q "^downstream: error: this build of dlpack-mpi was compiled against .* from [^ ]*/$soname: .*DEP_DLPACK_MPI_RPATH.*LD_LIBRARY_PATH=" <<<"$out" ||
+        fail "tests/downstream on $found did not refuse with the fix named: $out"
+    echo "a dependent program without the run path refused at its first operation: $(cut -c1-160 <<<"$out")…"
+    out=$(DLPACK_MPI_ALLOW_MPI_MISMATCH=1 env -u LD_LIBRARY_PATH timeout 60 "$down" 2>&1) &&
+        grep -q "all parts passed at 1 ranks" <<<"$out" ||
+        fail "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 does not run tests/downstream: $out"
+    build_downstream --features rpath || fail "tests/downstream --features rpath does not build"
+    found=$(ldd "$down" | awk '/libmpi\.so/ {print $3; exit}')
+    [[ $(cd "$(dirname "$found")" && pwd -P) == "$venv_lib" ]] ||
+        fail "with the README's build script, tests/downstream loads $found, not the wheel's library"
+    out=$(env -u LD_LIBRARY_PATH timeout 60 "$down" 2>&1) &&
+        grep -q "all parts passed at 1 ranks" <<<"$out" ||
+        fail "tests/downstream with the run path does not run: $out"
+    out=$(job 60 "tests/downstream at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$down" 2>&1) &&
+        grep -q "all parts passed at 2 ranks" <<<"$out" ||
+        fail "tests/downstream with the run path at 2 ranks: $out"
+    echo "with the README's build script it loads $found and runs, alone and at 2 ranks"
+}
+
 # 3. Made to load Debian's library of the same soname: refused on every rank, exit 2.
 # (Debian's MPICH ships libmpich.so.12, the same ABI, without the libmpi.so.12 name: a
 # link in a directory of our own stands in for it.)
@@ -166,6 +218,17 @@ if [[ -n $other ]]; then
     echo "refused as it should, loading $other/$soname: $(head -n 1 <<<"$out" | cut -c1-160)…"
     DLPACK_MPI_ALLOW_MPI_MISMATCH=1 LD_LIBRARY_PATH=$other "$cli" info >/dev/null ||
         fail "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 does not run it"
+    # The library's own check, at the first operations (a program has no refuse_at_start).
+    out=$(LD_LIBRARY_PATH=$other timeout 60 "$bin" --suite library 2>&1) ||
+        fail "the suite library with $other/$soname loaded: exit $?: $out"
+    grep -q "^library: every operation refused: this build of dlpack-mpi was compiled against .* from $other" <<<"$out" ||
+        fail "with $other/$soname loaded, the library's operations did not refuse: $out"
+    grep -q "^library: with the override every operation ran, exact" <<<"$out" ||
+        fail "with the override, the library's operations did not run: $out"
+    echo "the library's first operations refused too, and ran with the override"
+    if [[ $impl == openmpi5 ]]; then
+        downstream
+    fi
 else
     echo "no other $soname installed: the refusal is not exercised here"
 fi

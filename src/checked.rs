@@ -448,6 +448,7 @@ fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
 /// memory is allocated, so a header that promises more than arrives allocates nothing.
 ///
 /// # Errors
+/// [`Error::MpiLibraryMismatch`] ([`crate::mpi_library::ensure_matching`]);
 /// [`Error::InvalidRank`], [`Error::InvalidTag`]; [`Error::BadHeader`] (next message is not a
 /// header; held in [`Error::Unfit`] when not a header's length); [`Error::Unfit`] holding
 /// the payload around [`Error::UnsupportedDtype`] (a dtype this build cannot receive, e.g.
@@ -472,6 +473,8 @@ fn check_payload(header: &Header, payload: &Matched) -> Result<()> {
 /// # Ok::<(), dlpack_mpi::Error>(())
 /// ```
 pub fn recv_new<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Result<Received> {
+    // No tensor of the caller's, whose facts would check the MPI library before the header.
+    crate::mpi_library::ensure_matching()?;
     check_peer(comm, source, tag)?;
     let lock = pair_lock(comm, source, tag, false);
     let _both = lock.lock();

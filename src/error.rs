@@ -497,10 +497,25 @@ pub enum Error {
 
     /// The process loaded another MPI release than the one this build was compiled against
     /// ([`crate::mpi_library::MpiLibrary::check`]): another implementation, or another
-    /// major or minor version.
-    #[error("this build of dlpack-mpi was compiled against {built} but the process loaded {loaded} from {file}: the loader found this one first (LD_LIBRARY_PATH, LD_PRELOAD or its default directories): remove that directory from LD_LIBRARY_PATH or put the built library's first, or rebuild it against this one (MPICC)")]
+    /// major or minor version. Returned by the first operation that would enter MPI
+    /// ([`crate::mpi_library::ensure_matching`]) unless
+    /// [`crate::settings::allow_mpi_mismatch`]; a program depending on this crate gets the
+    /// built library's run path from a build script reading `DEP_DLPACK_MPI_RPATH` (README,
+    /// "Use from another project").
+    #[error(
+        "this build of dlpack-mpi was compiled against {built} but the process loaded \
+         {loaded} from {file}: the loader found that file first (LD_LIBRARY_PATH, LD_PRELOAD \
+         or its default directories; a program that depends on dlpack-mpi gets no run path \
+         from it). Give the program a run path to the built library's directory (in \
+         parentheses above): a build script printing cargo:rustc-link-arg=-Wl,-rpath,DIR \
+         for each DIR of DEP_DLPACK_MPI_RPATH (README, \"Use from another project\"), or \
+         RUSTFLAGS=\"-C link-arg=-Wl,-rpath,DIR\"; or run with LD_LIBRARY_PATH=DIR (mpirun \
+         -x LD_LIBRARY_PATH); or rebuild against the loaded library (MPICC). \
+         DLPACK_MPI_ALLOW_MPI_MISMATCH=1 runs it anyway"
+    )]
     MpiLibraryMismatch {
-        /// The library of the build's `mpi.h`, and the directories it linked.
+        /// The library of the build's `mpi.h`, and the directories it linked (the run path
+        /// the program needs): `Open MPI 5.0.11 (in /opt/openmpi/lib)`.
         built: String,
         /// `MPI_Get_library_version`'s first line.
         loaded: String,

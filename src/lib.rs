@@ -19,7 +19,8 @@
 //!   reads each and its setter), in one table.
 //! - `lifecycle` (private): the one `MPI_Finalize` hook and the registries it empties.
 //! - [`mpi_library`]: the MPI library this build was compiled against and the one the
-//!   process loaded ([`mpi_library::MpiLibrary::check`]).
+//!   process loaded ([`mpi_library::MpiLibrary::check`]); the operations refuse another
+//!   release ([`mpi_library::ensure_matching`], once per process).
 //! - [`dtype`]: the DLPack dtype → MPI datatype table and the reductions each allows.
 //! - [`layout`]: pure stride arithmetic (contiguity, overlap, spans, ranges).
 //! - [`device`]: `DLDevice` → memory kind and routing, and the DLPack stream table.

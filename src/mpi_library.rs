@@ -8,12 +8,26 @@
 //! library it linked (`DLPACK_MPI_BUILT_LIBDIRS`); [`MpiLibrary::check`] says when the
 //! process still loaded another release, naming both and the file it loaded.
 //!
+//! A program that *depends* on this crate gets no run path from its build script (a
+//! dependency's `cargo:rustc-link-arg` reaches only its own package's binaries), so the
+//! library checks too: [`ensure_matching`], once per process and cached, at the first
+//! operation that would enter MPI (every tensor's facts, `spec::facts::Facts::of`, which
+//! every operation, spec and checked message computes first; the fused lists, whose
+//! members' errors are wrapped; `transport::DeviceComm::new`; `checked::recv_new`). The
+//! program is told with [`Error::MpiLibraryMismatch`], which names the fix: the short
+//! build script of the README's "Use from another project" (it reads
+//! `DEP_DLPACK_MPI_RPATH`, which this crate's build script exports to its dependents'),
+//! `LD_LIBRARY_PATH`, or `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`
+//! ([`crate::settings::allow_mpi_mismatch`]) to run anyway, as the CLI does.
+//!
 //! The built library is what its `mpi.h` names (`OMPI_MAJOR_VERSION` …, or
 //! `MPICH_VERSION`); the loaded one is `MPI_Get_library_version` (MPI-4.1 §9.1.1, callable
 //! before `MPI_Init`) and the file the dynamic loader resolved `MPI_Init` to (`dladdr`).
 
 use std::ffi::{c_char, CStr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
@@ -107,15 +121,76 @@ impl MpiLibrary {
             .built_dirs
             .iter()
             .map(|d| d.display().to_string())
+            .filter(|d| !d.is_empty())
             .collect();
+        let dirs = if dirs.is_empty() {
+            "a directory the MPI probe did not name".to_string()
+        } else {
+            dirs.join(":")
+        };
         Err(Error::MpiLibraryMismatch {
-            built: format!("{} (in {})", self.built, dirs.join(":")),
+            built: format!("{} (in {dirs})", self.built),
             loaded: self.loaded.clone(),
             file: self
                 .file
                 .as_ref()
                 .map_or_else(|| "an unknown file".into(), |f| f.display().to_string()),
         })
+    }
+}
+
+/// What the first [`ensure_matching`] found: `None` when the loaded library is the built
+/// one (or one this crate cannot compare), else the mismatch.
+static FOUND: OnceLock<Option<Error>> = OnceLock::new();
+
+/// Whether [`FOUND`] holds `None`: the one load of the operations' path (`Relaxed`: it
+/// publishes nothing but itself).
+static MATCHED: AtomicBool = AtomicBool::new(false);
+
+/// Checks, once per process, that the MPI library the process loaded is the release this
+/// build was compiled against ([`MpiLibrary::check`] of [`MpiLibrary::current`]), and
+/// refuses to go on when it is not, unless [`crate::settings::allow_mpi_mismatch`]
+/// (`DLPACK_MPI_ALLOW_MPI_MISMATCH=1`, or its setter, which wins at any time).
+///
+/// The operations call it before they enter MPI (see the [module docs](self)): after the
+/// first call it costs one atomic load. A program may call it itself right after
+/// `mpi::initialize` to refuse at start (the CLI does, on every rank, with its own
+/// agreement). `MPI_Get_library_version` is allowed before `MPI_Init`, so this may come
+/// first.
+///
+/// # Errors
+/// [`Error::MpiLibraryMismatch`] naming both libraries, the loaded file and the fix (at
+/// every call, until the override is set); [`Error::InvalidSetting`] when the libraries
+/// differ and `DLPACK_MPI_ALLOW_MPI_MISMATCH` holds a value that is not yes or no.
+#[inline]
+pub fn ensure_matching() -> Result<()> {
+    if MATCHED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    ensure_matching_cold()
+}
+
+/// The first [`ensure_matching`], and every one after a mismatch.
+#[cold]
+#[inline(never)]
+fn ensure_matching_cold() -> Result<()> {
+    let found = FOUND.get_or_init(|| MpiLibrary::current().check().err());
+    if found.is_none() {
+        MATCHED.store(true, Ordering::Relaxed);
+    }
+    refuse_unless_allowed(found.as_ref(), crate::settings::allow_mpi_mismatch)
+}
+
+/// `Ok` when there is no `mismatch` or `allowed` says yes; else the mismatch, or the
+/// setting's own error.
+fn refuse_unless_allowed(
+    mismatch: Option<&Error>,
+    allowed: impl FnOnce() -> Result<bool>,
+) -> Result<()> {
+    match mismatch {
+        None => Ok(()),
+        Some(_) if allowed()? => Ok(()),
+        Some(e) => Err(e.clone()),
     }
 }
 
@@ -192,5 +267,48 @@ mod tests {
         assert!(release_of(&me.built).is_some(), "{me:?}");
         assert!(me.file.is_some(), "{me:?}");
         assert!(me.check().is_ok(), "{me:?}");
+    }
+
+    #[test]
+    fn the_mismatch_text_names_the_run_path_and_the_override() {
+        let err = lib("Open MPI 5.0.11", "Open MPI v4.1.4, package: Debian")
+            .check()
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "compiled against Open MPI 5.0.11 (in /opt/mpi/lib)",
+            "loaded Open MPI v4.1.4, package: Debian from /usr/lib/libmpi.so.40",
+            "DEP_DLPACK_MPI_RPATH",
+            "LD_LIBRARY_PATH=DIR",
+            "DLPACK_MPI_ALLOW_MPI_MISMATCH=1",
+        ] {
+            assert!(err.contains(part), "{part:?} not in {err}");
+        }
+    }
+
+    #[test]
+    fn a_mismatch_is_refused_unless_allowed() {
+        let mismatch = lib("Open MPI 5.0.11", "Open MPI v4.1.4")
+            .check()
+            .unwrap_err();
+        assert_eq!(refuse_unless_allowed(None, || unreachable!()), Ok(()));
+        assert_eq!(
+            refuse_unless_allowed(Some(&mismatch), || Ok(false)),
+            Err(mismatch.clone())
+        );
+        assert_eq!(refuse_unless_allowed(Some(&mismatch), || Ok(true)), Ok(()));
+        let invalid = crate::settings::parse_cuda_aware(Some("maybe")).unwrap_err();
+        assert_eq!(
+            refuse_unless_allowed(Some(&mismatch), || Err(invalid.clone())),
+            Err(invalid)
+        );
+    }
+
+    #[test]
+    fn this_process_passes_the_cached_check() {
+        assert_eq!(ensure_matching(), Ok(()));
+        assert_eq!(FOUND.get(), Some(&None));
+        assert!(MATCHED.load(Ordering::Relaxed));
+        assert_eq!(ensure_matching(), Ok(()));
     }
 }

@@ -13,6 +13,7 @@
 //! | `DLPACK_MPI_HALF_OPS` ([`HALF_OPS_ENV`]) | `auto`, `library` | `auto` | how float16 and bfloat16 reduce: MPI's own datatypes and operations where the MPI library has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`), else this crate's user-defined operations ([`HalfOps`]); every rank must use the same | [`half_ops`], once | [`set_half_ops`] |
 //! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
+//! | `DLPACK_MPI_ALLOW_MPI_MISMATCH` ([`ALLOW_MPI_MISMATCH_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | `0` | whether the crate runs on an MPI library of another release than the one it was built against ([`crate::mpi_library::ensure_matching`]: the first operation that would enter MPI returns [`Error::MpiLibraryMismatch`] unless this is set; the CLI refuses to start unless it is `1`) | [`allow_mpi_mismatch`], once, and only when the libraries differ | [`set_allow_mpi_mismatch`] |
 //! | `DLPACK_MPI_EXCHANGE_API` ([`EXCHANGE_API_ENV`]; feature `python`) | `prefer`, `never`, `require` | `prefer` | whether Python objects are acquired through their DLPack C exchange table (`ExchangeApi`) | `ExchangeApi::from_env`, once (by `python::acquire`) | per call: `python::acquire_with` |
 //!
 //! **Common rules.** A value is read in any case with surrounding blanks ignored; unset and
@@ -553,25 +554,27 @@ pub fn set_first_bucket_bytes(bytes: usize) {
 /// CUDA-aware?" ([`crate::transport::cuda_awareness`]).
 pub const CUDA_AWARE_ENV: &str = "DLPACK_MPI_CUDA_AWARE";
 
-static CUDA_AWARE: Setting<bool> = Setting::new(
-    CUDA_AWARE_ENV,
-    "0 or 1 (also false/true, no/yes, off/on)",
-    |v| {
-        choice(
-            &[
-                ("1", true),
-                ("true", true),
-                ("yes", true),
-                ("on", true),
-                ("0", false),
-                ("false", false),
-                ("no", false),
-                ("off", false),
-            ],
-            v,
-        )
-    },
-);
+/// What a yes-or-no setting may be (the `expected` of [`Error::InvalidSetting`]).
+const YES_OR_NO: &str = "0 or 1 (also false/true, no/yes, off/on)";
+
+/// A yes-or-no value: `1 true yes on` or `0 false no off` (any case).
+fn yes_or_no(value: &str) -> Option<bool> {
+    choice(
+        &[
+            ("1", true),
+            ("true", true),
+            ("yes", true),
+            ("on", true),
+            ("0", false),
+            ("false", false),
+            ("no", false),
+            ("off", false),
+        ],
+        value,
+    )
+}
+
+static CUDA_AWARE: Setting<bool> = Setting::new(CUDA_AWARE_ENV, YES_OR_NO, yes_or_no);
 
 /// Reads a `DLPACK_MPI_CUDA_AWARE` value: `None` when unset or empty (at
 /// its deprecated path `transport::parse_override` too).
@@ -589,6 +592,36 @@ pub fn parse_cuda_aware(value: Option<&str>) -> Result<Option<bool>> {
 /// As [`parse_cuda_aware`].
 pub fn cuda_aware_override() -> Result<Option<bool>> {
     CUDA_AWARE.env_now()
+}
+
+// ---------------------------------------------------------------------------------------
+// DLPACK_MPI_ALLOW_MPI_MISMATCH
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable that lets the crate run on another MPI release than the one it
+/// was built against ([`crate::mpi_library::ensure_matching`]); the CLI reads it too.
+pub const ALLOW_MPI_MISMATCH_ENV: &str = "DLPACK_MPI_ALLOW_MPI_MISMATCH";
+
+static ALLOW_MPI_MISMATCH: Setting<bool> =
+    Setting::new(ALLOW_MPI_MISMATCH_ENV, YES_OR_NO, yes_or_no);
+
+/// Whether the crate runs on an MPI library of another release than the one it was built
+/// against: [`set_allow_mpi_mismatch`], else `DLPACK_MPI_ALLOW_MPI_MISMATCH` (read once),
+/// else `false` ([`crate::mpi_library::ensure_matching`] then refuses with
+/// [`Error::MpiLibraryMismatch`]). Consulted only when the libraries differ.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_ALLOW_MPI_MISMATCH` is not one of `0 1 false
+/// true no yes off on` (any case).
+pub fn allow_mpi_mismatch() -> Result<bool> {
+    ALLOW_MPI_MISMATCH.get_or(|| false)
+}
+
+/// Sets whether the crate runs on another MPI release than the one it was built against
+/// (see [`allow_mpi_mismatch`]); wins over the environment, before or after the first
+/// operation.
+pub fn set_allow_mpi_mismatch(allow: bool) {
+    ALLOW_MPI_MISMATCH.set(allow);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -701,6 +734,7 @@ pub fn check_all() -> Vec<Error> {
     keep(half_ops().map(drop));
     keep(cuda_aware_override().map(drop));
     keep(device_override().map(drop));
+    keep(allow_mpi_mismatch().map(drop));
     #[cfg(feature = "python")]
     keep(ExchangeApi::from_env().map(drop));
     errors

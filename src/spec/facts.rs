@@ -50,7 +50,10 @@ impl Facts {
     /// word on how the memory reaches MPI, or `None` for a tensor no stager has seen (then
     /// its device label must be host-accessible, and it is [`Reach::Host`]).
     ///
-    /// The checks run in this order, each before any MPI call: for an access that writes,
+    /// The checks run in this order, each before any MPI call: the MPI library the process
+    /// loaded is the one this build was compiled against
+    /// ([`crate::mpi_library::ensure_matching`], [`Error::MpiLibraryMismatch`]: decided at
+    /// the first call of the process, one atomic load after it); for an access that writes,
     /// `READ_ONLY` ([`Error::ReadOnly`]/[`Error::Immutable`], C41), `IS_COPIED`
     /// ([`Error::IsCopied`], C42) and overlapping elements ([`Error::Overlap`], C26); the
     /// device ([`Error::UnsupportedDevice`], naming `DeviceComm` for CUDA memory); then the
@@ -64,6 +67,10 @@ impl Facts {
         access: Access,
         reach: Option<Reach>,
     ) -> Result<Self> {
+        // Every operation, spec and checked message computes its operands' facts before it
+        // enters MPI: the one place that tells a program running on another MPI than it was
+        // built against (a dependent program has no run path of ours), whatever it calls.
+        crate::mpi_library::ensure_matching()?;
         if access.writes() {
             access_checks(t)?;
         }

@@ -348,7 +348,9 @@ impl<'t> SendSpec<'t> {
     /// All elements of `tensor`, in row-major order.
     ///
     /// # Errors
-    /// See the module docs: [`Error::UnsupportedDevice`], [`Error::UnsupportedDtype`],
+    /// See the module docs: [`Error::MpiLibraryMismatch`] when the process loaded another
+    /// MPI release than this build's ([`crate::mpi_library::ensure_matching`], checked once
+    /// per process), [`Error::UnsupportedDevice`], [`Error::UnsupportedDtype`],
     /// [`Error::Overflow`], [`Error::CountTooLarge`]; [`Error::MpiNotInitialized`] when a
     /// strided or large-count tensor needs a derived datatype before `MPI_Init`.
     #[inline]

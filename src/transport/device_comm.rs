@@ -97,6 +97,9 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
     /// `MPI_Init` and after the runtime made a CUDA context).
     ///
     /// # Errors
+    /// [`Error::MpiLibraryMismatch`] when the process loaded another MPI release than the
+    /// one this build was compiled against ([`crate::mpi_library::ensure_matching`]: the
+    /// staged paths below reach MPI without every operand's facts);
     /// [`Error::TransportUnavailable`] for `Direct` when MPI is not CUDA-aware (handing it
     /// device pointers would crash) or there is no runtime; [`Error::InvalidSetting`] from
     /// `DLPACK_MPI_CUDA_AWARE`.
@@ -105,6 +108,7 @@ impl<'c, C: Communicator + ?Sized> DeviceComm<'c, C> {
         runtime: Option<&'c dyn DeviceRuntime>,
         transport: Transport,
     ) -> Result<Self> {
+        crate::mpi_library::ensure_matching()?;
         let (direct, awareness) = match transport {
             Transport::Staged => (false, None),
             Transport::Auto => {

@@ -21,7 +21,7 @@
 //! - `--list`: prints the names of the selected suites, one a line, and exits 0 without
 //!   initializing MPI.
 //!
-//! Suites: `mpi_cases`, `immediate`, `nonblocking`, `fused`, `agreement`, `mismatch`, `adversarial`, `checked`,
+//! Suites: `library` (first: the MPI library check of the first operations), `mpi_cases`, `immediate`, `nonblocking`, `fused`, `agreement`, `mismatch`, `adversarial`, `checked`,
 //! `faults`, `device_cases`, `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
 //! `python_exchange` (last: the ML producers they import may start threads). Each prints
 //! what its own binary printed before (rank 0: `running … at N rank(s)`, `test NAME ... ok`
@@ -57,6 +57,7 @@ mod fused;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod immediate;
+mod library;
 mod mismatch;
 mod mpi_cases;
 mod nonblocking;
@@ -76,6 +77,7 @@ type Suite = fn(&SimpleCommunicator, &[String]) -> harness::End;
 
 /// Every suite of this build, in the order they run.
 const SUITES: &[(&str, Suite)] = &[
+    ("library", library::run),
     ("mpi_cases", mpi_cases::run),
     ("immediate", immediate::run),
     ("nonblocking", nonblocking::run),

@@ -116,7 +116,7 @@ fn main() -> ExitCode {
 /// Exit status 2 on every rank, before any case or measurement, when a rank
 /// - loaded another MPI release than the one this binary was built against
 ///   ([`dlpack_mpi::mpi_library::MpiLibrary::check`]), unless
-///   `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`;
+///   `DLPACK_MPI_ALLOW_MPI_MISMATCH=1` ([`dlpack_mpi::settings::allow_mpi_mismatch`]);
 /// - or, with `strict` (`check` and `bench`), holds a `DLPACK_MPI_*` setting that is not one
 ///   of its values ([`dlpack_mpi::settings::check_all`]: a typo would otherwise fail every
 ///   case that reads it; without `strict` it is said and the command goes on).
@@ -127,15 +127,18 @@ fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> O
     use dlpack_mpi::mpi_library::MpiLibrary;
     use mpi::topology::Communicator;
     let rank = world.rank();
-    let allowed = std::env::var("DLPACK_MPI_ALLOW_MPI_MISMATCH").is_ok_and(|v| v == "1");
+    // The library's own setting (its operations refuse a mismatch unless it is set); an
+    // invalid value is reported with the other settings below.
+    let allowed = dlpack_mpi::settings::allow_mpi_mismatch().unwrap_or(false);
     let library = MpiLibrary::current().check();
     if let Err(err) = &library {
+        // The error names the override itself.
         let action = if allowed {
-            "running anyway (DLPACK_MPI_ALLOW_MPI_MISMATCH=1)"
+            " (it is set: running anyway)"
         } else {
-            "DLPACK_MPI_ALLOW_MPI_MISMATCH=1 runs it anyway"
+            ""
         };
-        say(&format!("dlpack-mpi: rank {rank}: {err}; {action}"));
+        say(&format!("dlpack-mpi: rank {rank}: {err}{action}"));
     }
     let settings = dlpack_mpi::settings::check_all();
     for err in &settings {

@@ -1,8 +1,10 @@
-//! A user's program built on dlpack-mpi from outside its package (no build script of its
-//! own): an all-reduce of Rust-made tensors, a Fortran-order (strided) send and receive
-//! between ranks 0 and 1, and with feature `python` a NumPy array all-reduced, every
-//! result checked. Run at 2 ranks by scripts/downstream-test.sh; prints one line per part
-//! and exits non-zero on any wrong value.
+//! A user's program built on dlpack-mpi from outside its package (a build script of its own
+//! only with feature `rpath`, build.rs): an all-reduce of Rust-made tensors, a Fortran-order
+//! (strided) send and receive between ranks 0 and 1, and with feature `python` a NumPy array
+//! all-reduced, every result checked. Run at 2 ranks by scripts/downstream-test.sh, and by
+//! scripts/wheel-mpi-test.sh against the MPI 5 wheels (without a run path it loads another
+//! MPI of the same soname, and its first operation must say so); prints one line per part
+//! and exits non-zero on any wrong value or error.
 
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};

@@ -65,6 +65,7 @@ use crate::device::MemoryKind;
 use crate::dlpack::{Tensor, TensorListMut};
 use crate::dtype::{DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::mpi_library::ensure_matching;
 use crate::settings::{bucket_bytes, first_bucket_bytes};
 use crate::spec::facts::Facts;
 use crate::spec::kernels;
@@ -590,8 +591,11 @@ pub(in crate::comm) fn all_reduce_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>
         Some(s) => same_devices(s, recv, staged),
         None => check_devices(recv.iter().copied(), staged),
     };
-    let prepared =
-        devices.and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
+    // The MPI library first: each member's facts check it too, but their errors are
+    // wrapped in `Error::Member`, and an empty list has no member.
+    let prepared = ensure_matching()
+        .and(devices)
+        .and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
 }
 
@@ -607,7 +611,8 @@ pub(in crate::comm) fn broadcast_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     let sig = signature("broadcast_tensors", tensors.iter().copied()).root(root);
     let staged = tc.stager().is_some();
     let is_root = comm.rank() == root;
-    let prepared = check_rank(root, comm.size())
+    let prepared = ensure_matching()
+        .and_then(|()| check_rank(root, comm.size()))
         .and_then(|()| check_devices(tensors.iter().copied(), staged))
         .and_then(|on| Fused::broadcast(tensors, root, is_root, tc.stager().filter(|_| on)));
     mode.prepared(tc, sig, prepared)
@@ -626,9 +631,11 @@ pub(in crate::comm) fn reduce_scatter_block_tensors<'a, E: Endpoint + ?Sized, M:
     check_intra(comm)?;
     let sig = signature("reduce_scatter_block_tensors", recv.iter().copied()).reduce(op);
     let staged = tc.stager().is_some();
-    let prepared = same_devices(send, recv, staged).and_then(|on| {
-        Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on))
-    });
+    let prepared = ensure_matching()
+        .and_then(|()| same_devices(send, recv, staged))
+        .and_then(|on| {
+            Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on))
+        });
     mode.prepared(tc, sig, prepared)
 }
 
