@@ -395,7 +395,7 @@ mod tests {
             .reduce(ReduceOp::Max);
         assert!(
             list.describe().ends_with(&format!(
-                ") (float16 by {}) (bfloat16 by {})",
+                "3 members (float16 by {}) (bfloat16 by {})",
                 form(f16, ReduceOp::Max),
                 form(bf16, ReduceOp::Max)
             )),
