@@ -12,24 +12,37 @@
 //! `MPI_Reduce` at 4 MiB once the root refuses).
 //!
 //! **Mechanism.** One all-reduce (MPI-4.1 §6.9.6) of three `int64_t` with `MPI_MIN`,
-//! `[status, fp, !fp]`: `MPI_Allreduce`, or on a communicator that has had nonblocking
-//! collectives `MPI_Iallreduce` waited for by polling, on every rank alike (a blocking and a
-//! nonblocking collective never match, §6.12, and a rank with nonblocking collectives pending
-//! must resolve them while it waits): `status` is twice the rank's own number
-//! when its local checks failed, else twice the communicator size, plus one unless the rank
-//! has nonblocking collectives whose agreements are unresolved (then every rank runs the data
-//! operation's nonblocking form and polls, [`Form`]); `fp` is the fingerprint of the collective's signature (what
-//! MPI-4.1 §6.1 requires to match, see `signature`), and since `min(!fp) = !max(fp)` the
-//! ranks agree on it exactly when `min(fp) == !min(!fp)`. The minimum status is the
-//! communicator size when every rank can proceed (the success path costs this one small
-//! all-reduce and nothing more), else the lowest rank that refused. Only on failure does
-//! that rank broadcast its error text (`MPI_Bcast`, §6.4) in a fixed buffer of
-//! [`AGREEMENT_REASON_BYTES`] bytes (UTF-8, cut at a character boundary, NUL-padded), so
-//! that the other ranks return [`Error::PeerRefused`] naming it and its diagnosis; each
-//! rank that refused returns its own error. The check cannot be folded into the data
-//! operation's own messages: a rank that has entered a collective cannot leave it, and
-//! MPI's collectives have no header a library could add a word to — only a separate step
-//! before the operation decides in time. At one rank no peer can wait, so nothing is sent.
+//! `[status, fp, !fp]`: `MPI_Allreduce`, or on a communicator whose nonblocking collectives
+//! have a shadow (see `pending`) `MPI_Iallreduce` waited for by polling, on every rank alike
+//! whichever form the collective is (a blocking and a nonblocking collective never match,
+//! §6.12, so both forms agree with the same MPI call, and a rank with nonblocking
+//! collectives pending must resolve them while it waits): `status` is twice the rank's own
+//! number when its local checks failed, else twice the communicator size, plus one unless
+//! the rank has nonblocking collectives whose agreements are unresolved (then every rank
+//! runs the data operation's nonblocking form and polls, [`Form`]); `fp` is the fingerprint
+//! of the call ([`Turn::voted`]: the collective's signature, what MPI-4.1 §6.1 requires to
+//! match, see `signature`; its form, blocking or nonblocking; and its number in the
+//! communicator's collective order, kept in the communicator's `ledger`), and since
+//! `min(!fp) = !max(fp)` the ranks agree on it exactly when `min(fp) == !min(!fp)`. The
+//! minimum status is the communicator size when every rank can proceed (the success path
+//! costs this one small all-reduce and nothing more), else the lowest rank that refused.
+//! The agreement's MPI calls run with `MPI_ERRORS_RETURN` on the caller's communicator (its
+//! handler restored after): a peer that is not in the agreement (an mpi4py collective, a
+//! rank under [`Agreement::Local`]) makes MPI report a conflict, or sends votes no
+//! dlpack-mpi rank sends, and this rank returns [`Error::OutOfStep`] naming the likely
+//! cause and the fix, instead of the job aborting.
+//!
+//! **Refusal.** Only on failure do the ranks send more: the lowest refusing rank's error
+//! text (UTF-8, at most [`AGREEMENT_REASON_BYTES`] bytes) reaches the other ranks, which
+//! return [`Error::PeerRefused`] naming it and its diagnosis; each rank that refused returns
+//! its own error. Without a shadow the text is broadcast after the agreement (`MPI_Bcast`,
+//! §6.4); on a shadow each refusing rank sends it to every peer point to point before it
+//! votes ([`tell`]), so that a refusing rank's nonblocking post returns at once, with
+//! nothing left for it to do but what MPI's progress does. The check cannot be folded into
+//! the data operation's own messages: a rank that has entered a collective cannot leave
+//! it, and MPI's collectives have no header a library could add a word to — only a
+//! separate step before the operation decides in time. At one rank no peer can wait, so
+//! nothing is sent.
 //!
 //! **Opt-out.** [`Agreement::Local`] skips the all-reduce: a rank whose checks fail returns
 //! its error at once and enters nothing, while its peers enter the collective and **hang**
@@ -42,11 +55,15 @@
 //! C or Fortran MPI code in an MPMD job) needs [`Agreement::Local`] on the dlpack-mpi ranks:
 //! the others would not join the agreement all-reduce.
 //!
-//! **Mismatch.** When every rank can proceed but the fingerprints differ, the ranks gather
-//! the fingerprints and rank 0 and the lowest rank that differs from it broadcast their
-//! signatures in words: every rank returns [`Error::CollectiveMismatch`] naming both (extra
-//! messages on that error path only). What a fingerprint cannot see is listed in
-//! `signature`'s docs.
+//! **Mismatch.** When every rank can proceed but the fingerprints differ (or the last
+//! collective on the communicator ended in a mismatch), the ranks gather every rank's
+//! report and each reaches the same verdict (`diagnosis`): a mismatch in words
+//! ([`Error::CollectiveMismatch`]: which rank used which form, the first list member that
+//! differs, each rank's arguments), or ranks out of step ([`Error::OutOfStep`]: a rank
+//! that skipped or added a collective; the communicator then refuses every collective of
+//! this crate at once until [`crate::comm::reset_out_of_step`]), or, after a mismatch, a
+//! call that matches everywhere (it goes on). Extra messages on that path only. What a
+//! fingerprint cannot see is listed in `signature`'s docs.
 
 use std::cell::RefCell;
 use std::ffi::c_int;

@@ -21,15 +21,15 @@
 //! test, its collectives in any order, and a blocking collective (or an rsmpi call) may
 //! come between posting and completion.
 //!
-//! **The first posts on a communicator** start its duplication (`MPI_Comm_idup`) and do not
-//! wait for it: their agreements are held (an rsmpi-registered generalized request stands
-//! in) and posted in posting order as soon as the duplication completes, in any later post,
-//! `test` or `wait`, or before the next blocking collective of this crate on it. Open MPI
-//! 4.1 mismatches nonblocking collectives posted beside a pending `MPI_Comm_idup` of their
-//! communicator (a hang or `MPI_ERR_TRUNCATE`; open-mpi/ompi#2025), so nothing of ours is
-//! posted on it meanwhile; collectives the caller posts with rsmpi directly on the same
-//! communicator during that window are still exposed to that bug (it ends at the first
-//! completion of one of ours).
+//! **The first nonblocking collective on a communicator** agrees at the call, with the MPI
+//! call a blocking collective's agreement makes on a communicator without a shadow
+//! (`MPI_Allreduce`), so that a rank calling the blocking form there meets it and the
+//! mismatch of forms is an error, not a hang; once agreed, every rank makes the shadow
+//! (`MPI_Comm_dup`, kept in the communicator's `ledger`) and posts the data operation on it.
+//! So that one post returns once every rank has posted it. (An `MPI_Comm_idup` started
+//! without an agreement would meet a peer's blocking collective; and Open MPI 4.1
+//! mismatches nonblocking collectives posted beside a pending `MPI_Comm_idup`,
+//! open-mpi/ompi#2025.)
 //!
 //! **Progress.** A data operation is posted by this crate's code on each rank (MPI cannot
 //! chain it to the agreement): in `test`, `wait` or `Drop` of any request, in any later
@@ -43,9 +43,12 @@
 //! (MPI's own progress, no agreement).
 //!
 //! **A rank that refuses its own arguments** takes part in the agreement (its vote names
-//! it), resolves it at once and returns its error from the posting call; its peers' posts
-//! return requests, whose `wait` returns [`Error::PeerRefused`]. The refusing rank's post
-//! therefore returns once its peers have posted the same collective (never later).
+//! it) and returns its error from the posting call at once: it first sends its error text
+//! to every peer on the shadow ([`super::agree::tell`]), so that nothing after its vote
+//! needs its code; its agreement stays queued (owning nothing of the caller's) and
+//! completes in MPI's progress of its later MPI calls, in this crate's queue, or at
+//! `MPI_Finalize` (drained there). Its peers' posts return requests, whose `wait` returns
+//! [`Error::PeerRefused`] with that text.
 //!
 //! Under [`crate::comm::Agreement::Local`], and on a communicator of one rank, the data operation
 

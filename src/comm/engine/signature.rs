@@ -24,10 +24,10 @@
 //! send counts of an all-to-allv against the peers' receive counts, a gatherv's send count
 //! or a scatterv's receive count against the root's array, displacements, which are local), two ranks that call the same
 //! collective with identical arguments from different places in the program, a collective
-//! shared with ranks that do not use dlpack-mpi (they do not join the agreement), and a
-//! rank posting the nonblocking form of a collective where another calls the blocking
-//! one: MPI does not match a nonblocking collective with a blocking one (MPI-4.1 §6.12),
-//! so their agreements do not meet either, and the program hangs (it is erroneous).
+//! shared with ranks that do not use dlpack-mpi (they do not join the agreement; where
+//! MPI reports the conflict it is [`crate::Error::OutOfStep`]). The form of the call
+//! (blocking or nonblocking) and its place in the communicator's order are not part of
+//! the signature: the agreement mixes them into the fingerprint it votes on.
 
 use std::fmt::Write as _;
 use std::rc::Rc;
