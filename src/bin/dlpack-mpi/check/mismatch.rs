@@ -3,7 +3,10 @@
 //! `DeviceComm`, each of which must end in `Error::CollectiveMismatch` on every rank (the
 //! agreement's fingerprint), with no rank left waiting, followed by a matching all-reduce
 //! that must deliver exact values. Without the fingerprint each probe hangs the job, aborts
-//! it or returns wrong data. Skipped at one rank (no peer can differ) and under
+//! it or returns wrong data. Then the mistakes that span calls (issue 34), each on a fresh
+//! duplicate of the world: the blocking form against the nonblocking one, fused lists that
+//! differ in one member (named with its index), and a rank that skips a collective (named
+//! out of step, every later call refused at once, until `reset_out_of_step`). Skipped at one rank (no peer can differ) and under
 //! `DLPACK_MPI_AGREEMENT=local` (no agreement: the probes would hang).
 
 use dlpack_mpi::comm::{Blocks, TensorComm};
@@ -135,20 +138,24 @@ pub(super) fn run(w: &SimpleCommunicator, dc: &Comm<'_>, quiet: bool) -> bool {
         }
     }
     let after = matching_all_reduce(w, dc);
-    let ok = failures.is_empty() && after;
+    let program = program_probes(w, differs);
+    let ok = failures.is_empty() && after && program.is_empty();
     if root && (!ok || !quiet) {
         if ok {
             println!(
                 "mismatched arguments (MPI-4.1 §6.1): {} probes at {} ranks, each ended in \
                  CollectiveMismatch on every rank, none waited; the next matching collective \
-                 was exact",
+                 was exact; mistakes across calls: {} probes ({}), each named on every rank, \
+                 the skipped collective out of step until reset",
                 PROBES.len(),
-                w.size()
+                w.size(),
+                PROGRAM.len(),
+                PROGRAM.join("; ")
             );
         } else {
             println!(
                 "FAIL mismatched arguments: {} of {} probes did not end in CollectiveMismatch \
-                 on every rank ({}){}",
+                 on every rank ({}){}; {} of {} probes of mistakes across calls failed ({})",
                 failures.len(),
                 PROBES.len(),
                 failures.join("; "),
@@ -156,7 +163,10 @@ pub(super) fn run(w: &SimpleCommunicator, dc: &Comm<'_>, quiet: bool) -> bool {
                     ""
                 } else {
                     "; the matching all-reduce after them was wrong"
-                }
+                },
+                program.len(),
+                PROGRAM.len(),
+                program.join("; ")
             );
         }
     }
@@ -176,4 +186,120 @@ fn matching_all_reduce(w: &SimpleCommunicator, dc: &Comm<'_>) -> bool {
     let mut r = r;
     let exact = done && r.as_slice().iter().all(|&v| v == size * (size + 1) / 2);
     all_ranks(w, exact)
+}
+
+/// The probes of mistakes that span calls (issue 34), each on a fresh duplicate of the
+/// world with host tensors.
+const PROGRAM: [&str; 3] = [
+    "blocking against nonblocking all-reduce",
+    "fused lists differing at member 3",
+    "a rank that skipped a collective",
+];
+
+/// Runs [`PROGRAM`]'s probes; returns the names of those that failed on any rank (each
+/// failure also on standard error, naming the rank).
+fn program_probes(w: &SimpleCommunicator, differs: bool) -> Vec<&'static str> {
+    let results = [form(w, differs), member(w, differs), skipped(w, differs)];
+    PROGRAM
+        .iter()
+        .zip(results)
+        .filter_map(|(name, got)| {
+            if let Err(why) = &got {
+                eprintln!("dlpack-mpi check: rank {}: probe {name}: {why}", w.rank());
+            }
+            (!all_ranks(w, got.is_ok())).then_some(*name)
+        })
+        .collect()
+}
+
+/// An all-reduce of 64 float32 on `c`, in the nonblocking form when `nonblocking`.
+fn all_reduce_on(c: &SimpleCommunicator, nonblocking: bool) -> Result<(), Error> {
+    let (s, r) = (tensor(1.0f32, 64), tensor(0.0f32, 64));
+    let o = AcquireOptions::default();
+    let (sg, mut rg) = (acquire(&s, &o)?, acquire(&r, &o)?);
+    if nonblocking {
+        mpi::request::scope(|scope| {
+            c.immediate_all_reduce_tensor(scope, &sg, &mut rg, ReduceOp::Sum)?
+                .wait()
+                .map(drop)
+        })
+    } else {
+        c.all_reduce_tensor(&sg, &mut rg, ReduceOp::Sum)
+    }
+}
+
+/// `Ok` when `got` is the mismatch whose difference contains `word`.
+fn named(got: Result<(), Error>, word: &str) -> Result<(), String> {
+    match got {
+        Err(Error::CollectiveMismatch { difference, .. }) if difference.contains(word) => Ok(()),
+        other => Err(format!(
+            "expected CollectiveMismatch naming {word:?}, got {other:?}"
+        )),
+    }
+}
+
+/// The last rank calls the nonblocking form where the others call the blocking one.
+fn form(w: &SimpleCommunicator, differs: bool) -> Result<(), String> {
+    let c = w.duplicate();
+    named(all_reduce_on(&c, differs), "nonblocking form")?;
+    all_reduce_on(&c, false).map_err(|e| format!("the matching call after it: {e}"))
+}
+
+/// Eight members `float32 [16]`; member 3 is `float64 [16]` on the last rank.
+fn member(w: &SimpleCommunicator, differs: bool) -> Result<(), String> {
+    let c = w.duplicate();
+    let f32s: Vec<Owned<f32>> = (0..8).map(|_| tensor(1.0f32, 16)).collect();
+    let f64s = tensor(1.0f64, 16);
+    let o = AcquireOptions::default();
+    let list = |odd: bool| -> Result<(), Error> {
+        let mut guards = Vec::new();
+        for (i, t) in f32s.iter().enumerate() {
+            guards.push(if odd && i == 3 {
+                acquire(&f64s, &o)?
+            } else {
+                acquire(t, &o)?
+            });
+        }
+        let mut refs: Vec<&mut dyn dlpack_mpi::dlpack::Tensor> = guards
+            .iter_mut()
+            .map(|g| g as &mut dyn dlpack_mpi::dlpack::Tensor)
+            .collect();
+        c.all_reduce_tensors_in_place(&mut refs, ReduceOp::Max)
+    };
+    named(list(differs), "member 3: ")?;
+    list(false).map_err(|e| format!("the matching call after it: {e}"))
+}
+
+/// The last rank skips the second of four all-reduces of different sizes: the second is a
+/// mismatch, the third names the ranks out of step, the fourth returns at once; after
+/// `reset_out_of_step` an all-reduce is exact.
+fn skipped(w: &SimpleCommunicator, differs: bool) -> Result<(), String> {
+    let c = w.duplicate();
+    let step = |n: usize| -> Result<(), Error> {
+        let (s, r) = (tensor(1.0f32, n), tensor(0.0f32, n));
+        let o = AcquireOptions::default();
+        let (sg, mut rg) = (acquire(&s, &o)?, acquire(&r, &o)?);
+        c.all_reduce_tensor(&sg, &mut rg, ReduceOp::Sum)
+    };
+    let sizes: Vec<usize> = [8, 16, 24, 32]
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, _)| !(differs && i == 1))
+        .map(|(_, n)| n)
+        .collect();
+    let got: Vec<Result<(), Error>> = sizes.iter().map(|&n| step(n)).collect();
+    got[0].clone().map_err(|e| format!("the first call: {e}"))?;
+    if !matches!(got[1], Err(Error::CollectiveMismatch { .. })) {
+        return Err(format!(
+            "the second call: expected a mismatch, got {:?}",
+            got[1]
+        ));
+    }
+    for (i, g) in got.iter().enumerate().skip(2) {
+        if !matches!(g, Err(Error::OutOfStep { .. })) {
+            return Err(format!("call {}: expected OutOfStep, got {g:?}", i + 1));
+        }
+    }
+    dlpack_mpi::comm::reset_out_of_step(&c);
+    all_reduce_on(&c, false).map_err(|e| format!("after reset_out_of_step: {e}"))
 }
