@@ -329,6 +329,37 @@ fn tie_operands(f: HalfFormat) -> Result<(Vec<u16>, Vec<u16>), String> {
     Ok((a, b))
 }
 
+/// `bits` as a tensor of the half format `f`.
+fn half_tensor(bits: &[u16], f: HalfFormat) -> Result<Owned<u16>, String> {
+    Owned::new(bits.to_vec())
+        .with_dtype(f.dtype)
+        .map_err(|e| e.to_string())
+}
+
+/// The failures of [`c31_half_sums_round_ties_to_even`]'s forms, reported together at the end.
+#[derive(Default)]
+struct TieFailures(Vec<String>);
+
+impl TieFailures {
+    /// Notes the elements of `got` that are not `want`.
+    fn check(&mut self, form: &str, f: HalfFormat, got: &[u16], want: &[u16]) {
+        let off: Vec<String> = (0..TIES)
+            .filter(|&i| got[i] != want[i])
+            .map(|i| format!("[{i}] {:#06x} (want {:#06x})", got[i], want[i]))
+            .collect();
+        if !off.is_empty() {
+            self.0.push(format!(
+                "{form} {} sum: {} of {TIES} elements are not the exact sum rounded to \
+                 nearest even: {}{}",
+                f.name,
+                off.len(),
+                off[..off.len().min(4)].join(", "),
+                if off.len() > 4 { ", …" } else { "" }
+            ));
+        }
+    }
+}
+
 /// Half-precision sums are the correctly rounded ones under every MPI (issue 34): ranks 0 and
 /// 1 hold operands whose exact sums are ties (the other ranks hold +0, which adds exactly),
 /// and every all-reduce form (one tensor into another, in place, and the fused lists, in
@@ -337,9 +368,10 @@ fn tie_operands(f: HalfFormat) -> Result<(Vec<u16>, Vec<u16>), String> {
 /// zero, one unit in the last place off (`HalfOps::Auto` must not use it).
 fn c31_half_sums_round_ties_to_even(w: &SimpleCommunicator) -> Outcome {
     let (me, p) = (w.rank(), w.size());
+    let formats = [FLOAT16, BFLOAT16];
     let mut wanted = Vec::new();
     let mut mine = Vec::new();
-    for f in [FLOAT16, BFLOAT16] {
+    for f in formats {
         let (a, b) = tie_operands(f)?;
         let want: Vec<u16> = (0..TIES)
             .map(|i| {
@@ -354,60 +386,49 @@ fn c31_half_sums_round_ties_to_even(w: &SimpleCommunicator) -> Outcome {
             _ => vec![0u16; TIES],
         });
     }
-    let formats = [FLOAT16, BFLOAT16];
-    let tensor = |bits: &[u16], f: HalfFormat| {
-        Owned::new(bits.to_vec())
-            .with_dtype(f.dtype)
-            .map_err(|e| e.to_string())
-    };
-    // Every form is run and checked; the failures are reported together at the end.
-    let mut failures: Vec<String> = Vec::new();
-    let mut check = |form: &str, f: HalfFormat, got: &[u16], want: &[u16]| {
-        let off: Vec<String> = (0..TIES)
-            .filter(|&i| got[i] != want[i])
-            .map(|i| format!("[{i}] {:#06x} (want {:#06x})", got[i], want[i]))
-            .collect();
-        if !off.is_empty() {
-            failures.push(format!(
-                "{form} {} sum: {} of {TIES} elements are not the exact sum rounded to \
-                 nearest even: {}{}",
-                f.name,
-                off.len(),
-                off[..off.len().min(4)].join(", "),
-                if off.len() > 4 { ", …" } else { "" }
-            ));
-        }
-    };
+    let mut failures = TieFailures::default();
     // One tensor at a time: into a receive tensor, then in place.
     for (k, &f) in formats.iter().enumerate() {
-        let send = tensor(&mine[k], f)?.read_only();
-        let recv = tensor(&[0u16; TIES], f)?;
+        let send = half_tensor(&mine[k], f)?.read_only();
+        let recv = half_tensor(&[0u16; TIES], f)?;
         {
             let s = acquire(&send, &opts()).map_err(|e| e.to_string())?;
             let mut r = acquire(&recv, &opts()).map_err(|e| e.to_string())?;
             w.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)
                 .map_err(|e| e.to_string())?;
         }
-        check("all_reduce_tensor", f, &recv.into_vec(), &wanted[k]);
-        let both = tensor(&mine[k], f)?;
+        failures.check("all_reduce_tensor", f, &recv.into_vec(), &wanted[k]);
+        let both = half_tensor(&mine[k], f)?;
         {
             let mut t = acquire(&both, &opts()).map_err(|e| e.to_string())?;
             w.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum)
                 .map_err(|e| e.to_string())?;
         }
-        check(
+        failures.check(
             "all_reduce_tensor_in_place",
             f,
             &both.into_vec(),
             &wanted[k],
         );
     }
-    // The fused lists (float16 and bfloat16 members, one bucket of each dtype): in place,
-    // then into a list of receive tensors.
+    fused_tie_sums(w, &formats, &mine, &wanted, &mut failures)?;
+    ensure!(failures.0.is_empty(), "{}", failures.0.join("; "));
+    Ok(())
+}
+
+/// The fused forms of [`c31_half_sums_round_ties_to_even`] (a float16 and a bfloat16
+/// member, one bucket of each dtype): in place, then into a list of receive tensors.
+fn fused_tie_sums(
+    w: &SimpleCommunicator,
+    formats: &[HalfFormat],
+    mine: &[Vec<u16>],
+    wanted: &[Vec<u16>],
+    failures: &mut TieFailures,
+) -> Outcome {
     let members: Vec<_> = formats
         .iter()
-        .enumerate()
-        .map(|(k, &f)| tensor(&mine[k], f))
+        .zip(mine)
+        .map(|(&f, bits)| half_tensor(bits, f))
         .collect::<Result<_, _>>()?;
     {
         let mut ts: Vec<ManagedTensor<'_>> = members
@@ -418,21 +439,17 @@ fn c31_half_sums_round_ties_to_even(w: &SimpleCommunicator) -> Outcome {
             .map_err(|e| e.to_string())?;
     }
     for (k, m) in members.into_iter().enumerate() {
-        check(
-            "all_reduce_tensors_in_place",
-            formats[k],
-            &m.into_vec(),
-            &wanted[k],
-        );
+        let got = m.into_vec();
+        failures.check("all_reduce_tensors_in_place", formats[k], &got, &wanted[k]);
     }
     let sends: Vec<_> = formats
         .iter()
-        .enumerate()
-        .map(|(k, &f)| tensor(&mine[k], f).map(Owned::read_only))
+        .zip(mine)
+        .map(|(&f, bits)| half_tensor(bits, f).map(Owned::read_only))
         .collect::<Result<_, _>>()?;
     let recvs: Vec<_> = formats
         .iter()
-        .map(|&f| tensor(&[0u16; TIES], f))
+        .map(|&f| half_tensor(&[0u16; TIES], f))
         .collect::<Result<_, _>>()?;
     {
         let ss: Vec<ManagedTensor<'_>> = sends
@@ -447,9 +464,8 @@ fn c31_half_sums_round_ties_to_even(w: &SimpleCommunicator) -> Outcome {
             .map_err(|e| e.to_string())?;
     }
     for (k, r) in recvs.into_iter().enumerate() {
-        check("all_reduce_tensors", formats[k], &r.into_vec(), &wanted[k]);
+        failures.check("all_reduce_tensors", formats[k], &r.into_vec(), &wanted[k]);
     }
-    ensure!(failures.is_empty(), "{}", failures.join("; "));
     Ok(())
 }
 
