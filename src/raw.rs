@@ -8,7 +8,8 @@
 //! collective's agreement votes and its generalized request), `comm/engine/progress.rs` (the
 //! shadow communicator and the waits that resolve pending agreements), `spec/datatype.rs`
 //! (the `MPI_Type_*` calls that build and free derived datatypes),
-//! `comm/engine/halfops.rs` (`MPI_Op_create` for the half-precision operations) and
+//! `comm/engine/halfops.rs` (`MPI_Op_create` for the half-precision operations; in
+//! `halfops/probe.rs`, the rounding probe's `MPI_Reduce_local`) and
 //! `comm/engine/held.rs` (`MPI_Mprobe`/`MPI_Mrecv` of a matched message a receive holds). The
 //! parted point-to-point messages of `transport::pipeline` post their parts here
 //! too ([`isend`], [`irecv`], [`wait`], [`wait_count`]): rsmpi's safe requests borrow their

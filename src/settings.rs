@@ -10,7 +10,7 @@
 //! | `DLPACK_MPI_BUCKET_BYTES` ([`BUCKET_ENV`]) | a byte count ≥ 1 | 25 MiB ([`DEFAULT_BUCKET_BYTES`], PyTorch DDP's `bucket_cap_mb`) | the most bytes of one bucket of a fused collective over a list of tensors (a larger member has a bucket of its own) | [`bucket_bytes`], once | [`set_bucket_bytes`] |
 //! | `DLPACK_MPI_FIRST_BUCKET_BYTES` ([`FIRST_BUCKET_ENV`]) | a byte count ≥ 1 | 1 MiB ([`DEFAULT_FIRST_BUCKET_BYTES`], DDP's first bucket) | the same for the first bucket of each dtype, so that communication starts early | [`first_bucket_bytes`], once | [`set_first_bucket_bytes`] |
 //! | `DLPACK_MPI_PACK_POOL_BYTES` ([`POOL_CAP_ENV`]) | a byte count; `0` turns the pool off | 256 MiB ([`DEFAULT_POOL_CAP_BYTES`]) | the most idle bytes the scratch pool of packed copies keeps ([`crate::spec::scratch`]) | [`pool_cap_bytes`], once | [`set_pool_cap_bytes`](crate::spec::scratch::set_pool_cap_bytes) (it also trims the pool, so it lives beside it) |
-//! | `DLPACK_MPI_HALF_OPS` ([`HALF_OPS_ENV`]) | `auto`, `library` | `auto` | how float16 and bfloat16 reduce: MPI's own datatypes and operations where the MPI library has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`), else this crate's user-defined operations ([`HalfOps`]); every rank must use the same | [`half_ops`], once | [`set_half_ops`] |
+//! | `DLPACK_MPI_HALF_OPS` ([`HALF_OPS_ENV`]) | `auto`, `library`, `mpi` | `auto` | how float16 and bfloat16 reduce ([`HalfOps`]): `auto` with MPI's own datatypes and operations only where the MPI library has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`) and a rounding probe, run once per process and purely local (every rank of a job loads the same MPI library, so every rank decides alike), finds them to round as this crate's operations (correctly, to nearest even), else with this crate's user-defined operations ([`crate::comm::halfops::choice`] says which and why); `library` this crate's throughout; `mpi` MPI's own wherever it has them, not guaranteed correctly rounded (MPICH 5.0.2's bfloat16 sums are not); every rank must use the same | [`half_ops`], once | [`set_half_ops`] |
 //! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
 //! | `DLPACK_MPI_ALLOW_MPI_MISMATCH` ([`ALLOW_MPI_MISMATCH_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | `0` | whether the crate runs on an MPI library of another release than the one it was built against ([`crate::mpi_library::ensure_matching`]: the first operation that would enter MPI returns [`Error::MpiLibraryMismatch`] unless this is set; the CLI refuses to start unless it is `1`) | [`allow_mpi_mismatch`], once, and only when the libraries differ | [`set_allow_mpi_mismatch`] |
@@ -265,30 +265,53 @@ pub fn set_agreement(agreement: Agreement) {
 // DLPACK_MPI_HALF_OPS
 // ---------------------------------------------------------------------------------------
 
-/// How float16 and bfloat16 reduce ([`crate::comm::halfops`]). Both give correctly rounded
-/// half-precision results at every step (round to nearest even); the operands travel the
-/// same, two bytes an element. Every rank of a reduction must use the same (a reduction
-/// takes one datatype and one operation on every rank).
+/// How float16 and bfloat16 reduce ([`crate::comm::halfops`]): with MPI's own
+/// half-precision datatypes and predefined operations, or with this crate's user-defined
+/// operations on `MPI_UINT16_T` units (each step widened to `f32` and rounded once: the
+/// correctly rounded result, to nearest even). The operands travel the same, two bytes an
+/// element. Every rank of a reduction must use the same (a reduction takes one datatype and
+/// one operation on every rank; the agreement refuses ranks that differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HalfOps {
-    /// MPI's own half-precision datatypes with its predefined operations where this build's
-    /// MPI has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`; the datatypes mpi4py's
-    /// `FLOAT16_T`/`BFLOAT16_T` map to), else [`HalfOps::Library`]. The default.
+    /// MPI's own datatype and operation where this build's MPI has them (MPICH ≥ 5:
+    /// `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`; the datatypes mpi4py's `FLOAT16_T`/`BFLOAT16_T` map
+    /// to) *and* the rounding probe ([`crate::comm::halfops::probe`]: `MPI_Reduce_local`
+    /// on ties and other hard cases, once per process, purely local: every rank of a job
+    /// loads the same MPI library, so every rank decides alike) finds them to give this
+    /// crate's results bit for bit; else this crate's operations. So the results are the correctly
+    /// rounded ones under every MPI (under MPICH 5.0.2: float16 sums and products by MPICH's;
+    /// bfloat16 sums by this crate's, since MPICH rounds their ties away from zero, and
+    /// float16 min and max, since MPICH's return a NaN operand where this crate returns the
+    /// other one). The default.
     #[default]
     Auto,
     /// This crate's user-defined operations on `MPI_UINT16_T` units, whatever the MPI.
     Library,
+    /// MPI's own datatype and predefined operation wherever this build's MPI has them,
+    /// whatever the probe finds: **not guaranteed correctly rounded** (MPICH 5.0.2's
+    /// bfloat16 sums round ties away from zero). For reductions shared with ranks that use
+    /// those datatypes (mpi4py's `BFLOAT16_T`). Operations MPI's own aborts on (MPICH
+    /// 5.0.2: bfloat16 product, min, max) stay on this crate's; without the datatypes
+    /// (Open MPI, MPICH 4) this is [`HalfOps::Library`].
+    Mpi,
 }
 
 /// The environment variable that sets [`HalfOps`] when [`set_half_ops`] was not called.
 pub const HALF_OPS_ENV: &str = "DLPACK_MPI_HALF_OPS";
 
-static HALF_OPS: Setting<HalfOps> = Setting::new(HALF_OPS_ENV, "auto or library", |v| {
-    choice(&[("auto", HalfOps::Auto), ("library", HalfOps::Library)], v)
+static HALF_OPS: Setting<HalfOps> = Setting::new(HALF_OPS_ENV, "auto, library or mpi", |v| {
+    choice(
+        &[
+            ("auto", HalfOps::Auto),
+            ("library", HalfOps::Library),
+            ("mpi", HalfOps::Mpi),
+        ],
+        v,
+    )
 });
 
-/// The process-wide [`HalfOps`]: [`set_half_ops`], else `DLPACK_MPI_HALF_OPS=auto|library`
-/// (read once), else [`HalfOps::Auto`].
+/// The process-wide [`HalfOps`]: [`set_half_ops`], else
+/// `DLPACK_MPI_HALF_OPS=auto|library|mpi` (read once), else [`HalfOps::Auto`].
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] when `DLPACK_MPI_HALF_OPS` holds another value.

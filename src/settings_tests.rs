@@ -123,6 +123,22 @@ fn packing_values() {
 }
 
 #[test]
+fn half_ops_values() {
+    assert_eq!(HALF_OPS.parse(None).unwrap(), None);
+    assert_eq!(HALF_OPS.parse(Some(" ")).unwrap(), None);
+    assert_eq!(HALF_OPS.parse(Some("Auto")).unwrap(), Some(HalfOps::Auto));
+    assert_eq!(
+        HALF_OPS.parse(Some(" library ")).unwrap(),
+        Some(HalfOps::Library)
+    );
+    assert_eq!(HALF_OPS.parse(Some("MPI")).unwrap(), Some(HalfOps::Mpi));
+    assert_eq!(HalfOps::default(), HalfOps::Auto);
+    for bad in ["native", "mpich", "lib"] {
+        assert_refused(HALF_OPS.parse(Some(bad)), HALF_OPS_ENV, bad);
+    }
+}
+
+#[test]
 fn byte_count_values() {
     assert_eq!(parse_pack_threshold(None).unwrap(), None);
     assert_eq!(parse_pack_threshold(Some("8192")).unwrap(), Some(8192));

@@ -249,23 +249,23 @@ fn device_sum_against_max(w: &SimpleCommunicator) -> Outcome {
 }
 
 /// The last rank reduces float16 with dlpack-mpi's own operations
-/// (`DLPACK_MPI_HALF_OPS=library`), the others with the default (`auto`). Where this build's
-/// MPI has its own float16 datatype (MPICH ≥ 5: `MPIX_C_FLOAT16`) the ranks would pass
-/// different datatypes (MPICH aborts the job: "Message truncated"), so every rank returns
-/// the mismatch, naming both forms; elsewhere both settings mean dlpack-mpi's operations and
-/// the sum is exact. The setting is restored afterwards.
+/// (`DLPACK_MPI_HALF_OPS=library`), the others with MPI's own (`mpi`: whatever the rounding
+/// probe of the default `auto` finds). Where this build's MPI has its own float16 datatype
+/// (MPICH ≥ 5: `MPIX_C_FLOAT16`) the ranks would pass different datatypes (MPICH aborts the
+/// job: "Message truncated"), so every rank returns the mismatch, naming both forms;
+/// elsewhere both settings mean dlpack-mpi's operations and the sum is exact. The setting is
+/// restored afterwards.
 fn half_ops_differ(w: &SimpleCommunicator) -> Outcome {
     use dlpack_mpi::comm::halfops;
-    use dlpack_mpi::dtype::{code, DType};
     use dlpack_mpi::settings::{half_ops, set_half_ops, HalfOps};
     use half::f16;
     let before = half_ops().map_err(|e| e.to_string())?;
-    let native = halfops::native_datatype(DType::new(code::FLOAT, 16))
-        .map_err(|e| e.to_string())?
-        .is_some();
-    if differs(w) {
-        set_half_ops(HalfOps::Library);
-    }
+    let native = halfops::native_available();
+    set_half_ops(if differs(w) {
+        HalfOps::Library
+    } else {
+        HalfOps::Mpi
+    });
     let n = 1000;
     let send = Owned::new(vec![f16::from_f32(w.rank() as f32 + 1.0); n]);
     let mut recv = Owned::new(vec![f16::ZERO; n]);

@@ -242,6 +242,233 @@ fn c31_half_bits_identical(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// One half format for [`c31_half_sums_round_ties_to_even`]: its DLPack dtype and the
+/// `half` crate's conversions.
+#[derive(Clone, Copy)]
+struct HalfFormat {
+    name: &'static str,
+    dtype: DType,
+    /// Significand bits, the implicit one included (11 for float16, 8 for bfloat16).
+    precision: i32,
+    /// The largest finite value's bits.
+    max_bits: u16,
+    from_f64: fn(f64) -> u16,
+    to_f64: fn(u16) -> f64,
+}
+
+const FLOAT16: HalfFormat = HalfFormat {
+    name: "float16",
+    dtype: DType::new(2, 16),
+    precision: 11,
+    max_bits: 0x7bff,
+    from_f64: |x| half::f16::from_f64(x).to_bits(),
+    to_f64: |b| half::f16::from_bits(b).to_f64(),
+};
+
+const BFLOAT16: HalfFormat = HalfFormat {
+    name: "bfloat16",
+    dtype: DType::new(4, 16),
+    precision: 8,
+    max_bits: 0x7f7f,
+    from_f64: |x| half::bf16::from_f64(x).to_bits(),
+    to_f64: |b| half::bf16::from_bits(b).to_f64(),
+};
+
+/// The number of elements of each operand of [`c31_half_sums_round_ties_to_even`].
+const TIES: usize = 64;
+
+/// Two operands of `TIES` elements whose exact sums all lie halfway between two neighbouring
+/// values of `f` (ties), the first 62 as `a = ±(1 + k·u)·2^e` and `b = ±(2j + 1)·(u/2)·2^e`
+/// (`u`, the unit in the last place at 1; `k` both even and odd, so that round to nearest
+/// even goes down for half of them and up for the others), the last two the largest finite
+/// value plus half its unit in the last place (a tie that rounds to ±infinity). Checked to
+/// be ties here, so that the test cannot pass for want of them.
+fn tie_operands(f: HalfFormat) -> Result<(Vec<u16>, Vec<u16>), String> {
+    let u = 2f64.powi(1 - f.precision);
+    let mut ab: Vec<(f64, f64)> = (0..TIES - 2)
+        .map(|i| {
+            let k = ((i * 37) % 120) as f64;
+            let j = (i % 3) as f64;
+            let scale = 2f64.powi((i % 7) as i32 - 3) * if i % 4 == 3 { -1.0 } else { 1.0 };
+            ((1.0 + k * u) * scale, (2.0 * j + 1.0) * (u / 2.0) * scale)
+        })
+        .collect();
+    let max = (f.to_f64)(f.max_bits);
+    let half_ulp_of_max = 2f64.powi(max.log2().floor() as i32 - f.precision);
+    ab.push((max, half_ulp_of_max));
+    ab.push((-max, -half_ulp_of_max));
+    let mut a = Vec::with_capacity(TIES);
+    let mut b = Vec::with_capacity(TIES);
+    for (x, y) in ab {
+        let (xb, yb) = ((f.from_f64)(x), (f.from_f64)(y));
+        ensure!(
+            (f.to_f64)(xb) == x && (f.to_f64)(yb) == y,
+            "{}: {x} or {y} is not representable",
+            f.name
+        );
+        // A tie: the exact sum is no value of the format, and its two neighbours (the
+        // rounded value and the one next to it, infinity beyond the largest) are equally far.
+        let exact = x + y;
+        let rounded = (f.from_f64)(exact);
+        let r = (f.to_f64)(rounded);
+        let other = if r.is_infinite() {
+            x
+        } else if r.abs() < exact.abs() {
+            (f.to_f64)(rounded + 1)
+        } else {
+            (f.to_f64)(rounded - 1)
+        };
+        ensure!(
+            r != exact && (r.is_infinite() || (exact - r).abs() == (other - exact).abs()),
+            "{}: {x} + {y} = {exact} is no tie (rounded {r}, other neighbour {other})",
+            f.name
+        );
+        a.push(xb);
+        b.push(yb);
+    }
+    Ok((a, b))
+}
+
+/// `bits` as a tensor of the half format `f`.
+fn half_tensor(bits: &[u16], f: HalfFormat) -> Result<Owned<u16>, String> {
+    Owned::new(bits.to_vec())
+        .with_dtype(f.dtype)
+        .map_err(|e| e.to_string())
+}
+
+/// The failures of [`c31_half_sums_round_ties_to_even`]'s forms, reported together at the end.
+#[derive(Default)]
+struct TieFailures(Vec<String>);
+
+impl TieFailures {
+    /// Notes the elements of `got` that are not `want`.
+    fn check(&mut self, form: &str, f: HalfFormat, got: &[u16], want: &[u16]) {
+        let off: Vec<String> = (0..TIES)
+            .filter(|&i| got[i] != want[i])
+            .map(|i| format!("[{i}] {:#06x} (want {:#06x})", got[i], want[i]))
+            .collect();
+        if !off.is_empty() {
+            self.0.push(format!(
+                "{form} {} sum: {} of {TIES} elements are not the exact sum rounded to \
+                 nearest even: {}{}",
+                f.name,
+                off.len(),
+                off[..off.len().min(4)].join(", "),
+                if off.len() > 4 { ", …" } else { "" }
+            ));
+        }
+    }
+}
+
+/// Half-precision sums are the correctly rounded ones under every MPI (issue 34): ranks 0 and
+/// 1 hold operands whose exact sums are ties (the other ranks hold +0, which adds exactly),
+/// and every all-reduce form (one tensor into another, in place, and the fused lists, in
+/// place and into) must give, bit for bit, the exact sum rounded to nearest even by the
+/// `half` crate on the host. MPICH 5.0's own `MPIX_BFLOAT16` sum rounds such ties away from
+/// zero, one unit in the last place off (`HalfOps::Auto` must not use it).
+fn c31_half_sums_round_ties_to_even(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let formats = [FLOAT16, BFLOAT16];
+    let mut wanted = Vec::new();
+    let mut mine = Vec::new();
+    for f in formats {
+        let (a, b) = tie_operands(f)?;
+        let want: Vec<u16> = (0..TIES)
+            .map(|i| {
+                let exact = (f.to_f64)(a[i]) + if p > 1 { (f.to_f64)(b[i]) } else { 0.0 };
+                (f.from_f64)(exact)
+            })
+            .collect();
+        wanted.push(want);
+        mine.push(match me {
+            0 => a,
+            1 => b,
+            _ => vec![0u16; TIES],
+        });
+    }
+    let mut failures = TieFailures::default();
+    // One tensor at a time: into a receive tensor, then in place.
+    for (k, &f) in formats.iter().enumerate() {
+        let send = half_tensor(&mine[k], f)?.read_only();
+        let recv = half_tensor(&[0u16; TIES], f)?;
+        {
+            let s = acquire(&send, &opts()).map_err(|e| e.to_string())?;
+            let mut r = acquire(&recv, &opts()).map_err(|e| e.to_string())?;
+            w.all_reduce_tensor(&s, &mut r, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+        }
+        failures.check("all_reduce_tensor", f, &recv.into_vec(), &wanted[k]);
+        let both = half_tensor(&mine[k], f)?;
+        {
+            let mut t = acquire(&both, &opts()).map_err(|e| e.to_string())?;
+            w.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+        }
+        failures.check(
+            "all_reduce_tensor_in_place",
+            f,
+            &both.into_vec(),
+            &wanted[k],
+        );
+    }
+    fused_tie_sums(w, &formats, &mine, &wanted, &mut failures)?;
+    ensure!(failures.0.is_empty(), "{}", failures.0.join("; "));
+    Ok(())
+}
+
+/// The fused forms of [`c31_half_sums_round_ties_to_even`] (a float16 and a bfloat16
+/// member, one bucket of each dtype): in place, then into a list of receive tensors.
+fn fused_tie_sums(
+    w: &SimpleCommunicator,
+    formats: &[HalfFormat],
+    mine: &[Vec<u16>],
+    wanted: &[Vec<u16>],
+    failures: &mut TieFailures,
+) -> Outcome {
+    let members: Vec<_> = formats
+        .iter()
+        .zip(mine)
+        .map(|(&f, bits)| half_tensor(bits, f))
+        .collect::<Result<_, _>>()?;
+    {
+        let mut ts: Vec<ManagedTensor<'_>> = members
+            .iter()
+            .map(|m| acquire(m, &opts()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        w.all_reduce_tensors_in_place(&mut ts, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    for (k, m) in members.into_iter().enumerate() {
+        let got = m.into_vec();
+        failures.check("all_reduce_tensors_in_place", formats[k], &got, &wanted[k]);
+    }
+    let sends: Vec<_> = formats
+        .iter()
+        .zip(mine)
+        .map(|(&f, bits)| half_tensor(bits, f).map(Owned::read_only))
+        .collect::<Result<_, _>>()?;
+    let recvs: Vec<_> = formats
+        .iter()
+        .map(|&f| half_tensor(&[0u16; TIES], f))
+        .collect::<Result<_, _>>()?;
+    {
+        let ss: Vec<ManagedTensor<'_>> = sends
+            .iter()
+            .map(|m| acquire(m, &opts()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let mut rs: Vec<ManagedTensor<'_>> = recvs
+            .iter()
+            .map(|m| acquire(m, &opts()).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        w.all_reduce_tensors(&ss, &mut rs, ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
+    }
+    for (k, r) in recvs.into_iter().enumerate() {
+        failures.check("all_reduce_tensors", formats[k], &r.into_vec(), &wanted[k]);
+    }
+    Ok(())
+}
+
 fn c32_complex64(w: &SimpleCommunicator) -> Outcome {
     let r = w.rank() as f32;
     let vals: Vec<Complex32> = (0..4)
@@ -1383,6 +1610,10 @@ const CASES: &[Case] = &[
     (
         "c31_half_bits_identical_and_reductions",
         c31_half_bits_identical,
+    ),
+    (
+        "c31_half_sums_round_ties_to_even",
+        c31_half_sums_round_ties_to_even,
     ),
     ("c32_complex64", c32_complex64),
     (

@@ -106,6 +106,78 @@ pub fn agreed_exit(world: &SimpleCommunicator, status: i32) -> ExitCode {
     }
 }
 
+/// The half-precision operations of one dtype grouped by how they reduce, in the order sum,
+/// prod, min, max.
+type HalfGroups = Vec<(
+    dlpack_mpi::comm::halfops::Choice,
+    Vec<dlpack_mpi::dtype::ReduceOp>,
+)>;
+
+/// The operations of the half dtype `dtype` grouped by `halfops::choice`.
+fn half_groups(dtype: dlpack_mpi::dtype::DType) -> Result<HalfGroups, String> {
+    use dlpack_mpi::dtype::ReduceOp;
+    let mut groups: HalfGroups = Vec::new();
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Product,
+        ReduceOp::Min,
+        ReduceOp::Max,
+    ] {
+        let choice = dlpack_mpi::comm::halfops::choice(dtype, op).map_err(|e| e.to_string())?;
+        match groups.iter_mut().find(|(c, _)| *c == choice) {
+            Some((_, members)) => members.push(op),
+            None => groups.push((choice, vec![op])),
+        }
+    }
+    Ok(groups)
+}
+
+/// How float16 and bfloat16 reduce in this process (`dlpack_mpi::comm::halfops::choice`),
+/// in words: the operations of each dtype grouped by form and reason, both dtypes in one
+/// group where they agree (`float16 and bfloat16 sum, prod, min, max by dlpack-mpi's (…)`).
+/// With `detail`, a group that the rounding probe sent to dlpack-mpi's operations also says
+/// what it found (`MPIX_BFLOAT16 with MPI_SUM: 95 of 1032 results differ …`). Rank-local:
+/// the probe needs MPI initialized. `Err`: the setting is invalid.
+pub fn half_reductions(detail: bool) -> Result<String, String> {
+    use dlpack_mpi::comm::halfops::{self, Choice};
+    use dlpack_mpi::dtype::{code, DType, ReduceOp};
+    let (f16, bf16) = (DType::new(code::FLOAT, 16), DType::new(code::BFLOAT, 16));
+    let per_dtype = [(f16, half_groups(f16)?), (bf16, half_groups(bf16)?)];
+    let names = |ops: &[ReduceOp]| ops.iter().map(|o| o.name()).collect::<Vec<_>>().join(", ");
+    let outcomes = halfops::probe().unwrap_or(&[]);
+    // One group's words: `dtypes` (their name), its operations, the choice and, with
+    // `detail`, what the probe found where it decided against MPI's own.
+    let group = |dtypes: &[DType], name: &str, choice: Choice, members: &[ReduceOp]| {
+        let w = format!("{name} {} by {choice}", names(members));
+        if !(detail && choice == Choice::ProbeDiffers) {
+            return w;
+        }
+        let found: Vec<String> = outcomes
+            .iter()
+            .filter(|o| dtypes.contains(&o.dtype) && members.contains(&o.op))
+            .map(|o| o.to_string())
+            .collect();
+        format!("{w}: {}", found.join("; "))
+    };
+    let words: Vec<String> = if per_dtype[0].1 == per_dtype[1].1 {
+        per_dtype[0]
+            .1
+            .iter()
+            .map(|(c, o)| group(&[f16, bf16], "float16 and bfloat16", *c, o))
+            .collect()
+    } else {
+        per_dtype
+            .iter()
+            .flat_map(|(d, groups)| {
+                groups
+                    .iter()
+                    .map(|(c, o)| group(&[*d], &d.to_string(), *c, o))
+            })
+            .collect()
+    };
+    Ok(words.join("; "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

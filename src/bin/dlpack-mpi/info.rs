@@ -104,26 +104,24 @@ fn print_mpi(world: &SimpleCommunicator, mut hosts: Vec<String>) {
     );
 }
 
-/// How float16 and bfloat16 reduce here ([`dlpack_mpi::comm::halfops::native_datatype`]).
+/// How float16 and bfloat16 reduce here, and why ([`crate::common::half_reductions`], with
+/// the rounding probe's findings), and what the other values of `DLPACK_MPI_HALF_OPS` do.
 fn half_ops() -> String {
-    use dlpack_mpi::dtype::{code, DType};
-    let half = DType::new(code::FLOAT, 16);
-    match dlpack_mpi::comm::halfops::native_datatype(half) {
-        Ok(Some(_)) => "the MPI library's own for float16 (MPIX_C_FLOAT16: sum, prod, min, \
-                        max) and bfloat16 sums (MPIX_BFLOAT16), dlpack-mpi's user-defined \
-                        operations for bfloat16 prod, min, max (MPICH 5.0.2 aborts on \
-                        those); DLPACK_MPI_HALF_OPS=library for dlpack-mpi's throughout"
-            .into(),
-        Ok(None)
-            if dlpack_mpi::settings::half_ops().ok()
-                == Some(dlpack_mpi::settings::HalfOps::Library) =>
-        {
-            "dlpack-mpi's user-defined operations on MPI_UINT16_T (DLPACK_MPI_HALF_OPS=library)"
-                .into()
-        }
-        Ok(None) => "dlpack-mpi's user-defined operations on MPI_UINT16_T (this MPI's mpi.h \
-                     has no MPIX_C_FLOAT16/MPIX_BFLOAT16)"
-            .into(),
+    use dlpack_mpi::settings::HalfOps;
+    let setting = match dlpack_mpi::settings::half_ops() {
+        Ok(HalfOps::Auto) => "auto",
+        Ok(HalfOps::Library) => "library",
+        Ok(HalfOps::Mpi) => "mpi",
+        Err(_) => "?",
+    };
+    match crate::common::half_reductions(true) {
+        Ok(words) if dlpack_mpi::comm::halfops::native_available() => format!(
+            "{words}; DLPACK_MPI_HALF_OPS={setting} (auto: MPI's own where the rounding \
+             probe matches dlpack-mpi's, which are correctly rounded; library: dlpack-mpi's \
+             throughout; mpi: MPI's own wherever it has them, not guaranteed correctly \
+             rounded)"
+        ),
+        Ok(words) => words,
         Err(e) => format!("unknown: {e}"),
     }
 }

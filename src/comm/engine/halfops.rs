@@ -1,12 +1,40 @@
 //! Sum, product, min and max for float16 and bfloat16: user-defined MPI operations, or the
-//! MPI library's own where it has them.
+//! MPI library's own where it has them and they round as these do.
 //!
 //! MPI-4.1 has no predefined half-precision types, so these dtypes travel as `MPI_UINT16_T`
 //! units and reduce through `MPI_Op_create` operations (MPI-4.1 §6.9.5) that reinterpret
 //! the bits. MPICH ≥ 5 defines `MPIX_C_FLOAT16` and `MPIX_BFLOAT16`, which its predefined
-//! `MPI_SUM`, `MPI_PROD`, `MPI_MIN` and `MPI_MAX` reduce (correctly rounded, round to
-//! nearest even, as here); where this build's `mpi.h` has both, [`reduction`] uses them
-//! unless [`crate::settings::HalfOps::Library`] is set ([`native_datatype`] says which).
+//! `MPI_SUM`, `MPI_PROD`, `MPI_MIN` and `MPI_MAX` reduce — but not necessarily as these do:
+//! MPICH 5.0.2's `MPIX_BFLOAT16` sum rounds ties away from zero (`1 + (1 + 2^-7)` gives
+//! `2 + 2^-6`, not `2`), one unit in the last place off the correctly rounded sum for about
+//! half of the ties (issue 34), and its `MPIX_C_FLOAT16` min and max return a NaN operand
+//! where these return the other one. So which reduces is decided per dtype and operation
+//! ([`choice`]):
+//!
+//! - [`HalfOps::Auto`](crate::settings::HalfOps::Auto), the default: MPI's own datatype
+//!   and predefined operation only where this build's `mpi.h` has the datatype and the
+//!   **rounding probe** ([`probe`]) found them to give, bit for bit, what this crate's
+//!   operation gives, else this crate's operations (under MPICH 5.0.2: float16 sums and
+//!   products by MPICH's; float16 min and max, and every bfloat16 operation, by this
+//!   crate's). The probe runs once per process (the first time a half reduction asks,
+//!   after `MPI_Init`; cached), purely locally: `MPI_Reduce_local` with MPI's datatype and
+//!   operation over 700 to 1100 operand pairs per operation — ties (rounding down and up to
+//!   even, at overflow, in the subnormal range), near ties, signed zeros, subnormals,
+//!   infinities, NaNs and pseudo-random pairs — compared with this crate's operation on the
+//!   same pairs (two NaNs count as the same whatever their payloads; for min and max, `+0`
+//!   against `-0` is left out, its order being open). Every rank of a job loads the same MPI
+//!   library, so the probe answers the same on every rank, and the ranks choose the same
+//!   form; the agreement's signature carries the form all the same, so ranks that differ
+//!   (another setting, another library) get [`Error::CollectiveMismatch`] rather than a
+//!   reduction of mismatched datatypes.
+//! - [`HalfOps::Mpi`](crate::settings::HalfOps::Mpi): MPI's own wherever its `mpi.h` has
+//!   the datatype, probe or not: not guaranteed correctly rounded (under MPICH 5.0.2 the
+//!   bfloat16 sums are not); for interoperating with ranks that reduce with those
+//!   datatypes (mpi4py's `FLOAT16_T`/`BFLOAT16_T`).
+//! - [`HalfOps::Library`](crate::settings::HalfOps::Library): this crate's throughout.
+//!
+//! MPICH 5.0.2 aborts the job on `MPI_PROD`, `MPI_MIN` and `MPI_MAX` of `MPIX_BFLOAT16`
+//! ([`native_takes`]): those are never probed nor used, whatever the setting.
 //!
 //! **Numerics.** MPI reductions are element-wise: each application of the operation combines
 //! two values. Here each application widens both operands to `f32`, computes there, and
@@ -20,6 +48,7 @@
 //! returned (IEEE `minNum`/`maxNum`), like `f32::min`.
 
 use std::ffi::{c_int, c_void};
+use std::fmt;
 use std::sync::OnceLock;
 
 use half::{bf16, f16};
@@ -28,6 +57,11 @@ use mpi::raw::AsRaw;
 
 use crate::dtype::{code, DType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::settings::HalfOps;
+
+mod probe;
+use probe::outcome;
+pub use probe::{probe, ProbeOutcome};
 
 macro_rules! half_op {
     ($name:ident, $t:ty, |$a:ident, $b:ident| $body:expr) => {
@@ -63,6 +97,14 @@ half_op!(bf16_prod, bf16, |a, b| a * b);
 half_op!(bf16_min, bf16, |a, b| a.min(b));
 half_op!(bf16_max, bf16, |a, b| a.max(b));
 
+/// An MPI user function (MPI-4.1 §6.9.5, `MPI_User_function`).
+type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype);
+
+/// This crate's operations, in the order of [`op_index`].
+const FUNCTIONS: [UserFn; 8] = [
+    f16_sum, f16_prod, f16_min, f16_max, bf16_sum, bf16_prod, bf16_min, bf16_max,
+];
+
 #[derive(Clone, Copy)]
 struct Ops([MPI_Op; 8]);
 
@@ -71,20 +113,22 @@ unsafe impl Send for Ops {}
 // SAFETY: as above; never mutated after creation.
 unsafe impl Sync for Ops {}
 
-fn ops() -> Result<&'static Ops> {
+/// Whether MPI is initialized and not finalized, else [`Error::MpiNotInitialized`].
+fn mpi_running() -> Result<()> {
     if !mpi::environment::is_initialized() || mpi::environment::is_finalized() {
         return Err(Error::MpiNotInitialized);
     }
+    Ok(())
+}
+
+fn ops() -> Result<&'static Ops> {
+    mpi_running()?;
     static OPS: OnceLock<Ops> = OnceLock::new();
     Ok(OPS.get_or_init(|| {
-        type UserFn = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_int, *mut MPI_Datatype);
-        let functions: [UserFn; 8] = [
-            f16_sum, f16_prod, f16_min, f16_max, bf16_sum, bf16_prod, bf16_min, bf16_max,
-        ];
         // SAFETY: MPI_Op is a handle (a pointer in Open MPI, an int in MPICH): all-zero is a
         // valid placeholder, overwritten below.
         let mut handles: [MPI_Op; 8] = unsafe { std::mem::zeroed() };
-        for (h, f) in handles.iter_mut().zip(functions) {
+        for (h, f) in handles.iter_mut().zip(FUNCTIONS) {
             // SAFETY: the functions follow MPI's user-function contract; all four operations
             // are commutative. The handles live until MPI_Finalize.
             unsafe { mpi::ffi::MPI_Op_create(Some(f), 1, h) };
@@ -110,58 +154,154 @@ extern "C" {
 /// Whether this build's `mpi.h` defines MPI's own half datatypes (`MPIX_C_FLOAT16` and
 /// `MPIX_BFLOAT16`: MPICH ≥ 5), whatever [`crate::settings::half_ops`] says.
 pub fn native_available() -> bool {
-    // SAFETY: returns a predefined handle (a constant of mpi.h), or MPI_DATATYPE_NULL.
-    let native = unsafe { dlpack_mpi_native_half(0) };
-    // SAFETY: a predefined handle constant, read without MPI calls.
-    native != unsafe { mpi::ffi::RSMPI_DATATYPE_NULL }
+    native_handle(DType::new(code::FLOAT, 16)).is_some()
 }
 
-/// The MPI library's own datatype for the half dtype `dtype` (`MPIX_C_FLOAT16`,
-/// `MPIX_BFLOAT16`), when this build's `mpi.h` defines it and [`crate::settings::half_ops`]
-/// is [`crate::settings::HalfOps::Auto`]; `None`: the user-defined operations reduce it.
-///
-/// # Errors
-/// [`Error::InvalidSetting`] from [`crate::settings::half_ops`].
-pub fn native_datatype(dtype: DType) -> Result<Option<MPI_Datatype>> {
-    if !is_half(dtype) || crate::settings::half_ops()? == crate::settings::HalfOps::Library {
-        return Ok(None);
+/// MPI's own datatype for the half dtype `dtype`, where this build's `mpi.h` defines it.
+fn native_handle(dtype: DType) -> Option<MPI_Datatype> {
+    if !is_half(dtype) {
+        return None;
     }
     // SAFETY: returns a predefined handle (a constant of mpi.h), or MPI_DATATYPE_NULL.
     let native = unsafe { dlpack_mpi_native_half(c_int::from(dtype.code == code::BFLOAT)) };
     // SAFETY: a predefined handle constant, read without MPI calls.
     let null = unsafe { mpi::ffi::RSMPI_DATATYPE_NULL };
-    Ok((native != null).then_some(native))
+    (native != null).then_some(native)
+}
+
+/// The MPI library's own datatype for the half dtype `dtype` (`MPIX_C_FLOAT16`,
+/// `MPIX_BFLOAT16`), when this build's `mpi.h` defines it and [`crate::settings::half_ops`]
+/// is not [`HalfOps::Library`]; `None` otherwise. Whether a reduction uses it depends on
+/// the operation and, under [`HalfOps::Auto`], on the rounding probe: [`choice`] says.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] from [`crate::settings::half_ops`].
+pub fn native_datatype(dtype: DType) -> Result<Option<MPI_Datatype>> {
+    if !is_half(dtype) || crate::settings::half_ops()? == HalfOps::Library {
+        return Ok(None);
+    }
+    Ok(native_handle(dtype))
+}
+
+/// How [`reduction`] reduces one half dtype with one operation, and why ([`choice`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Choice {
+    /// MPI's own datatype and predefined operation: [`HalfOps::Auto`], and the rounding
+    /// probe found them to give this crate's results bit for bit ([`probe`]).
+    MpiProbed,
+    /// MPI's own datatype and predefined operation, because [`HalfOps::Mpi`] asks for them
+    /// (not checked: MPI's rounding).
+    MpiAsked,
+    /// This crate's operations: [`HalfOps::Library`] asks for them.
+    LibraryAsked,
+    /// This crate's operations: this build's `mpi.h` has no half datatypes (every MPI but
+    /// MPICH ≥ 5).
+    NoMpiDatatype,
+    /// This crate's operations: MPI's own aborts the job on this operation (MPICH 5.0.2 on
+    /// `MPI_PROD`, `MPI_MIN` and `MPI_MAX` of `MPIX_BFLOAT16`, [`native_takes`]).
+    MpiAborts,
+    /// This crate's operations: [`HalfOps::Auto`], and the rounding probe found MPI's own
+    /// to give other bits than this crate's ([`probe`]): a sum or product not correctly
+    /// rounded (MPICH 5.0.2's bfloat16 sum), or a min or max that returns a NaN operand
+    /// where this crate returns the other one (MPICH 5.0.2's float16 min and max).
+    ProbeDiffers,
+}
+
+impl Choice {
+    /// Whether the reduction goes through MPI's own datatype and predefined operation.
+    pub fn is_mpi(self) -> bool {
+        matches!(self, Choice::MpiProbed | Choice::MpiAsked)
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Choice::MpiProbed => "MPI's own (the rounding probe matched dlpack-mpi's)",
+            Choice::MpiAsked => "MPI's own (DLPACK_MPI_HALF_OPS=mpi: not checked for rounding)",
+            Choice::LibraryAsked => "dlpack-mpi's (DLPACK_MPI_HALF_OPS=library)",
+            Choice::NoMpiDatatype => {
+                "dlpack-mpi's (this MPI's mpi.h has no MPIX_C_FLOAT16/MPIX_BFLOAT16)"
+            }
+            Choice::MpiAborts => "dlpack-mpi's (MPICH 5.0.2 aborts on MPI's own)",
+            Choice::ProbeDiffers => "dlpack-mpi's (MPI's own gave other results in the probe)",
+        })
+    }
+}
+
+/// How [`reduction`] reduces the half dtype `dtype` with `op`, and why: the setting
+/// ([`crate::settings::half_ops`]), whether this build's `mpi.h` has the datatype, whether
+/// MPI's own takes the operation ([`native_takes`]), and under [`HalfOps::Auto`] the
+/// rounding probe ([`probe`], run here the first time it is needed). The same on every
+/// rank that loads the same MPI library with the same setting. For a dtype that is not half,
+/// [`Choice::NoMpiDatatype`], whatever the setting.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] from the setting; [`Error::UnsupportedReduction`] for an
+/// operation other than sum, product, min and max on a half dtype;
+/// [`Error::MpiNotInitialized`] when the probe must run and MPI is not running.
+pub fn choice(dtype: DType, op: ReduceOp) -> Result<Choice> {
+    if !is_half(dtype) {
+        return Ok(Choice::NoMpiDatatype);
+    }
+    op_index(dtype, op)?;
+    decide(
+        crate::settings::half_ops()?,
+        native_handle(dtype).is_some(),
+        native_takes(dtype, op),
+        || Ok(outcome(probe()?, dtype, op).is_some_and(ProbeOutcome::matches)),
+    )
+}
+
+/// The decision of [`choice`] from its facts: the setting, whether `mpi.h` has the
+/// datatype (`declared`), whether MPI's own takes the operation (`takes`), and the probe's
+/// verdict, asked only under [`HalfOps::Auto`] where the other two allow MPI's own.
+fn decide(
+    setting: HalfOps,
+    declared: bool,
+    takes: bool,
+    probe_matches: impl FnOnce() -> Result<bool>,
+) -> Result<Choice> {
+    Ok(match setting {
+        HalfOps::Library => Choice::LibraryAsked,
+        _ if !declared => Choice::NoMpiDatatype,
+        _ if !takes => Choice::MpiAborts,
+        HalfOps::Mpi => Choice::MpiAsked,
+        HalfOps::Auto if probe_matches()? => Choice::MpiProbed,
+        HalfOps::Auto => Choice::ProbeDiffers,
+    })
 }
 
 /// The datatype and operation that reduce `dtype` with `op` when its units travel as
 /// `unit` (the element's own datatype): MPI's own half-precision datatype and predefined
-/// operation ([`native_datatype`]), or `unit` and the user-defined operation ([`op`]).
+/// operation where [`choice`] says so, or `unit` and the user-defined operation ([`op`]).
 ///
 /// # Errors
-/// As [`op`] and [`native_datatype`].
+/// As [`op`] and [`choice`].
 pub fn reduction(dtype: DType, op: ReduceOp, unit: MPI_Datatype) -> Result<(MPI_Datatype, MPI_Op)> {
     let index = op_index(dtype, op)?;
-    match native_datatype(dtype)? {
-        Some(native) if native_takes(dtype, op) => Ok((native, op.system_operation().as_raw())),
+    match (choice(dtype, op)?.is_mpi(), native_handle(dtype)) {
+        (true, Some(native)) => Ok((native, op.system_operation().as_raw())),
         _ => Ok((unit, ops()?.0[index])),
     }
 }
 
-/// Whether MPI's own half datatype of `dtype` is used for `op`: every operation on
+/// Whether MPI's own half datatype of `dtype` may be used for `op`: every operation on
 /// float16; on bfloat16 only the sum. MPICH 5.0.2 implements `MPI_PROD`, `MPI_MIN` and
 /// `MPI_MAX` on `MPIX_C_FLOAT16` but aborts the job on them for `MPIX_BFLOAT16`
 /// (`Assertion failed in file src/mpi/coll/op/op_fns.c`, lines 88, 268 and 286): those stay
-/// on this crate's operations.
+/// on this crate's operations, and the probe does not try them.
 pub fn native_takes(dtype: DType, op: ReduceOp) -> bool {
     dtype.code != code::BFLOAT || op == ReduceOp::Sum
 }
 
 /// Whether [`reduction`] reduces the half dtype `dtype` with `op` through MPI's own
-/// datatype (`false` also for a dtype that is not half, and when the setting is invalid:
+/// datatype (`false` also for a dtype that is not half, and when [`choice`] fails:
 /// [`check`] refuses that). Ranks that answer differently put different datatypes into one
 /// reduction, so the agreement's signature carries the answer ([`super::signature`]).
 pub(crate) fn reduces_natively(dtype: DType, op: ReduceOp) -> bool {
-    matches!(native_datatype(dtype), Ok(Some(_))) && native_takes(dtype, op)
+    is_half(dtype) && matches!(choice(dtype, op), Ok(c) if c.is_mpi())
 }
 
 /// The refusals of [`reduction`] for `dtype` and `op`, without a datatype.
@@ -170,7 +310,7 @@ pub(crate) fn reduces_natively(dtype: DType, op: ReduceOp) -> bool {
 /// As [`reduction`].
 pub fn check(dtype: DType, op: ReduceOp) -> Result<()> {
     op_index(dtype, op)?;
-    if native_datatype(dtype)?.is_none() || !native_takes(dtype, op) {
+    if !choice(dtype, op)?.is_mpi() {
         ops()?;
     }
     Ok(())
@@ -261,6 +401,71 @@ mod tests {
             assert_eq!(got, [1.75, 1.0, 7.0], "x at {x_at}, y at {y_at}");
             assert!(x[..x_at].iter().chain(&y[..y_at]).all(|&v| v == 0));
         }
+    }
+
+    /// The decision of [`choice`]: the setting first, then the datatype, then the operation,
+    /// and only under `Auto` with both allowed the probe, which is asked nowhere else.
+    #[test]
+    fn the_probe_decides_only_auto() {
+        use std::cell::Cell;
+        let asked = Cell::new(0);
+        let probe = |verdict: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                Ok(verdict)
+            }
+        };
+        let cases = [
+            (HalfOps::Library, true, true, true, Choice::LibraryAsked, 0),
+            (
+                HalfOps::Library,
+                false,
+                false,
+                false,
+                Choice::LibraryAsked,
+                0,
+            ),
+            (HalfOps::Auto, false, true, true, Choice::NoMpiDatatype, 0),
+            (HalfOps::Mpi, false, true, true, Choice::NoMpiDatatype, 0),
+            (HalfOps::Auto, true, false, true, Choice::MpiAborts, 0),
+            (HalfOps::Mpi, true, false, true, Choice::MpiAborts, 0),
+            (HalfOps::Mpi, true, true, false, Choice::MpiAsked, 0),
+            (HalfOps::Auto, true, true, true, Choice::MpiProbed, 1),
+            (HalfOps::Auto, true, true, false, Choice::ProbeDiffers, 1),
+        ];
+        for (setting, declared, takes, verdict, want, probes) in cases {
+            asked.set(0);
+            let got = decide(setting, declared, takes, probe(verdict)).unwrap();
+            assert_eq!(
+                (got, asked.get()),
+                (want, probes),
+                "{setting:?} declared {declared} takes {takes} probe {verdict}"
+            );
+            assert_eq!(
+                got.is_mpi(),
+                matches!(want, Choice::MpiProbed | Choice::MpiAsked)
+            );
+        }
+        // A probe that cannot run (MPI not initialized) is the decision's error.
+        let failed = decide(HalfOps::Auto, true, true, || Err(Error::MpiNotInitialized));
+        assert!(matches!(failed, Err(Error::MpiNotInitialized)));
+    }
+
+    /// Without MPI (a unit test), no half datatype is probed: the choice is the setting's
+    /// where it needs no probe, and the probe itself is refused.
+    #[test]
+    fn without_mpi_the_probe_is_refused() {
+        assert!(matches!(probe(), Err(Error::MpiNotInitialized)));
+        let f16 = DType::new(code::FLOAT, 16);
+        assert!(matches!(
+            choice(f16, ReduceOp::BitwiseOr),
+            Err(Error::UnsupportedReduction { .. })
+        ));
+        assert_eq!(
+            choice(DType::new(code::FLOAT, 32), ReduceOp::Sum).unwrap(),
+            Choice::NoMpiDatatype
+        );
     }
 
     #[test]

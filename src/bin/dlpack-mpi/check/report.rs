@@ -84,7 +84,7 @@ pub(super) fn header(
     {
         half_reductions()
     } else {
-        ""
+        String::new()
     };
     println!(
         "dlpack-mpi check: {} case{} at {} rank(s), device {}{gpu}, {producer_line}{halves}, {}",
@@ -104,20 +104,16 @@ pub(super) fn header(
 }
 
 /// How float16 and bfloat16 reduce, for the header: said only where this MPI has its own
-/// half datatypes (MPICH ≥ 5), since elsewhere both settings mean dlpack-mpi's operations.
-fn half_reductions() -> &'static str {
-    use dlpack_mpi::comm::halfops;
-    use dlpack_mpi::dtype::{code, DType};
-    use dlpack_mpi::settings::{half_ops, HalfOps};
-    let f16 = DType::new(code::FLOAT, 16);
-    match (halfops::native_datatype(f16), half_ops()) {
-        (Ok(Some(_)), _) => {
-            ", half reductions by MPI's own datatypes (MPIX_C_FLOAT16; MPIX_BFLOAT16 sums)"
-        }
-        (Ok(None), Ok(HalfOps::Library)) if halfops::native_available() => {
-            ", half reductions by dlpack-mpi's operations (DLPACK_MPI_HALF_OPS=library)"
-        }
-        _ => "",
+/// half datatypes (MPICH ≥ 5), since elsewhere every setting means dlpack-mpi's operations;
+/// which form each operation takes and why (the setting, or the rounding probe's verdict:
+/// [`crate::common::half_reductions`]).
+fn half_reductions() -> String {
+    if !dlpack_mpi::comm::halfops::native_available() {
+        return String::new();
+    }
+    match crate::common::half_reductions(false) {
+        Ok(words) => format!(", half reductions: {words}"),
+        Err(e) => format!(", half reductions: unknown: {e}"),
     }
 }
 
