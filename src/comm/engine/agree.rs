@@ -234,58 +234,16 @@ pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
     let turn = turn(comm, signature, nonblocking)?;
     let pending = progress::active();
     let mine = votes(local.is_err(), (comm.rank(), size), turn.voted(), pending);
-    let mut min = [0i64; 3];
-    if let Some(shadow) = turn.shadow {
-        // A communicator with nonblocking collectives: on every rank of it the nonblocking
-        // form (a blocking and a nonblocking collective never match, MPI-4.1 §6.12, and a
-        // rank with collectives pending must resolve them while it waits,
-        // `progress::wait_raw`); the others wait in MPI.
-        let told = local
-            .as_ref()
-            .err()
-            .map(|e| tell(shadow, turn.count, &e.to_string()));
-        let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
-        let rc = returning(comm, || {
-            // SAFETY: `both` is alive and untouched until the request completes in
-            // `wait_raw` below; every rank posts this agreement here.
-            let req = unsafe { post_votes(comm.as_raw(), &mut both) };
-            progress::wait_raw(&mut [req])
-        });
-        if let Some(told) = told {
-            told.wait();
-        }
-        min.copy_from_slice(&both[3..]);
-        foreign(&turn, rc, min, size)?;
-        if !turn.settled(min, size) {
-            // The error path goes on the shadow, as the nonblocking collectives' do (a peer
-            // may have called this collective's nonblocking form), after every
-            // collective queued on it before this one.
-            progress::progress(shadow, std::ptr::null(), true);
-        }
-        let diag = on(shadow);
-        decide(&*diag, min, &turn, signature, local)
+    let outcome = if let Some(shadow) = turn.shadow {
+        let text = local.as_ref().err().map(ToString::to_string);
+        let min = vote_polled(comm, shadow, &turn, mine, text)?;
+        (min, decide(&*on(shadow), min, &turn, signature, local))
     } else {
-        // One without (the same on every rank): the blocking form, MPI's fastest. A rank
-        // whose pending collectives are on other communicators waits here in MPI, as in any
-        // blocking MPI call of its program.
-        let rc = returning(comm, || {
-            // SAFETY: both arrays are three int64 alive for the call; every rank calls this
-            // agreement here.
-            unsafe {
-                mpi::ffi::MPI_Allreduce(
-                    mine.as_ptr().cast(),
-                    min.as_mut_ptr().cast(),
-                    3,
-                    i64::equivalent_datatype().as_raw(),
-                    SystemOperation::min().as_raw(),
-                    comm.as_raw(),
-                )
-            }
-        });
-        foreign(&turn, rc, min, size)?;
-        decide(comm, min, &turn, signature, local)
-    }
-    .map(|t| {
+        let min = vote_blocking(comm, &turn, mine)?;
+        (min, decide(comm, min, &turn, signature, local))
+    };
+    let (min, outcome) = outcome;
+    outcome.map(|t| {
         let form = if min[0] & 1 == 0 {
             Form::Polled
         } else {
@@ -293,6 +251,67 @@ pub(in crate::comm) fn agree_now<C: Communicator + ?Sized, T>(
         };
         (t, form)
     })
+}
+
+/// The votes on a communicator with a shadow: on every rank of it the nonblocking form (a
+/// blocking and a nonblocking collective never match, MPI-4.1 §6.12, and a rank with
+/// collectives pending must resolve them while it waits, `progress::wait_raw`), after this
+/// rank's refusal `text` (if any) went to the peers ([`tell`]). When the outcome needs the
+/// error path, which goes on the shadow as the nonblocking collectives' does (a peer may
+/// have called this collective's nonblocking form), every collective queued on it before
+/// this one is resolved first. Returns the minimum of the votes.
+fn vote_polled<C: Communicator + ?Sized>(
+    comm: &C,
+    shadow: Shadow,
+    turn: &Turn,
+    mine: [i64; 3],
+    text: Option<String>,
+) -> Result<[i64; 3]> {
+    let told = text.map(|t| tell(shadow, turn.count, &t));
+    let mut both = [mine[0], mine[1], mine[2], 0, 0, 0];
+    let rc = returning(comm, || {
+        // SAFETY: `both` is alive and untouched until the request completes in `wait_raw`
+        // below; every rank posts this agreement here.
+        let req = unsafe { post_votes(comm.as_raw(), &mut both) };
+        progress::wait_raw(&mut [req])
+    });
+    if let Some(told) = told {
+        told.wait();
+    }
+    let min = [both[3], both[4], both[5]];
+    let size = comm.size();
+    foreign(turn, rc, min, size)?;
+    if !turn.settled(min, size) {
+        progress::progress(shadow, std::ptr::null(), true);
+    }
+    Ok(min)
+}
+
+/// The votes on a communicator without a shadow (the same on every rank): the blocking
+/// form, MPI's fastest. A rank whose pending collectives are on other communicators waits
+/// here in MPI, as in any blocking MPI call of its program. Returns the minimum.
+fn vote_blocking<C: Communicator + ?Sized>(
+    comm: &C,
+    turn: &Turn,
+    mine: [i64; 3],
+) -> Result<[i64; 3]> {
+    let mut min = [0i64; 3];
+    let rc = returning(comm, || {
+        // SAFETY: both arrays are three int64 alive for the call; every rank calls this
+        // agreement here.
+        unsafe {
+            mpi::ffi::MPI_Allreduce(
+                mine.as_ptr().cast(),
+                min.as_mut_ptr().cast(),
+                3,
+                i64::equivalent_datatype().as_raw(),
+                SystemOperation::min().as_raw(),
+                comm.as_raw(),
+            )
+        }
+    });
+    foreign(turn, rc, min, comm.size())?;
+    Ok(min)
 }
 
 /// Runs `f`, MPI calls on `comm` that return their error code, with `MPI_ERRORS_RETURN`

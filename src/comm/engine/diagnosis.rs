@@ -414,6 +414,22 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
     if ahead.is_empty() && behind.is_empty() {
         return None;
     }
+    let said = shifted(reports, &ahead, &behind, (&last, before));
+    Some(Verdict::OutOfStep(format!(
+        "the ranks are out of step on this communicator: {} (collectives counted on this \
+         communicator from its first dlpack-mpi collective)",
+        said.join("; ")
+    )))
+}
+
+/// The words for ranks `ahead` (skipped one) and `behind` (made one more) of the others;
+/// `last` every rank's last fingerprint, `before` the others'.
+fn shifted(
+    reports: &[&Report],
+    ahead: &[usize],
+    behind: &[usize],
+    (last, before): (&[i64], i64),
+) -> Vec<String> {
     let others: Vec<usize> = (0..reports.len())
         .filter(|r| !ahead.contains(r) && !behind.contains(r))
         .collect();
@@ -421,7 +437,7 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
     let words_now = &reports[others.first().copied().unwrap_or(0)].words;
     let words_before = reports
         .iter()
-        .zip(&last)
+        .zip(last)
         .find(|(_, &l)| l == before)
         .and_then(|(r, _)| r.last.as_ref().map(|l| l.1.clone()))
         .unwrap_or_default();
@@ -430,30 +446,26 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
         said.push(format!(
             "{} at collective {}, {} at {n}: the collective {} made last ({}) is the one {} \
              make now, so {} skipped one they made ({words_before}) or they made one it did not",
-            ranks(&ahead),
+            ranks(ahead),
             n + 1,
             ranks(&others),
-            ranks(&ahead),
+            ranks(ahead),
             words_now,
             ranks(&others),
-            ranks(&ahead),
+            ranks(ahead),
         ));
     }
     if !behind.is_empty() {
         said.push(format!(
             "{} at collective {}, {} at {n}: {} now makes the collective the others made last \
              ({words_before}), so it made one more than they did (or they skipped one)",
-            ranks(&behind),
+            ranks(behind),
             n - 1,
             ranks(&others),
-            ranks(&behind),
+            ranks(behind),
         ));
     }
-    Some(Verdict::OutOfStep(format!(
-        "the ranks are out of step on this communicator: {} (collectives counted on this \
-         communicator from its first dlpack-mpi collective)",
-        said.join("; ")
-    )))
+    said
 }
 
 #[cfg(test)]

@@ -231,19 +231,9 @@ where
     C: Communicator + ?Sized,
     Sc: Scope<'a> + Copy,
 {
-    let agreeing = match agreement() {
-        Ok(Agreement::Local) => false,
-        Ok(Agreement::Collective) | Err(_) => comm.size() > 1,
-    };
-    let collective = |phase, operation, held, signature| {
-        Rc::new(RefCell::new(Collective {
-            scope,
-            phase,
-            operation,
-            held,
-            signature,
-        }))
-    };
+    let agreeing = !matches!(agreement(), Ok(Agreement::Local)) && comm.size() > 1;
+    let collective =
+        |phase, operation, held, signature| new_state(scope, phase, operation, held, signature);
     if !agreeing {
         let mut op = agreement().and(prepared)?;
         let requests = post_data(&mut op, comm.as_raw(), scope);
@@ -255,26 +245,7 @@ where
         ));
     }
     let Some(shadow) = ledger::shadow(comm) else {
-        // The first nonblocking collective on `comm`: agreed now, with the blocking
-        // collectives' MPI call there (so a rank that calls the blocking form meets it);
-        // once agreed, every rank duplicates `comm` here.
-        let refuses = prepared.is_err();
-        return match agree_now(comm, &signature, prepared, true) {
-            Ok((mut op, _)) => {
-                let shadow = make_shadow(comm);
-                ledger::of(comm).borrow_mut().shadow = Some(shadow);
-                let requests = post_data(&mut op, shadow.comm, scope);
-                Ok(collective(
-                    Phase::Posted(requests),
-                    Some(op),
-                    held,
-                    signature,
-                ))
-            }
-            Err(e) if refuses => Err(e),
-            Err(e @ Error::OutOfStep { .. }) => Err(e),
-            Err(e) => Ok(collective(Phase::Failed(e), None, None, signature)),
-        };
+        return start_first(comm, scope, signature, prepared, held);
     };
     let turn = turn(comm, &signature, true)?;
     let fp = turn.voted();
@@ -295,8 +266,8 @@ where
     let raw = unsafe { post_votes(comm.as_raw(), &mut boxed) };
     if let Some(e) = local {
         // This rank refused: its post returns now; the agreement stays queued (owning
-        // nothing of the caller's) until this rank's later calls, or `MPI_Finalize`,
-        // complete it and tell the peers.
+        // nothing of the caller's) until MPI's progress, this crate's queue or
+        // `MPI_Finalize` completes it.
         let words = turn.report(&signature).words;
         let refusal = Refusal {
             request: raw,
@@ -326,6 +297,59 @@ where
     let erased: Rc<RefCell<dyn Resolve + 'static>> = unsafe { std::mem::transmute(erased) };
     enqueue(erased, shadow);
     Ok(state)
+}
+
+/// A collective's shared state.
+fn new_state<'a, Sc: Scope<'a>>(
+    scope: Sc,
+    phase: Phase<'a, Sc>,
+    operation: Option<Operation<'a>>,
+    held: Option<Held<'a>>,
+    signature: Signature<'a>,
+) -> State<'a, Sc> {
+    Rc::new(RefCell::new(Collective {
+        scope,
+        phase,
+        operation,
+        held,
+        signature,
+    }))
+}
+
+/// The first nonblocking collective on `comm` (it has no shadow yet): agreed now, with the
+/// blocking collectives' MPI call there (so a rank that calls the blocking form meets it);
+/// once agreed, every rank duplicates `comm` here and posts the data operation on the
+/// duplicate.
+fn start_first<'a, C, Sc>(
+    comm: &C,
+    scope: Sc,
+    signature: Signature<'a>,
+    prepared: Result<Operation<'a>>,
+    held: Option<Held<'a>>,
+) -> Result<State<'a, Sc>>
+where
+    C: Communicator + ?Sized,
+    Sc: Scope<'a> + Copy,
+{
+    let collective =
+        |phase, operation, held, signature| new_state(scope, phase, operation, held, signature);
+    let refuses = prepared.is_err();
+    match agree_now(comm, &signature, prepared, true) {
+        Ok((mut op, _)) => {
+            let shadow = make_shadow(comm);
+            ledger::of(comm).borrow_mut().shadow = Some(shadow);
+            let requests = post_data(&mut op, shadow.comm, scope);
+            Ok(collective(
+                Phase::Posted(requests),
+                Some(op),
+                held,
+                signature,
+            ))
+        }
+        Err(e) if refuses => Err(e),
+        Err(e @ Error::OutOfStep { .. }) => Err(e),
+        Err(e) => Ok(collective(Phase::Failed(e), None, None, signature)),
+    }
 }
 
 impl<'a, Sc: Scope<'a>> Collective<'a, Sc> {
