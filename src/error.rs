@@ -430,14 +430,14 @@ pub enum Error {
     /// works. Names two ranks that differ (the lowest rank, and the lowest rank whose call
     /// differs from its) and each one's call in words, e.g. `all_reduce float32 × 1000 sum`
     /// and `broadcast float32 × 1000 root 0` (counts in elements; the nonblocking form is
-    /// prefixed `immediate_`), and `difference`, what differs across all ranks in words:
+    /// prefixed `immediate_`), and `difference`, the error's text: what differs across all
+    /// ranks in words:
     /// which ranks used which form, or for fused lists the first member that differs with
     /// its index, dtype and shape on each rank and which ranks have which length
     /// (`member 57: rank 0 float32 [2048], rank 2 float64 [2048]`).
     #[error(
         "the ranks' calls to this collective do not match (MPI-4.1 §6.1), so no rank \
-         entered it: {difference}. Rank {rank}: {arguments}; rank {other_rank}: \
-         {other_arguments}"
+         entered it: {difference}"
     )]
     CollectiveMismatch {
         /// The lowest rank of the communicator.
@@ -462,10 +462,9 @@ pub enum Error {
     /// ranks 0, 1 at 6: …`). [`crate::comm::reset_out_of_step`], called by every rank,
     /// clears it.
     #[error(
-        "the ranks are out of step on this communicator, so dlpack-mpi enters no collective on \
-         it: {first}. Every rank must make the same collectives in the same order \
-         (MPI-4.1 §6.13); after fixing the program's order, or to go on, call \
-         comm::reset_out_of_step on every rank"
+        "{first}. dlpack-mpi enters no collective on this communicator until every rank calls \
+         comm::reset_out_of_step (every rank must make the same collectives in the same \
+         order, MPI-4.1 §6.13)"
     )]
     OutOfStep {
         /// The first finding, in words.

@@ -707,6 +707,83 @@ fn refusing_post_does_not_wait_for_peers(w: &SimpleCommunicator) -> Outcome {
     first_nonblocking(w)
 }
 
+/// A recoverable mismatch that the ranks learn at different times (attack of issue 34):
+/// the last rank's all-reduce A has one element more; rank 0 waits A before it posts B,
+/// the others post B before they wait A. A is `CollectiveMismatch` on every rank, B (the
+/// same on every rank) exact. A first version read "the last collective ended in a
+/// mismatch" at the post, which differed between the ranks here: a hang.
+fn mismatch_learned_at_different_times(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    if p < 2 {
+        return Ok(());
+    }
+    let w = &w.duplicate();
+    first_nonblocking(w)?;
+    let n = if me == p - 1 { M + 1 } else { M };
+    let (a_send, mut a_recv) = (Owned::new(vals(me, n)), Owned::new(vec![GAP; n]));
+    let (b_send, mut b_recv) = (Owned::new(vals(me, M)), Owned::new(vec![GAP; M]));
+    let (a, b) = {
+        let (sa, sb) = (t(&a_send)?, t(&b_send)?);
+        let (mut ra, mut rb) = (t(&a_recv)?, t(&b_recv)?);
+        let got: dlpack_mpi::Result<(Got, Got)> = mpi::request::scope(|scope| {
+            let qa = w.immediate_all_reduce_tensor(scope, &sa, &mut ra, ReduceOp::Sum)?;
+            if me == 0 {
+                let a = qa.wait().map(drop);
+                let qb = w.immediate_all_reduce_tensor(scope, &sb, &mut rb, ReduceOp::Sum)?;
+                Ok((Ok(a), Ok(qb.wait().map(drop))))
+            } else {
+                let qb = w.immediate_all_reduce_tensor(scope, &sb, &mut rb, ReduceOp::Sum)?;
+                let a = qa.wait().map(drop);
+                Ok((Ok(a), Ok(qb.wait().map(drop))))
+            }
+        });
+        got.map_err(s)?
+    };
+    ensure!(
+        matches!(a, Ok(Err(Error::CollectiveMismatch { .. }))),
+        "A: expected CollectiveMismatch, got {a:?}"
+    );
+    ensure!(matches!(b, Ok(Ok(()))), "B: got {b:?}");
+    ensure_eq!(b_recv.as_slice(), &sum_of_ranks(p, M)[..]);
+    ensure!(a_recv.as_slice().iter().all(|&v| v == GAP), "A was written");
+    Ok(())
+}
+
+/// Two nonblocking all-reduces on two communicators, waited in one order on rank 0 and the
+/// other on the rest (attack of issue 34): a `wait` polls the other communicator's
+/// collectives while its data operation completes, or rank 0 would wait for a data
+/// operation its peer posts only in the other `wait`.
+fn waits_in_different_orders_on_two_communicators(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    let (x, y) = (w.duplicate(), w.duplicate());
+    first_nonblocking(&x)?;
+    first_nonblocking(&y)?;
+    for _ in 0..20 {
+        let (xs, ys) = (Owned::new(vals(me, M)), Owned::new(vals(me, 3)));
+        let (mut xr, mut yr) = (Owned::new(vec![GAP; M]), Owned::new(vec![GAP; 3]));
+        {
+            let (txs, tys) = (t(&xs)?, t(&ys)?);
+            let (mut txr, mut tyr) = (t(&xr)?, t(&yr)?);
+            let done: dlpack_mpi::Result<()> = mpi::request::scope(|scope| {
+                let qx = x.immediate_all_reduce_tensor(scope, &txs, &mut txr, ReduceOp::Sum)?;
+                let qy = y.immediate_all_reduce_tensor(scope, &tys, &mut tyr, ReduceOp::Sum)?;
+                if me == 0 {
+                    qx.wait()?;
+                    qy.wait()?;
+                } else {
+                    qy.wait()?;
+                    qx.wait()?;
+                }
+                Ok(())
+            });
+            done.map_err(s)?;
+        }
+        ensure_eq!(xr.as_slice(), &sum_of_ranks(p, M)[..]);
+        ensure_eq!(yr.as_slice(), &sum_of_ranks(p, 3)[..]);
+    }
+    Ok(())
+}
+
 /// Spins for `micros` µs (local work the ranks do for different times).
 fn spin(micros: u64) {
     let until = std::time::Instant::now() + std::time::Duration::from_micros(micros);
@@ -1032,7 +1109,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             )
         })
         .collect();
-    let extra: [(&str, Whole); 12] = [
+    let extra: [(&str, Whole); 14] = [
         (
             "two posted, completed in reverse order, a blocking collective between",
             reverse_order_and_blocking_between,
@@ -1044,6 +1121,14 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
         (
             "a refusing rank's post does not wait for its peers",
             refusing_post_does_not_wait_for_peers,
+        ),
+        (
+            "a mismatch learned at different times, then a matching collective",
+            mismatch_learned_at_different_times,
+        ),
+        (
+            "waits in different orders on two communicators",
+            waits_in_different_orders_on_two_communicators,
         ),
         (
             "first posts on a fresh communicator, skewed",

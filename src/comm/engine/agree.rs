@@ -95,8 +95,6 @@ pub(in crate::comm) struct Turn {
     pub(in crate::comm) count: u64,
     pub(in crate::comm) call: i64,
     pub(in crate::comm) nonblocking: bool,
-    /// The last collective's fingerprint and words when it ended in a mismatch.
-    pub(in crate::comm) last: Option<(i64, String)>,
     /// The communicator's shadow when its nonblocking collectives have one.
     pub(in crate::comm) shadow: Option<Shadow>,
     ledger: Rc<RefCell<Ledger>>,
@@ -114,7 +112,7 @@ pub(in crate::comm) fn turn<C: Communicator + ?Sized>(
     nonblocking: bool,
 ) -> Result<Turn> {
     let ledger = ledger::of(comm);
-    let (count, last, shadow) = {
+    let (count, shadow) = {
         let mut l = ledger.borrow_mut();
         if let Some(first) = &l.out_of_step {
             return Err(Error::OutOfStep {
@@ -122,13 +120,12 @@ pub(in crate::comm) fn turn<C: Communicator + ?Sized>(
             });
         }
         l.count += 1;
-        (l.count, l.suspect.clone(), l.shadow)
+        (l.count, l.shadow)
     };
     Ok(Turn {
         count,
         call: mix(signature.fingerprint(), u64::from(nonblocking)),
         nonblocking,
-        last,
         shadow,
         ledger,
     })
@@ -140,7 +137,10 @@ impl Turn {
         mix(self.call, self.count)
     }
 
-    /// This rank's report for the error path ([`super::diagnosis`]).
+    /// This rank's report for the error path ([`super::diagnosis`]), with the
+    /// communicator's last collective when that one ended in a mismatch (read when the
+    /// agreement is decided: every rank decides its collectives on a communicator in their
+    /// order, so every rank has noted the same ones by then).
     pub(in crate::comm) fn report(&self, signature: &Signature<'_>) -> Report {
         let words = signature.describe();
         Report {
@@ -153,21 +153,24 @@ impl Turn {
                 words
             },
             members: signature.member_list(),
-            last: self.last.clone(),
+            last: self.ledger.borrow().suspect.clone(),
         }
     }
 
     /// Notes this call (in `words`) as the communicator's last collective to compare the
-    /// next one with (the last one ended in a mismatch, or this one did).
-    pub(in crate::comm) fn note_last(&self, words: String) {
-        self.ledger.borrow_mut().suspect = Some((self.call, words));
+    /// next one with, when the last one ended in a mismatch (a refusal keeps the watch).
+    pub(in crate::comm) fn note_last_if_watching(&self, words: impl FnOnce() -> String) {
+        let mut l = self.ledger.borrow_mut();
+        if l.suspect.is_some() {
+            l.suspect = Some((self.call, words()));
+        }
     }
 
     /// Whether the outcome `min` of the votes lets every rank go on without another word:
-    /// nobody refused, the fingerprints agree, and the last collective did not end in a
-    /// mismatch.
+    /// nobody refused and the fingerprints agree (then the watch for a rank out of step,
+    /// if any, ends: every rank makes the same call).
     fn settled(&self, min: [i64; 3], size: Rank) -> bool {
-        min[0] >> 1 >= i64::from(size) && min[1] == !min[2] && self.last.is_none()
+        min[0] >> 1 >= i64::from(size) && min[1] == !min[2]
     }
 }
 
@@ -349,10 +352,11 @@ fn foreign(turn: &Turn, rc: c_int, min: [i64; 3], size: Rank) -> Result<()> {
         format!("MPI returned {}", error_string(rc))
     };
     let first = format!(
-        "the agreement's all-reduce before this collective failed: {what}. A rank of this \
-         communicator is most likely running a plain MPI or mpi4py collective where this \
-         rank runs a dlpack-mpi one, or runs with another DLPACK_MPI_AGREEMENT; on a \
-         communicator shared with ranks that do not use dlpack-mpi, set \
+        "a rank of this communicator is not taking part in dlpack-mpi's agreement: the \
+         agreement's all-reduce before this collective failed ({what}). Most likely another \
+         rank runs a plain MPI or mpi4py collective where this rank runs a dlpack-mpi one, \
+         or runs with another DLPACK_MPI_AGREEMENT; for a collective that some ranks call \
+         through dlpack-mpi and others through mpi4py or plain MPI, set \
          DLPACK_MPI_AGREEMENT=local (settings::set_agreement(Agreement::Local)) on every \
          dlpack-mpi rank"
     );
@@ -433,15 +437,17 @@ pub(in crate::comm) fn decide<C: Communicator + ?Sized, T>(
 ) -> Result<T> {
     let size = comm.size();
     if turn.settled(min, size) {
+        let mut l = turn.ledger.borrow_mut();
+        if l.suspect.is_some() {
+            l.suspect = None;
+        }
         return local;
     }
     if min[0] >> 1 < i64::from(size) {
         // A rank number: below `size`, so it fits a Rank.
         let lowest = Rank::try_from(min[0] >> 1).unwrap_or(0);
-        if turn.last.is_some() {
-            // Still watching for a rank out of step: compare with this call next time.
-            turn.note_last(turn.report(signature).words);
-        }
+        // Still watching for a rank out of step: compare with this call next time.
+        turn.note_last_if_watching(|| turn.report(signature).words);
         let reason = match (turn.shadow, &local) {
             // On a shadow the refusing rank sent its text before it voted ([`tell`]).
             (Some(_), Ok(_)) => hear(comm, lowest, turn.count),

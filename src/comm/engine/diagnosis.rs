@@ -263,8 +263,9 @@ pub(in crate::comm) fn explain(reports: &[Option<Report>]) -> Verdict {
         .collect();
     if !foreign.is_empty() {
         return Verdict::OutOfStep(format!(
-            "{} sent no dlpack-mpi report in the agreement's exchange: a rank running a plain \
-             MPI or mpi4py collective on this communicator, or another DLPACK_MPI_AGREEMENT",
+            "{} sent no dlpack-mpi report in the agreement's exchange: a rank of this \
+             communicator is not taking part in dlpack-mpi's agreement (a plain MPI or mpi4py \
+             collective, or another DLPACK_MPI_AGREEMENT)",
             ranks(&foreign)
         ));
     }
@@ -277,44 +278,48 @@ pub(in crate::comm) fn explain(reports: &[Option<Report>]) -> Verdict {
         return Verdict::Agreed;
     };
     let theirs = reports[other];
+    let watching = reports.iter().any(|r| r.last.is_some());
+    let hint = if watching {
+        ""
+    } else {
+        " (if a rank skipped or added a collective on this communicator, the next collective \
+         on it names that rank)"
+    };
     let difference = if first.nonblocking != theirs.nonblocking {
-        let forms: Vec<bool> = reports.iter().map(|r| r.nonblocking).collect();
+        let forms: Vec<(bool, &str)> = reports
+            .iter()
+            .map(|r| (r.nonblocking, r.words.as_str()))
+            .collect();
         let said: Vec<String> = groups(&forms)
             .into_iter()
-            .map(|(nb, list)| {
-                let form = if nb {
-                    "the nonblocking form (immediate_*)"
-                } else {
-                    "the blocking form"
-                };
-                format!("{} called {form}", ranks(&list))
+            .map(|((nb, words), list)| {
+                let form = if nb { "nonblocking" } else { "blocking" };
+                format!("{} called the {form} form ({words})", ranks(&list))
             })
             .collect();
         format!(
-            "{}; a blocking and a nonblocking collective never match (MPI-4.1 §6.12)",
+            "{}; a blocking and a nonblocking collective never match (MPI-4.1 §6.12): call the \
+             same form on every rank",
             said.join(", ")
         )
     } else if let (Some(_), Some(_)) = (&first.members, &theirs.members) {
-        lists(&reports)
+        let op = first.words.split(" members").next().unwrap_or(&first.words);
+        let op = op.rsplit_once(' ').map_or(op, |(head, _)| head);
+        format!("{op}: {}{hint}", lists(&reports))
     } else {
         let words: Vec<&str> = reports.iter().map(|r| r.words.as_str()).collect();
-        groups(&words)
+        let said = groups(&words)
             .into_iter()
             .map(|(w, list)| format!("{}: {w}", ranks(&list)))
             .collect::<Vec<_>>()
-            .join("; ")
-    };
-    let hint = if reports.iter().all(|r| r.last.is_none()) {
-        " (if a rank skipped or added a collective on this communicator, the next collective \
-         on it names that rank)"
-    } else {
-        ""
+            .join("; ");
+        format!("{said}{hint}")
     };
     Verdict::Mismatch {
         arguments: first.words.clone(),
         other_rank: i32::try_from(other).unwrap_or(i32::MAX),
         other_arguments: theirs.words.clone(),
-        difference: format!("{difference}{hint}"),
+        difference,
     }
 }
 
@@ -416,8 +421,8 @@ fn sequence(reports: &[&Report]) -> Option<Verdict> {
     }
     let said = shifted(reports, &ahead, &behind, (&last, before));
     Some(Verdict::OutOfStep(format!(
-        "the ranks are out of step on this communicator: {} (collectives counted on this \
-         communicator from its first dlpack-mpi collective)",
+        "the ranks are out of step on this communicator: {} (collectives numbered in the \
+         order of the ranks that agree, from the communicator's first dlpack-mpi collective)",
         said.join("; ")
     )))
 }
@@ -441,28 +446,26 @@ fn shifted(
         .find(|(_, &l)| l == before)
         .and_then(|(r, _)| r.last.as_ref().map(|l| l.1.clone()))
         .unwrap_or_default();
+    let (o, verb) = (
+        ranks(&others),
+        if others.len() == 1 { "makes" } else { "make" },
+    );
     let mut said = Vec::new();
     if !ahead.is_empty() {
+        let a = ranks(ahead);
         said.push(format!(
-            "{} at collective {}, {} at {n}: the collective {} made last ({}) is the one {} \
-             make now, so {} skipped one they made ({words_before}) or they made one it did not",
-            ranks(ahead),
+            "{a} at collective {}, {o} at {n}: the collective {a} made last ({words_now}) is \
+             the one {o} {verb} now, so {a} skipped one that {o} made ({words_before}), or {o} \
+             made one that {a} did not",
             n + 1,
-            ranks(&others),
-            ranks(ahead),
-            words_now,
-            ranks(&others),
-            ranks(ahead),
         ));
     }
     if !behind.is_empty() {
+        let b = ranks(behind);
         said.push(format!(
-            "{} at collective {}, {} at {n}: {} now makes the collective the others made last \
-             ({words_before}), so it made one more than they did (or they skipped one)",
-            ranks(behind),
+            "{b} at collective {}, {o} at {n}: {b} now makes the collective {o} made last \
+             ({words_before}), so {b} made one more than {o} (or {o} skipped one)",
             n - 1,
-            ranks(&others),
-            ranks(behind),
         ));
     }
     said
@@ -542,7 +545,9 @@ mod tests {
         };
         assert_eq!(other_rank, 2);
         assert!(
-            difference.starts_with("member 57: ranks 0, 1 float32 [2048], rank 2 float64 [2048]"),
+            difference.starts_with(
+                "all_reduce_tensors: member 57: ranks 0, 1 float32 [2048], rank 2 float64 [2048]"
+            ),
             "{difference}"
         );
     }
@@ -565,7 +570,7 @@ mod tests {
         };
         assert!(
             difference.starts_with(
-                "ranks 0, 2 have 161 members, rank 1 has 160 members; first difference at \
+                "w: ranks 0, 2 have 161 members, rank 1 has 160 members; first difference at \
                  member 160: ranks 0, 2 float32 [2048], rank 1 no member"
             ),
             "{difference}"
@@ -583,8 +588,9 @@ mod tests {
             panic!()
         };
         assert!(
-            difference
-                .starts_with("rank 0 called the blocking form, rank 1 called the nonblocking form"),
+            difference.starts_with(
+                "rank 0 called the blocking form (w), rank 1 called the nonblocking form (w)"
+            ),
             "{difference}"
         );
     }
@@ -606,7 +612,7 @@ mod tests {
         };
         assert!(
             text.contains("rank 2 at collective 4, ranks 0, 1 at 3")
-                && text.contains("skipped one they made (call 2)"),
+                && text.contains("skipped one that ranks 0, 1 made (call 2)"),
             "{text}"
         );
         // Rank 2 repeated B: its current is the others' last.

@@ -63,7 +63,7 @@ use mpi::topology::Communicator;
 use super::agree::{agree_now, decide, on, post_votes, tell, turn, votes, Told, Turn};
 use super::call::Operation;
 use super::ledger;
-use super::progress::{empty_status, enqueue, make_shadow, progress, Resolve, Shadow};
+use super::progress::{self, empty_status, enqueue, make_shadow, progress, Resolve, Shadow};
 use super::signature::Signature;
 use super::stager::Held;
 use super::{Request, Scope};
@@ -176,16 +176,16 @@ impl Resolve for Refusal {
         if flag == 0 {
             return false;
         }
+        // Not `Told::wait`: its polling would resolve this queue, whose head this is.
         if block {
-            if let Some(told) = self.told.take() {
-                told.wait();
+            while self.told.as_mut().is_some_and(|t| !t.test()) {
+                std::thread::yield_now();
             }
         } else if self.told.as_mut().is_some_and(|t| !t.test()) {
             return false;
         }
-        if self.turn.last.is_some() {
-            self.turn.note_last(std::mem::take(&mut self.words));
-        }
+        let words = std::mem::take(&mut self.words);
+        self.turn.note_last_if_watching(|| words);
         true
     }
 }
@@ -388,8 +388,20 @@ pub(in crate::comm) fn complete<'a, Sc: Scope<'a>>(
             let mut last = None;
             // In posting order: a fused list unpacks each bucket as it lands.
             while let Some(r) = requests.pop_front() {
-                let status = if block {
+                let status = if block && !progress::active() {
                     r.wait()
+                } else if block {
+                    // Other collectives of this rank wait for their data operations (on other
+                    // communicators too): post them while this one completes.
+                    let mut r = r;
+                    loop {
+                        match r.test() {
+                            Ok(s) => break s,
+                            Err(pending) => r = pending,
+                        }
+                        progress::progress_all();
+                        std::thread::yield_now();
+                    }
                 } else {
                     match r.test() {
                         Ok(s) => s,
