@@ -540,6 +540,44 @@ mod tests {
         );
     }
 
+    /// The fingerprint of `args` as the CLI parses them.
+    fn fingerprint(args: &[&str]) -> i64 {
+        let argv = std::iter::once("dlpack-mpi")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        let command = <crate::Cli as clap::CommandFactory>::command();
+        let mine: Mine<crate::Cli> = Mine::parse(command, argv, crate::one_line);
+        mine.fingerprint()
+    }
+
+    /// The same options written differently are the same; `--gpu` is left out; any other
+    /// option, its value or the subcommand differs.
+    #[test]
+    fn fingerprints_of_options() {
+        let fp = fingerprint;
+        assert_eq!(
+            fp(&["check", "--len", "3,4"]),
+            fp(&["check", "--len", "3", "--len", "4"])
+        );
+        assert_eq!(
+            fp(&["check", "--op=bcast"]),
+            fp(&["check", "--op", "bcast"])
+        );
+        assert_eq!(fp(&["check", "-q"]), fp(&["check", "--quiet"]));
+        assert_eq!(fp(&["check", "--device", "cpu"]), fp(&["check"]));
+        assert_eq!(fp(&["check"]), fp(&["check", "--gpu", "1"]));
+        assert_ne!(fp(&["check"]), fp(&["check", "-v"]));
+        assert_ne!(fp(&["check", "-v"]), fp(&["check", "-vv"]));
+        assert_ne!(
+            fp(&["check", "--len", "3,4"]),
+            fp(&["check", "--len", "4,3"])
+        );
+        assert_ne!(fp(&["check"]), fp(&["bench"]));
+        assert_ne!(fp(&["check"]), fp(&["check", "--help"]));
+        assert_ne!(fp(&["check", "--frobnicate"]), fp(&["check"]));
+    }
+
     #[test]
     fn lines_are_quoted_as_a_shell_needs() {
         assert_eq!(quoted("--dtype"), "--dtype");
