@@ -310,10 +310,16 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
 /// The exit status of a run that ran past `--timeout` (as `check`'s).
 const TIMED_OUT_STATUS: u8 = 3;
 
+/// How much longer than `--timeout` the ranks other than 0 wait before they end themselves:
+/// rank 0 ends first and says so, and the launcher ends the others (had every rank ended at
+/// once, the launcher could end rank 0 before its line was out: seen under Open MPI 5).
+const OTHERS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// `--timeout`: a thread that ends the process with [`TIMED_OUT_STATUS`] when the run is
-/// still going `--timeout` seconds after it started (rank 0 says so); dropping the watch
-/// (the run returned) disarms it. The thread makes no MPI call (MPI_THREAD_SINGLE); the
-/// launcher ends the other ranks when one exits.
+/// still going `--timeout` seconds after it started (rank 0, which says so; the others
+/// [`OTHERS_GRACE`] later, each with its own line); dropping the watch (the run returned)
+/// disarms it. The thread makes no MPI call (MPI_THREAD_SINGLE); the launcher ends the
+/// other ranks when one exits.
 struct Watch {
     done: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -328,20 +334,32 @@ impl Watch {
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let seen = std::sync::Arc::clone(&done);
         let watch = move || {
-            std::thread::sleep(std::time::Duration::from_secs_f64(timeout));
+            let budget = std::time::Duration::from_secs_f64(timeout);
+            let grace = if rank == 0 {
+                std::time::Duration::ZERO
+            } else {
+                OTHERS_GRACE
+            };
+            std::thread::sleep(budget + grace);
             if seen.load(Ordering::SeqCst) {
                 return;
             }
             use std::io::Write as _;
             let _ = std::io::stdout().flush();
-            if rank == 0 {
-                let line = format!(
+            let line = if rank == 0 {
+                format!(
                     "dlpack-mpi bench: still running after --timeout {timeout} s: ending the \
                      run (exit status {TIMED_OUT_STATUS}); what was printed before stands, \
                      --csv, --json and --plot are not written\n"
-                );
-                let _ = std::io::stderr().write_all(line.as_bytes());
-            }
+                )
+            } else {
+                format!(
+                    "dlpack-mpi bench: rank {rank}: still running {} s after --timeout \
+                     {timeout} s: ending (exit status {TIMED_OUT_STATUS})\n",
+                    OTHERS_GRACE.as_secs()
+                )
+            };
+            let _ = std::io::stderr().write_all(line.as_bytes());
             std::process::exit(i32::from(TIMED_OUT_STATUS));
         };
         std::thread::Builder::new()
