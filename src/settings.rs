@@ -29,9 +29,9 @@
 //! program that refuses a typo at start (the CLI's `check` and `bench` do).
 //!
 //! **Unknown names.** A variable whose name starts with `DLPACK_MPI_` and is none of the
-//! table's, nor one of the names the crate's own tools read ([`TOOL_NAMES`]: the CLI's
-//! `DLPACK_MPI_ALLOW_MPI_MISMATCH`, the scripts' `DLPACK_MPI_IMPL`, the build's
-//! `DLPACK_MPI_PYTHON`, …), is most likely a misspelling that would otherwise be ignored in
+//! table's, nor one of the names the project's own tools read ([`TOOL_NAMES`]: the
+//! scripts' `DLPACK_MPI_IMPL` and `DLPACK_MPI_MPIRUN`, the build's `DLPACK_MPI_PYTHON`, …),
+//! is most likely a misspelling that would otherwise be ignored in
 //! silence (`DLPACK_MPI_BUCKET_SIZE` for `DLPACK_MPI_BUCKET_BYTES`). The first read of any
 //! setting (the first operation that consults one, or [`check_all`]) therefore writes one
 //! line to standard error, once per process, naming each such variable and the closest known
@@ -801,7 +801,7 @@ pub fn set_unknown_names(policy: UnknownNames) {
 }
 
 /// Every setting of the table above, by its variable's name.
-pub const SETTING_NAMES: [&str; 11] = [
+pub const SETTING_NAMES: [&str; 12] = [
     AGREEMENT_ENV,
     PACKING_ENV,
     PACK_THRESHOLD_ENV,
@@ -811,18 +811,17 @@ pub const SETTING_NAMES: [&str; 11] = [
     HALF_OPS_ENV,
     CUDA_AWARE_ENV,
     DEVICE_ENV,
+    ALLOW_MPI_MISMATCH_ENV,
     EXCHANGE_API_ENV,
     UNKNOWN_NAMES_ENV,
 ];
 
 /// The other `DLPACK_MPI_*` names of this project, which are not settings of the library
-/// but are known, so never reported as unknown: the CLI's, the build's (cargo also sets
-/// these in the environment of the binaries it runs), and those of the project's scripts
-/// and tests (a unit test checks that every `DLPACK_MPI_*` name in `scripts/`, `tests/`,
-/// `src/`, `benches/` and `examples/` is a setting or one of these).
-pub const TOOL_NAMES: [&str; 15] = [
-    // The CLI: run against another MPI than the one built against.
-    "DLPACK_MPI_ALLOW_MPI_MISMATCH",
+/// but are known, so never reported as unknown: the build's (cargo also sets these in the
+/// environment of the binaries it runs), and those of the project's scripts and tests (a
+/// unit test checks that every `DLPACK_MPI_*` name in `scripts/`, `tests/`, `src/`,
+/// `benches/`, `examples/`, `.ci/` and `build.rs` is a setting or one of these).
+pub const TOOL_NAMES: [&str; 14] = [
     // build.rs, for python::BUILT_PYTHON and BUILT_PYTHON_LIBDIR, and mpi_library.
     "DLPACK_MPI_PYTHON",
     "DLPACK_MPI_PYTHON_LIBDIR",
