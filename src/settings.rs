@@ -15,6 +15,7 @@
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
 //! | `DLPACK_MPI_ALLOW_MPI_MISMATCH` ([`ALLOW_MPI_MISMATCH_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | `0` | whether the crate runs on an MPI library of another release than the one it was built against ([`crate::mpi_library::ensure_matching`]: the first operation that would enter MPI returns [`Error::MpiLibraryMismatch`] unless this is set; the CLI refuses to start unless it is `1`) | [`allow_mpi_mismatch`], once, and only when the libraries differ | [`set_allow_mpi_mismatch`] |
 //! | `DLPACK_MPI_EXCHANGE_API` ([`EXCHANGE_API_ENV`]; feature `python`) | `prefer`, `never`, `require` | `prefer` | whether Python objects are acquired through their DLPack C exchange table (`ExchangeApi`) | `ExchangeApi::from_env`, once (by `python::acquire`) | per call: `python::acquire_with` |
+//! | `DLPACK_MPI_UNKNOWN_NAMES` ([`UNKNOWN_NAMES_ENV`]) | `warn`, `ignore` | `warn` | what an environment variable named `DLPACK_MPI_*` that is none of these (nor one of [`TOOL_NAMES`]) gets: one warning on standard error at the first read of any setting, naming the closest known name ([`UnknownNames`]) | [`unknown_names`], once | [`set_unknown_names`] (before the first read of a setting) |
 //!
 //! **Common rules.** A value is read in any case with surrounding blanks ignored; unset and
 //! empty mean the default. Any other value, also one that is not UTF-8 (shown lossily), is
@@ -27,8 +28,27 @@
 //! `DLPACK_MPI_AGREEMENT` see [`agreement`]). [`check_all`] reads every one at once, for a
 //! program that refuses a typo at start (the CLI's `check` and `bench` do).
 //!
+//! **Unknown names.** A variable whose name starts with `DLPACK_MPI_` and is none of the
+//! table's, nor one of the names the project's own tools read ([`TOOL_NAMES`]: the
+//! scripts' `DLPACK_MPI_IMPL` and `DLPACK_MPI_MPIRUN`, the build's `DLPACK_MPI_PYTHON`, …),
+//! is most likely a misspelling that would otherwise be ignored in
+//! silence (`DLPACK_MPI_BUCKET_SIZE` for `DLPACK_MPI_BUCKET_BYTES`). The first read of any
+//! setting (the first operation that consults one, or [`check_all`]) therefore writes one
+//! line to standard error, once per process, naming each such variable and the closest known
+//! name:
+//!
+//! ```text
+//! dlpack-mpi: warning: environment variable DLPACK_MPI_BUCKET_SIZE is not a dlpack-mpi setting (did you mean DLPACK_MPI_BUCKET_BYTES?): ignored (DLPACK_MPI_UNKNOWN_NAMES=ignore silences this warning)
+//! ```
+//!
+//! To silence it, set `DLPACK_MPI_UNKNOWN_NAMES=ignore`, or call
+//! [`set_unknown_names`]`(`[`UnknownNames::Ignore`]`)` before the first operation; a program
+//! that reports the names itself calls [`unknown_env_names`] (the CLI does: its `check` and
+//! `bench` refuse such a name, exit status 2, unless `DLPACK_MPI_UNKNOWN_NAMES=ignore`).
+//!
 //! Build-time variables (`DLPACK_MPI_PYTHON`, `DLPACK_MPI_PYTHON_LIBDIR`, set by build.rs
-//! for `python::BUILT_PYTHON`/`BUILT_PYTHON_LIBDIR`) are not settings and are not read here.
+//! for `python::BUILT_PYTHON`/`BUILT_PYTHON_LIBDIR`) are not settings and are not read here
+//! (they are known names: cargo also sets them when it runs a binary).
 //!
 //! The value types ([`Agreement`], [`Packing`], `ExchangeApi`) are defined here, below every
 //! module that reads them. Their old paths (`comm::Agreement`, `comm::Packing`,
@@ -110,6 +130,7 @@ impl<T: Copy> Setting<T> {
     /// # Errors
     /// As [`Setting::parse`].
     pub(crate) fn env_now(&self) -> Result<Option<T>> {
+        warn_unknown_once();
         self.parse(env_value(self.name).as_deref())
     }
 
@@ -120,6 +141,7 @@ impl<T: Copy> Setting<T> {
     /// [`Error::InvalidSetting`] when the environment held a value [`Setting::parse`]
     /// refuses: at every call, until a setter replaces it.
     pub(crate) fn get_or(&self, default: impl FnOnce() -> T) -> Result<T> {
+        warn_unknown_once();
         self.resolve(env_value, default)
     }
 
@@ -731,6 +753,200 @@ impl ExchangeApi {
 }
 
 // ---------------------------------------------------------------------------------------
+// DLPACK_MPI_UNKNOWN_NAMES, and the names known
+// ---------------------------------------------------------------------------------------
+
+/// The environment variable that sets [`UnknownNames`] when [`set_unknown_names`] was not
+/// called.
+pub const UNKNOWN_NAMES_ENV: &str = "DLPACK_MPI_UNKNOWN_NAMES";
+
+/// What an environment variable named `DLPACK_MPI_*` that this crate does not know gets
+/// (see the module docs, "Unknown names").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownNames {
+    /// One line on standard error, at the first read of any setting, once per process,
+    /// naming each unknown variable and the closest known name. The default.
+    #[default]
+    Warn,
+    /// Nothing: the variables are left alone in silence (also by the CLI).
+    Ignore,
+}
+
+static UNKNOWN_NAMES: Setting<UnknownNames> =
+    Setting::new(UNKNOWN_NAMES_ENV, "warn or ignore", |v| {
+        choice(
+            &[
+                ("warn", UnknownNames::Warn),
+                ("ignore", UnknownNames::Ignore),
+            ],
+            v,
+        )
+    });
+
+/// The process-wide [`UnknownNames`]: [`set_unknown_names`], else
+/// `DLPACK_MPI_UNKNOWN_NAMES=warn|ignore` (read once), else [`UnknownNames::Warn`].
+///
+/// # Errors
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_UNKNOWN_NAMES` holds another value (the
+/// warning is then given).
+pub fn unknown_names() -> Result<UnknownNames> {
+    // Not through `get_or`: the warning it gives reads this setting.
+    UNKNOWN_NAMES.resolve(env_value, UnknownNames::default)
+}
+
+/// Sets the process-wide [`UnknownNames`]; to silence the warning, call it before the first
+/// read of any setting (the first operation).
+pub fn set_unknown_names(policy: UnknownNames) {
+    UNKNOWN_NAMES.set(policy);
+}
+
+/// Every setting of the table above, by its variable's name.
+pub const SETTING_NAMES: [&str; 12] = [
+    AGREEMENT_ENV,
+    PACKING_ENV,
+    PACK_THRESHOLD_ENV,
+    BUCKET_ENV,
+    FIRST_BUCKET_ENV,
+    POOL_CAP_ENV,
+    HALF_OPS_ENV,
+    CUDA_AWARE_ENV,
+    DEVICE_ENV,
+    ALLOW_MPI_MISMATCH_ENV,
+    EXCHANGE_API_ENV,
+    UNKNOWN_NAMES_ENV,
+];
+
+/// The other `DLPACK_MPI_*` names of this project, which are not settings of the library
+/// but are known, so never reported as unknown: the build's (cargo also sets these in the
+/// environment of the binaries it runs), and those of the project's scripts and tests (a
+/// unit test checks that every `DLPACK_MPI_*` name in `scripts/`, `tests/`, `src/`,
+/// `benches/`, `examples/`, `.ci/` and `build.rs` is a setting or one of these).
+pub const TOOL_NAMES: [&str; 14] = [
+    // build.rs, for python::BUILT_PYTHON and BUILT_PYTHON_LIBDIR, and mpi_library.
+    "DLPACK_MPI_PYTHON",
+    "DLPACK_MPI_PYTHON_LIBDIR",
+    "DLPACK_MPI_BUILT_LIBDIRS",
+    // scripts/: which MPI (mpi-env.sh), its venv and launcher, run.sh's rank count.
+    "DLPACK_MPI_IMPL",
+    "DLPACK_MPI_VENV",
+    "DLPACK_MPI_MPIRUN",
+    "DLPACK_MPI_RANKS",
+    // scripts/kill-rank-test.sh.
+    "DLPACK_MPI_KILL_STRICT",
+    "DLPACK_MPI_KILL_BOUND_S",
+    "DLPACK_MPI_FAULT_TOKEN",
+    // tests/: gpu-check.sh's, the leak test's cycles, the hostile child.
+    "DLPACK_MPI_REQUIRE_GPU",
+    "DLPACK_MPI_CASE_TIMEOUT_S",
+    "DLPACK_MPI_LEAK_CYCLES",
+    "DLPACK_MPI_HOSTILE_CHILD",
+];
+
+/// The prefix of the names this crate reads.
+const PREFIX: &str = "DLPACK_MPI_";
+
+/// An environment variable named `DLPACK_MPI_*` that is neither a setting
+/// ([`SETTING_NAMES`]) nor one of [`TOOL_NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownName {
+    /// The variable's name (lossily, if it is not UTF-8).
+    pub name: String,
+    /// The known name closest to it, when one is close enough to be meant.
+    pub closest: Option<&'static str>,
+}
+
+impl std::fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "environment variable {} is not a dlpack-mpi setting",
+            self.name
+        )?;
+        match self.closest {
+            Some(known) => write!(f, " (did you mean {known}?)"),
+            None => write!(f, " (the settings are {})", SETTING_NAMES.join(", ")),
+        }
+    }
+}
+
+/// The known name (a setting first, then [`TOOL_NAMES`]) closest to `name`, compared
+/// after the prefix and in upper case by the normalized Damerau-Levenshtein similarity
+/// (strsim); `None` when none is at least half similar.
+fn closest(name: &str) -> Option<&'static str> {
+    let tail = |n: &str| n.strip_prefix(PREFIX).unwrap_or(n).to_ascii_uppercase();
+    let given = tail(name);
+    let mut best: Option<(&'static str, f64)> = None;
+    for known in SETTING_NAMES.iter().chain(TOOL_NAMES.iter()) {
+        let score = strsim::normalized_damerau_levenshtein(&given, &tail(known));
+        if score >= 0.5 && best.map_or(true, |(_, b)| score > b) {
+            best = Some((known, score));
+        }
+    }
+    best.map(|(known, _)| known)
+}
+
+/// The unknown names among `names`, in their order.
+fn unknown_among(names: impl IntoIterator<Item = String>) -> Vec<UnknownName> {
+    let known = |n: &str| SETTING_NAMES.contains(&n) || TOOL_NAMES.contains(&n);
+    names
+        .into_iter()
+        .filter(|n| n.starts_with(PREFIX) && !known(n))
+        .map(|name| UnknownName {
+            closest: closest(&name),
+            name,
+        })
+        .collect()
+}
+
+/// The unknown `DLPACK_MPI_*` names of the environment now, sorted.
+fn unknown_in_env() -> Vec<UnknownName> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    unknown_among(names)
+}
+
+/// The line of the warning about `unknown` (not empty).
+fn warning(unknown: &[UnknownName]) -> String {
+    let each: Vec<String> = unknown.iter().map(ToString::to_string).collect();
+    format!(
+        "dlpack-mpi: warning: {}: ignored ({UNKNOWN_NAMES_ENV}=ignore silences this warning)",
+        each.join("; ")
+    )
+}
+
+/// Whether the warning was given, or taken over by [`unknown_env_names`].
+static WARNED: std::sync::Once = std::sync::Once::new();
+
+/// The warning about unknown names, once per process, unless [`UnknownNames::Ignore`].
+fn warn_unknown_once() {
+    WARNED.call_once(|| {
+        if unknown_names() == Ok(UnknownNames::Ignore) {
+            return;
+        }
+        let unknown = unknown_in_env();
+        if !unknown.is_empty() {
+            use std::io::Write as _;
+            // One write, so that the lines of ranks warning at once do not interleave.
+            let _ = std::io::stderr().write_all(format!("{}\n", warning(&unknown)).as_bytes());
+        }
+    });
+}
+
+/// The environment's variables named `DLPACK_MPI_*` that are neither settings nor
+/// [`TOOL_NAMES`], sorted by name, each with the closest known name; empty under
+/// [`UnknownNames::Ignore`]. For a program that reports them itself (the CLI refuses
+/// them): after this call the library gives no warning of its own.
+pub fn unknown_env_names() -> Vec<UnknownName> {
+    WARNED.call_once(|| {});
+    if unknown_names() == Ok(UnknownNames::Ignore) {
+        return Vec::new();
+    }
+    unknown_in_env()
+}
+
+// ---------------------------------------------------------------------------------------
 // All of them
 // ---------------------------------------------------------------------------------------
 
@@ -760,6 +976,7 @@ pub fn check_all() -> Vec<Error> {
     keep(allow_mpi_mismatch().map(drop));
     #[cfg(feature = "python")]
     keep(ExchangeApi::from_env().map(drop));
+    keep(unknown_names().map(drop));
     errors
 }
 

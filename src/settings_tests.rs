@@ -248,3 +248,125 @@ fn old_paths_are_the_settings() {
         let _: crate::python::exchange::ExchangeApi = never;
     }
 }
+
+/// A misspelt name is unknown, with the known name it was meant for; the settings and the
+/// tools' names are known; names without the prefix are not looked at.
+#[test]
+fn unknown_names_and_the_closest_known() {
+    let unknown = unknown_among(
+        [
+            "DLPACK_MPI_BUCKET_SIZE",
+            "DLPACK_MPI_BUCKET_BYTES",
+            "DLPACK_MPI_IMPL",
+            "DLPACK_MPI_packing",
+            "DLPACK_MPI_HALFOPS",
+            "DLPACK_MPI_CUDA_AWARENESS",
+            "DLPACK_MPI_ZZZZZZZZZZZZ",
+            "PATH",
+            "DEP_DLPACK_MPI_PYTHON_LIBDIR",
+            "dlpack_mpi_packing",
+        ]
+        .map(String::from),
+    );
+    let got: Vec<(&str, Option<&str>)> = unknown
+        .iter()
+        .map(|u| (u.name.as_str(), u.closest))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("DLPACK_MPI_BUCKET_SIZE", Some(BUCKET_ENV)),
+            ("DLPACK_MPI_packing", Some(PACKING_ENV)),
+            ("DLPACK_MPI_HALFOPS", Some(HALF_OPS_ENV)),
+            ("DLPACK_MPI_CUDA_AWARENESS", Some(CUDA_AWARE_ENV)),
+            ("DLPACK_MPI_ZZZZZZZZZZZZ", None),
+        ]
+    );
+    assert_eq!(
+        unknown[0].to_string(),
+        "environment variable DLPACK_MPI_BUCKET_SIZE is not a dlpack-mpi setting (did you \
+         mean DLPACK_MPI_BUCKET_BYTES?)"
+    );
+    assert!(unknown[4]
+        .to_string()
+        .contains("(the settings are DLPACK_MPI_AGREEMENT, "));
+    assert_eq!(
+        warning(&unknown[..1]),
+        "dlpack-mpi: warning: environment variable DLPACK_MPI_BUCKET_SIZE is not a dlpack-mpi \
+         setting (did you mean DLPACK_MPI_BUCKET_BYTES?): ignored \
+         (DLPACK_MPI_UNKNOWN_NAMES=ignore silences this warning)"
+    );
+    for name in SETTING_NAMES.iter().chain(TOOL_NAMES.iter()) {
+        assert!(unknown_among([name.to_string()]).is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn unknown_names_values() {
+    assert_eq!(
+        UNKNOWN_NAMES.parse(Some(" Ignore ")).unwrap(),
+        Some(UnknownNames::Ignore)
+    );
+    assert_eq!(UnknownNames::default(), UnknownNames::Warn);
+    assert_refused(UNKNOWN_NAMES.parse(Some("off")), UNKNOWN_NAMES_ENV, "off");
+}
+
+/// Every `DLPACK_MPI_*` name the project's own files use (its scripts, tests, sources,
+/// benches, examples, build script) is a setting or one of [`TOOL_NAMES`], so that none of
+/// them is reported as unknown: those that are no environment variable are listed here.
+#[test]
+fn every_name_the_project_uses_is_known() {
+    /// Not environment variables: the C shim's stringizing macros, this file's fake setting,
+    /// and the misspelling the CLI's tests and the docs use on purpose.
+    const NOT_VARIABLES: [&str; 4] = [
+        "DLPACK_MPI_STR",
+        "DLPACK_MPI_STR2",
+        "DLPACK_MPI_TEST_LEVEL",
+        "DLPACK_MPI_BUCKET_SIZE",
+    ];
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files(&path, out);
+            } else if path.extension().is_some_and(|e| {
+                ["rs", "sh", "py", "c", "toml"].contains(&e.to_str().unwrap_or(""))
+            }) {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut all = vec![root.join("build.rs")];
+    for dir in ["scripts", "tests", "src", "benches", "examples", ".ci"] {
+        files(&root.join(dir), &mut all);
+    }
+    let this = root.join("src").join("settings_tests.rs");
+    let mut seen = 0;
+    for path in all.iter().filter(|p| **p != this) {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        for (at, _) in text.match_indices(PREFIX) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue; // DEP_DLPACK_MPI_…, a longer name
+            }
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if name.len() == PREFIX.len() || NOT_VARIABLES.contains(&name.as_str()) {
+                continue; // `DLPACK_MPI_*` in a comment
+            }
+            seen += 1;
+            assert!(
+                unknown_among([name.clone()]).is_empty(),
+                "{}: {name} is neither a setting nor in settings::TOOL_NAMES",
+                path.display()
+            );
+        }
+    }
+    assert!(seen > 100, "{seen} names found: the scan missed the files");
+}

@@ -5,7 +5,8 @@
 //! permissions are given through its environment variables, which other launchers ignore.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dlpack-mpi");
 
@@ -479,26 +480,401 @@ fn check_default_output_failures_and_verbose_cases() {
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
 }
 
-/// Options a rank other than 0 got wrong do not matter: rank 0 decides and broadcasts.
-#[test]
-fn check_case_list_comes_from_rank_0() {
-    // MPMD: rank 0 asks for 2 cases, rank 1 for a dtype that does not exist.
+/// A job of the agreement tests below: its exit status (`None`: it had to be stopped), its
+/// output and how long it took.
+struct Job {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Job {
+    /// Standard output and error, for assertion messages.
+    fn all(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// How long a job of the agreement tests may take before it counts as hung: they end in
+/// seconds (the ranks agree on their arguments before any work); before, `check : bench`
+/// printed nothing for minutes.
+const AGREE_LIMIT: Duration = Duration::from_secs(60);
+
+/// An MPMD job, one rank per part (`mpirun -n 1 BIN PART0 : -n 1 BIN PART1 …`), with `env`
+/// added; stopped after [`AGREE_LIMIT`] (`SIGTERM` to `mpirun`, then `SIGKILL`), which
+/// fails the test.
+fn mpmd(parts: &[&[&str]], env: &[(&str, &str)]) -> Job {
     let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
-    let out = Command::new(launcher)
-        .args([
-            "-n", "1", BIN, "check", "--op", "bcast", "--dtype", "int16", "--len", "3,4",
-        ])
-        .args([":", "-n", "1", BIN, "check", "--dtype", "nosuch"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    let mut cmd = Command::new(launcher);
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-n", "1", BIN]).args(*part);
+    }
+    within(cmd, env)
+}
+
+/// `args` at `n` ranks under mpirun, as [`mpmd`].
+fn mpirun_within(n: u32, args: &[&str], env: &[(&str, &str)]) -> Job {
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let mut cmd = Command::new(launcher);
+    cmd.args(["-n", &n.to_string(), BIN]).args(args);
+    within(cmd, env)
+}
+
+/// Runs `cmd` (an mpirun line) with `env` added, its output to files (no pipe fills up
+/// while it is polled), stopped after [`AGREE_LIMIT`], which fails the test.
+fn within(mut cmd: Command, env: &[(&str, &str)]) -> Job {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static JOBS: AtomicUsize = AtomicUsize::new(0);
+    let tag = JOBS.fetch_add(1, Ordering::SeqCst);
+    let (out, err) = (
+        scratch(&format!("job{tag}.out")),
+        scratch(&format!("job{tag}.err")),
+    );
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("mpirun starts");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > AGREE_LIMIT {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_secs(5));
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let job = Job {
+        code: status.and_then(|s| s.code()),
+        stdout: read(&out),
+        stderr: read(&err),
+        took: started.elapsed(),
+    };
     assert!(
-        stdout.contains("12 passed, 0 failed, 0 skipped"),
-        "{stdout}"
+        status.is_some(),
+        "still running after {AGREE_LIMIT:?}: stopped\n{}",
+        job.all()
+    );
+    job
+}
+
+/// Asserts that `job` ended with exit status 2, printed nothing on standard output, and
+/// that its standard error holds each of `says`.
+#[track_caller]
+fn assert_refused(job: &Job, says: &[&str]) {
+    assert_eq!(job.code, Some(2), "{}", job.all());
+    assert!(job.stdout.trim().is_empty(), "stdout: {}", job.all());
+    for s in says {
+        assert!(job.stderr.contains(s), "no {s:?} in:\n{}", job.all());
+    }
+    assert!(!job.stderr.contains("MPI_ERR"), "{}", job.all());
+}
+
+/// Different subcommands on two ranks end at once, exit status 2 on every rank, the line
+/// naming which rank runs what. Before, only rank 0's arguments counted: `check : bench`
+/// printed nothing for minutes (check's `--timeout` never fired), and `check : info`
+/// aborted the job with `MPI_ERR_TRUNCATE`.
+#[test]
+fn ranks_with_different_subcommands_stop_at_once() {
+    let bench = ["bench", "--op", "latency", "--sizes", "8", "--iters", "10"];
+    let job = mpmd(&[&["check"], &bench], &[]);
+    assert_refused(
+        &job,
+        &[
+            "dlpack-mpi: the ranks were started with different arguments, so none runs: rank 1 \
+             runs \"bench --op latency --sizes 8 --iters 10\", rank 0 runs \"check\"; the \
+             subcommand: bench on rank 1, check on rank 0 (every rank must run the same \
+             subcommand with the same options",
+        ],
+    );
+    let job = mpmd(&[&["check"], &["info"]], &[]);
+    assert_refused(
+        &job,
+        &[
+            "rank 1 runs \"info\", rank 0 runs \"check\"; the subcommand: info on rank 1, check \
+           on rank 0",
+        ],
+    );
+    // A rank asking for help is told apart from one running a command.
+    let job = mpmd(&[&["check", "--list"], &["check", "--help"]], &[]);
+    assert_refused(
+        &job,
+        &[
+            "the command line: help or the version asked for on rank 1, a subcommand to run on \
+           rank 0",
+        ],
+    );
+}
+
+/// The same subcommand with different options: exit status 2 on every rank, naming the
+/// option and each rank's value. Before, rank 0's options were every rank's: a rank given
+/// a dtype that does not exist ran rank 0's cases and the job exited 0.
+#[test]
+fn ranks_with_different_options_stop_at_once() {
+    let a = ["check", "--op", "bcast", "--dtype", "int8", "--len", "3,4"];
+    let b = ["check", "--op", "bcast", "--dtype", "int16", "--len", "3,4"];
+    let job = mpmd(&[&a, &b], &[]);
+    assert_refused(
+        &job,
+        &[
+            "rank 1 runs \"check --op bcast --dtype int16 --len 3,4\", rank 0 runs \"check --op \
+           bcast --dtype int8 --len 3,4\"; --dtype: \"int16\" on rank 1, \"int8\" on rank 0 (",
+        ],
+    );
+    // The same options written differently are the same: the job runs.
+    let c = [
+        "check", "--op", "bcast", "--dtype", "int8", "--len", "3", "--len", "4", "-q",
+    ];
+    let d = [
+        "check",
+        "--op=bcast",
+        "--dtype=int8",
+        "--len=3,4",
+        "--quiet",
+    ];
+    let job = mpmd(&[&c, &d], &[]);
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    assert!(job.stdout.contains("12 passed, 0 failed"), "{}", job.all());
+    // `--gpu` is each rank's own (a rank of a multi-GPU node picks its device).
+    let gpu = [
+        "check",
+        "--device",
+        "cuda",
+        "--simulate-device",
+        "--op",
+        "bcast",
+        "--dtype",
+        "int8",
+        "--len",
+        "1",
+        "-q",
+    ];
+    let mut gpu0 = gpu.to_vec();
+    gpu0.extend(["--gpu", "0"]);
+    let job = mpmd(&[&gpu0, &gpu], &[("DLPACK_MPI_CUDA_AWARE", "0")]);
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    // A setting every rank must share is compared too.
+    let script = "if [ \"${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\" = 1 ]; then \
+                  export DLPACK_MPI_BUCKET_BYTES=4096; fi; exec \"$0\" \"$@\"";
+    let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
+    let mut cmd = Command::new(launcher);
+    cmd.args(["-n", "2", "sh", "-c", script, BIN, "check", "-k", "fused"]);
+    let job = within(cmd, &[]);
+    assert_refused(
+        &job,
+        &[
+            "every rank runs \"check -k fused\"; DLPACK_MPI_BUCKET_BYTES: 4096 on rank 1, \
+           26214400 on rank 0 (",
+        ],
+    );
+}
+
+/// Options clap refuses on one rank only: that rank says clap's message, the other says
+/// which rank was refused; exit status 2 on both, within seconds (before, the other ranks
+/// waited for it, or the job exited 0 with rank 0's options).
+#[test]
+fn an_invalid_option_on_one_rank_stops_every_rank() {
+    let job = mpmd(
+        &[&["check", "--len", "1"], &["check", "--len", "seven"]],
+        &[],
+    );
+    assert_refused(
+        &job,
+        &[
+            "dlpack-mpi: rank 1: invalid value 'seven' for '--len <LEN>'",
+            "dlpack-mpi: rank 0 stops: the arguments of rank 1 were refused (rank 1: \"check \
+             --len seven\"; its own line says why)",
+        ],
+    );
+    // Refused alike on every rank: clap's one line, once.
+    let job = mpirun_within(2, &["check", "--frobnicate"], &[]);
+    assert_refused(&job, &["unexpected argument '--frobnicate'"]);
+    let ours = job.stderr.lines().filter(|l| l.starts_with("dlpack-mpi"));
+    assert_eq!(ours.count(), 1, "{}", job.all());
+    // Help on every rank: printed once, exit status 0.
+    let job = mpirun_within(2, &["check", "--help"], &[]);
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    assert_eq!(job.stdout.matches("--timeout").count(), 1, "{}", job.all());
+}
+
+/// A report path that cannot be written ends the run before the first case or measurement
+/// (before: after the whole run, 85 s, and the report was lost), exit status 2, naming the
+/// flag, the path and the system's error.
+#[test]
+fn an_unwritable_report_path_stops_before_any_work() {
+    let missing = scratch("no-such-dir").join("r.json");
+    let path = missing.to_str().unwrap();
+    for (args, flag) in [
+        (&["check", "--json", path][..], "check: cannot write --json"),
+        (&["check", "--junit", path], "check: cannot write --junit"),
+        (&["bench", "--csv", path], "bench: cannot write --csv"),
+        (
+            &["bench", "--op", "latency", "--plot", path],
+            "bench: cannot write --plot",
+        ),
+        (
+            &["bench", "--op", "fused", "--json", path],
+            "bench: cannot write --json",
+        ),
+    ] {
+        let job = mpirun_within(2, args, &[]);
+        let says = format!("dlpack-mpi {flag} {path}: No such file or directory");
+        assert_refused(&job, &[&says]);
+        // The whole default matrix takes minutes; a refusal at start, seconds.
+        assert!(
+            job.took < Duration::from_secs(30),
+            "{:?}: {}",
+            job.took,
+            job.all()
+        );
+    }
+    // A writable path is created at the start, and the report written at the end.
+    let json = scratch("made-at-start.json");
+    let _ = std::fs::remove_file(&json);
+    let job = mpirun_within(
+        2,
+        &[
+            "check",
+            "-q",
+            "--op",
+            "bcast",
+            "--dtype",
+            "int8",
+            "--len",
+            "1",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], 7);
+}
+
+/// A misspelt `DLPACK_MPI_*` name (`DLPACK_MPI_BUCKET_SIZE` for `DLPACK_MPI_BUCKET_BYTES`)
+/// was ignored in silence; `check` and `bench` now refuse it on every rank that has it,
+/// naming the closest known name, exit status 2; `info` says it and goes on;
+/// `DLPACK_MPI_UNKNOWN_NAMES=ignore` lets it pass.
+#[test]
+fn a_misspelt_setting_name_is_refused() {
+    let misspelt = ("DLPACK_MPI_BUCKET_SIZE", "1024");
+    let says = "environment variable DLPACK_MPI_BUCKET_SIZE is not a dlpack-mpi setting (did \
+                you mean DLPACK_MPI_BUCKET_BYTES?); DLPACK_MPI_UNKNOWN_NAMES=ignore runs it \
+                anyway";
+    for args in [
+        &["check", "--op", "bcast", "--dtype", "int8", "--len", "1"][..],
+        &["bench", "--op", "latency", "--sizes", "8", "--iters", "10"],
+    ] {
+        let job = mpirun_within(2, args, &[misspelt]);
+        assert_refused(
+            &job,
+            &[
+                &format!("dlpack-mpi: rank 0: {says}"),
+                &format!("dlpack-mpi: rank 1: {says}"),
+            ],
+        );
+    }
+    let job = mpirun_within(1, &["info"], &[misspelt]);
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    assert!(job.stdout.contains("MPI built against"), "{}", job.all());
+    assert!(
+        job.stderr
+            .contains("(did you mean DLPACK_MPI_BUCKET_BYTES?); ignored"),
+        "{}",
+        job.all()
+    );
+    let job = mpirun_within(
+        2,
+        &[
+            "check", "-q", "--op", "bcast", "--dtype", "int8", "--len", "1",
+        ],
+        &[misspelt, ("DLPACK_MPI_UNKNOWN_NAMES", "ignore")],
+    );
+    assert_eq!(job.code, Some(0), "{}", job.all());
+    assert!(job.stderr.trim().is_empty(), "{}", job.all());
+}
+
+/// `bench --iters` that cannot end within the run's time budget (`--timeout`, an hour by
+/// default) is refused before any measurement, naming the limit (before: accepted, and the
+/// run went on for ever); one that can is watched by `--timeout`, exit status 3.
+#[test]
+fn bench_refuses_iterations_beyond_its_time_budget() {
+    let job = mpirun_within(2, &["bench", "--iters", "99999999999"], &[]);
+    assert_refused(
+        &job,
+        &[
+            "dlpack-mpi bench: --iters 99999999999 cannot end within --timeout 3600 s: with \
+             --rounds 5 the run makes at least ",
+            "the most that fits is --iters ",
+        ],
+    );
+    let job = mpirun_within(
+        2,
+        &[
+            "bench",
+            "--op",
+            "latency",
+            "--sizes",
+            "8",
+            "--iters",
+            "100000000",
+            "--timeout",
+            "2",
+        ],
+        &[],
+    );
+    assert_refused(
+        &job,
+        &[
+            "--iters 100000000 cannot end within --timeout 2 s: with --rounds 5 the run makes at \
+           least 500000000 iterations (--op latency: each operation's smallest message, one \
+           path), at least 50 ns each, 25 s; the most that fits is --iters 8000000 (",
+        ],
+    );
+    // Within the bound and still too long: the watchdog ends it.
+    let job = mpirun_within(
+        2,
+        &[
+            "bench",
+            "--op",
+            "latency",
+            "--sizes",
+            "8",
+            "--iters",
+            "4000000",
+            "--rounds",
+            "1",
+            "--timeout",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(job.code, Some(3), "{}", job.all());
+    assert!(
+        job.stderr.contains(
+            "dlpack-mpi bench: still running after --timeout 2 s: ending the run (exit status 3)"
+        ),
+        "{}",
+        job.all()
     );
 }
 

@@ -1,5 +1,5 @@
 //! What `check`, `bench` and `info` share: the MPI library's name, the one JSON writer,
-//! whether every rank agrees, per-rank counts to displacements, every rank's text gathered
+//! the reports' files tried before any work, whether every rank agrees, per-rank counts to displacements, every rank's text gathered
 //! to rank 0, and the exit status rank 0 decides. Uses nothing of `check/` or `bench/`.
 
 use std::process::ExitCode;
@@ -42,6 +42,34 @@ pub fn write_json<T: serde::Serialize + ?Sized>(
     let mut w = std::io::BufWriter::new(file);
     serde_json::to_writer_pretty(&mut w, value).map_err(|e| fail(&e))?;
     writeln!(w).and_then(|()| w.flush()).map_err(|e| fail(&e))
+}
+
+/// Rank 0 opens each report file of `reports` (`(flag, path)`: `("--json", path)`) for
+/// writing, creating it when it does not exist (an existing file is left as it is until the
+/// report is written), so that a path that cannot be written is found before any work, not
+/// after it; `Err` on every rank names the first such flag, path and the system's error.
+/// Collective (rank 0's outcome broadcast; only rank 0 writes reports).
+pub fn try_reports(
+    world: &SimpleCommunicator,
+    reports: &[(&str, Option<&std::path::Path>)],
+) -> Result<(), String> {
+    let mine = if world.rank() == 0 {
+        reports
+            .iter()
+            .filter_map(|(flag, path)| path.map(|p| (flag, p)))
+            .try_for_each(|(flag, path)| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map(drop)
+                    .map_err(|e| format!("cannot write {flag} {}: {e}", path.display()))
+            })
+    } else {
+        Ok(())
+    };
+    crate::launch::agreed(world, mine)
 }
 
 /// Whether `ok` holds on every rank (collective).

@@ -3,6 +3,7 @@
 // `unsafe` only in bench's GPU copy baseline (raw device ↔ pinned copies through the runtime).
 #![deny(unsafe_code)]
 
+mod agree;
 mod bench;
 mod check;
 mod common;
@@ -11,7 +12,8 @@ mod launch;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use agree::{Agreed, Mine, Parsed};
+use clap::{CommandFactory, Parser, Subcommand};
 use launch::under_launcher;
 
 /// Command line of `dlpack-mpi`.
@@ -20,7 +22,8 @@ use launch::under_launcher;
     name = "dlpack-mpi",
     version,
     about = "DLPack tensors over MPI: check, bench, info",
-    after_help = "Start it under mpirun, e.g. `mpirun -n 4 dlpack-mpi check`."
+    after_help = "Start it under mpirun, e.g. `mpirun -n 4 dlpack-mpi check`. Every rank \
+                  must be given the same subcommand and options (`--gpu` excepted)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -57,34 +60,41 @@ fn one_line(err: &clap::Error) -> String {
 
 fn main() -> ExitCode {
     under_launcher();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(err) => {
-            use clap::error::ErrorKind;
-            match err.kind() {
-                ErrorKind::DisplayHelp
-                | ErrorKind::DisplayVersion
-                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => err.exit(),
-                _ => {
-                    // Every rank parses the same line: only rank 0 (or a lone process) says so.
-                    if launch::launcher_rank().unwrap_or(0) == 0 {
-                        eprintln!("{}", one_line(&err));
-                    }
-                    return ExitCode::from(2);
-                }
+    // Before any setting is read: the CLI names unknown `DLPACK_MPI_*` variables itself
+    // (refuse_at_start), so the library's own warning is not given.
+    let unknown = dlpack_mpi::settings::unknown_env_names();
+    let mine: Mine<Cli> = Mine::parse(Cli::command(), std::env::args_os().collect(), one_line);
+    // A process no launcher started has no peer waiting for it: clap's word and exit, as
+    // any program's. Under a launcher every rank goes on to the agreement, whatever clap
+    // made of its line, so that no peer waits for a rank that left.
+    if !under_launcher() {
+        match &mine.parsed {
+            Parsed::Show(err) => err.exit(),
+            Parsed::Refused(err) => {
+                say(&one_line(err));
+                return ExitCode::from(2);
             }
+            Parsed::Run(_) => {}
         }
-    };
+    }
     let Some(universe) = mpi::initialize() else {
         eprintln!("dlpack-mpi: MPI was already initialized");
         return ExitCode::from(2);
     };
     let world = universe.world();
-    // `info` reports with bad settings too (it names each where it matters).
-    let strict = !matches!(cli.command, Command::Info(_));
-    if let Some(code) = refuse_at_start(&world, strict) {
-        return code;
-    }
+    let start_refused = match &mine.parsed {
+        // `info` reports with bad settings too (it names each where it matters).
+        Parsed::Run(cli) => {
+            let strict = !matches!(cli.command, Command::Info(_));
+            refuse_at_start(&world, strict, &unknown)
+        }
+        Parsed::Show(_) | Parsed::Refused(_) => false,
+    };
+    // The first collective of every subcommand.
+    let cli = match agree::agree(&world, mine, start_refused) {
+        Agreed::Run(cli) => cli,
+        Agreed::Exit(code) => return code,
+    };
     let rank = mpi::topology::Communicator::rank(&world);
     let (code, guard) = match cli.command {
         Command::Info(args) => {
@@ -113,18 +123,25 @@ fn main() -> ExitCode {
     code
 }
 
-/// Exit status 2 on every rank, before any case or measurement, when a rank
+/// Whether this rank refuses to start, saying why on standard error (each line prefixed
+/// with the rank; the agreement, [`agree::agree`], then stops every rank with exit status
+/// 2), because it
 /// - loaded another MPI release than the one this binary was built against
 ///   ([`dlpack_mpi::mpi_library::MpiLibrary::check`]), unless
 ///   `DLPACK_MPI_ALLOW_MPI_MISMATCH=1` ([`dlpack_mpi::settings::allow_mpi_mismatch`]);
 /// - or, with `strict` (`check` and `bench`), holds a `DLPACK_MPI_*` setting that is not one
 ///   of its values ([`dlpack_mpi::settings::check_all`]: a typo would otherwise fail every
-///   case that reads it; without `strict` it is said and the command goes on).
-///
-/// The failing ranks say why on standard error, each line prefixed with the rank; the
-/// ranks agree first (one all-reduce), so none goes on alone.
-fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> Option<ExitCode> {
+///   case that reads it), or a `DLPACK_MPI_*` variable that is no setting (`unknown`,
+///   [`dlpack_mpi::settings::unknown_env_names`]: a misspelt name would otherwise be
+///   ignored), unless `DLPACK_MPI_UNKNOWN_NAMES=ignore`; without `strict` they are said and
+///   the command goes on.
+fn refuse_at_start(
+    world: &mpi::topology::SimpleCommunicator,
+    strict: bool,
+    unknown: &[dlpack_mpi::settings::UnknownName],
+) -> bool {
     use dlpack_mpi::mpi_library::MpiLibrary;
+    use dlpack_mpi::settings::UNKNOWN_NAMES_ENV;
     use mpi::topology::Communicator;
     let rank = world.rank();
     // The library's own setting (its operations refuse a mismatch unless it is set); an
@@ -144,8 +161,15 @@ fn refuse_at_start(world: &mpi::topology::SimpleCommunicator, strict: bool) -> O
     for err in &settings {
         say(&format!("dlpack-mpi: rank {rank}: {err}"));
     }
-    let refused = (library.is_err() && !allowed) || (strict && !settings.is_empty());
-    (!common::all_ranks(world, !refused)).then(|| ExitCode::from(2))
+    let action = if strict {
+        format!("{UNKNOWN_NAMES_ENV}=ignore runs it anyway")
+    } else {
+        "ignored".to_string()
+    };
+    for name in unknown {
+        say(&format!("dlpack-mpi: rank {rank}: {name}; {action}"));
+    }
+    (library.is_err() && !allowed) || (strict && !(settings.is_empty() && unknown.is_empty()))
 }
 
 /// `line` and a newline on standard error in one write, so that the lines of ranks that

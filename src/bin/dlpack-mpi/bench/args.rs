@@ -262,11 +262,34 @@ pub struct BenchArgs {
     /// the blocking all-reduce of 16 MiB at 2 ranks on the 2-core test machine.
     #[arg(long, default_value_t = OVERLAP_UNITS_PER_ELEM, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub overlap_work: u64,
+    /// The run's time budget in seconds (decimals allowed; 0: none, at most 86400): an
+    /// `--iters` that cannot end within it is refused before any measurement (exit status
+    /// 2, with the largest `--iters` that can), and a run still going after it ends with
+    /// exit status 3 (what was printed stands; `--csv`, `--json` and `--plot` are not
+    /// written).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_TIMEOUT_S,
+          allow_hyphen_values = true, value_parser = parse_timeout)]
+    pub timeout: f64,
     /// `--op fused`: divide the element count of every member of the model lists
     /// (ResNet-50, BERT-base) by this (rounded up; members become 1-D), for quick runs or
     /// small machines; 1 = full size.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub fused_scale: u64,
+}
+
+/// The default `--timeout`, in seconds: an hour, far beyond a default run on the project's
+/// 2-core machine (the first ping-pong and all-reduce bench took 49–134 s of wall time,
+/// docs/PERFORMANCE.md), far below "for ever".
+pub const DEFAULT_TIMEOUT_S: f64 = 3600.0;
+
+/// `--timeout SECONDS`: a finite number, 0 or more (0: no limit), at most a day.
+fn parse_timeout(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "`{value}` is not a number of seconds from 0 (no limit) to 86400"
+        )),
+    }
 }
 
 /// Reads `--strided-storage`: a size (as `--sizes`) that is a power of two in

@@ -46,8 +46,8 @@ use crate::launch::Gpu;
 type Res<T> = Result<T, String>;
 
 /// Default size range of the GPU bench.
-const MIN_SIZE: usize = 4 << 10;
-const DEFAULT_MAX: usize = 256 << 20;
+pub(super) const MIN_SIZE: usize = 4 << 10;
+pub(super) const DEFAULT_MAX: usize = 256 << 20;
 
 fn ers(err: dlpack_mpi::Error) -> String {
     err.to_string()

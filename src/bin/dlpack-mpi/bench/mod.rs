@@ -76,7 +76,9 @@
 //!    reports); `fused_mpi4py`, the mpi4py paths of `fused` (uses `common` only), and
 //!    `fused`, which uses only `common`, `json`, `args` and `fused_mpi4py` and prints its
 //!    own table;
-//! 7. this file: [`run`], which refuses what cannot be done and dispatches.
+//! 7. this file: [`run`], which refuses what cannot be done (among it an `--iters` that
+//!    cannot end within `--timeout`), tries the output files, watches `--timeout` and
+//!    dispatches.
 //!
 //! [`SendSpec`]: dlpack_mpi::spec::SendSpec
 //! [`RecvSpec`]: dlpack_mpi::spec::RecvSpec
@@ -173,11 +175,91 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
             args.op.name()
         ));
     }
-    None
+    iterations_refused(args)
+}
+
+/// The least time one iteration of any path takes, in nanoseconds: a floor below anything
+/// measured here (the fastest, an 8-byte ping-pong round trip through shared memory, takes
+/// about 0.34 µs on the project's 2-core machine; an all-reduce call at one rank 0.3 µs;
+/// docs/PERFORMANCE.md).
+const MIN_ITERATION_NS: u128 = 50;
+
+/// The fewest iterations a run with `--iters` = `iters` makes: for each operation `--op`
+/// runs (`all`: the sweeps; strided is left out, as `all` may skip it), one path, `--rounds`
+/// rounds of the iterations of its smallest message ([`args::iters_for`]: the most
+/// iterations; strided at its storage's size, fused at its list of 256 × 1 KiB, overlap at
+/// its 8-byte post). A lower bound: every operation has more paths, and sizes, than this.
+fn least_iterations(args: &BenchArgs, iters: u64) -> u128 {
+    use args::iters_for;
+    let max = args.max_size.unwrap_or(DEFAULT_MAX_SIZE) as usize;
+    let smallest = |default: Vec<usize>| args.sizes_or(default).into_iter().min().unwrap_or(0);
+    let per_round: u128 = if args.device == crate::launch::DeviceArg::Cuda {
+        let max = args.max_size.map_or(gpu::DEFAULT_MAX, |m| m as usize);
+        u128::from(iters_for(iters, smallest(args::sizes(gpu::MIN_SIZE, max))))
+    } else {
+        let ops: &[Op] = match args.op {
+            Op::All => &[
+                Op::Latency,
+                Op::Bandwidth,
+                Op::Allreduce,
+                Op::Allgatherv,
+                Op::Alltoall,
+            ],
+            _ => std::slice::from_ref(&args.op),
+        };
+        ops.iter()
+            .map(|&op| {
+                u128::from(match op {
+                    Op::Strided => iters_for(iters, args.strided_storage),
+                    Op::Overlap => iters,
+                    Op::Fused => iters_for(iters, 256 << 10),
+                    _ => iters_for(iters, smallest(op.default_sizes(max))),
+                })
+            })
+            .sum()
+    };
+    per_round * u128::from(args.rounds)
+}
+
+/// Why `--iters` cannot end within `--timeout` (none at `--timeout 0`): at least
+/// [`least_iterations`] × [`MIN_ITERATION_NS`], with the largest `--iters` that can.
+fn iterations_refused(args: &BenchArgs) -> Option<String> {
+    if args.timeout <= 0.0 {
+        return None;
+    }
+    let budget_ns = (args.timeout * 1e9) as u128;
+    let fits = |iters: u64| least_iterations(args, iters) * MIN_ITERATION_NS <= budget_ns;
+    if fits(args.iters) {
+        return None;
+    }
+    // The largest count that fits (the bound grows with the count): bisection.
+    let (mut lo, mut hi) = (0u64, args.iters);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let least = least_iterations(args, args.iters);
+    let seconds = least * MIN_ITERATION_NS / 1_000_000_000;
+    Some(format!(
+        "--iters {} cannot end within --timeout {} s: with --rounds {} the run makes at least \
+         {least} iterations (--op {}: each operation's smallest message, one path), at least \
+         {MIN_ITERATION_NS} ns each, {seconds} s; the most that fits is --iters {lo} (or give \
+         a longer --timeout; 0 for none)",
+        args.iters,
+        args.timeout,
+        args.rounds,
+        args.op.name()
+    ))
 }
 
 /// Runs the benchmark; prints the tables on rank 0. Exit status 0, 1 when a path delivered
-/// wrong values, 2 when the options were refused or an output file could not be written.
+/// wrong values, 2 when the options were refused (among them an `--iters` that cannot end
+/// within `--timeout`) or an output file could not be written (each is tried before any
+/// measurement), 3 when the run went past `--timeout`.
 pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
     let root = world.rank() == 0;
     if let Some(why) = refuse(world, args) {
@@ -186,6 +268,19 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
         }
         return ExitCode::from(2);
     }
+    // Before any measurement: an output file that cannot be written is found now.
+    let reports = [
+        ("--csv", args.csv.as_deref()),
+        ("--json", args.json.as_deref()),
+        ("--plot", args.plot.as_deref()),
+    ];
+    if let Err(why) = crate::common::try_reports(world, &reports) {
+        if root {
+            eprintln!("dlpack-mpi bench: {why}");
+        }
+        return ExitCode::from(2);
+    }
+    let _watch = Watch::start(world.rank(), args.timeout);
     if args.device == crate::launch::DeviceArg::Cuda {
         use crate::launch::NoGpu;
         let why = match crate::launch::select_gpu(world, args.simulate_device, args.gpu) {
@@ -210,6 +305,75 @@ pub fn run(world: &SimpleCommunicator, args: &BenchArgs) -> ExitCode {
         }
     }
     crate::common::agreed_exit(world, status)
+}
+
+/// The exit status of a run that ran past `--timeout` (as `check`'s).
+const TIMED_OUT_STATUS: u8 = 3;
+
+/// How much longer than `--timeout` the ranks other than 0 wait before they end themselves:
+/// rank 0 ends first and says so, and the launcher ends the others (had every rank ended at
+/// once, the launcher could end rank 0 before its line was out: seen under Open MPI 5).
+const OTHERS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `--timeout`: a thread that ends the process with [`TIMED_OUT_STATUS`] when the run is
+/// still going `--timeout` seconds after it started (rank 0, which says so; the others
+/// [`OTHERS_GRACE`] later, each with its own line); dropping the watch (the run returned)
+/// disarms it. The thread makes no MPI call (MPI_THREAD_SINGLE); the launcher ends the
+/// other ranks when one exits.
+struct Watch {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Watch {
+    /// Watches this run (`timeout` seconds; 0: no watch).
+    fn start(rank: i32, timeout: f64) -> Option<Watch> {
+        use std::sync::atomic::Ordering;
+        if timeout <= 0.0 {
+            return None;
+        }
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::clone(&done);
+        let watch = move || {
+            let budget = std::time::Duration::from_secs_f64(timeout);
+            let grace = if rank == 0 {
+                std::time::Duration::ZERO
+            } else {
+                OTHERS_GRACE
+            };
+            std::thread::sleep(budget + grace);
+            if seen.load(Ordering::SeqCst) {
+                return;
+            }
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            let line = if rank == 0 {
+                format!(
+                    "dlpack-mpi bench: still running after --timeout {timeout} s: ending the \
+                     run (exit status {TIMED_OUT_STATUS}); what was printed before stands, \
+                     --csv, --json and --plot are not written\n"
+                )
+            } else {
+                format!(
+                    "dlpack-mpi bench: rank {rank}: still running {} s after --timeout \
+                     {timeout} s: ending (exit status {TIMED_OUT_STATUS})\n",
+                    OTHERS_GRACE.as_secs()
+                )
+            };
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            std::process::exit(i32::from(TIMED_OUT_STATUS));
+        };
+        std::thread::Builder::new()
+            .name("bench-timeout".into())
+            .spawn(watch)
+            .ok()
+            .map(|_| Watch { done })
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Whether `--op all` skips the strided bench: it needs the default sizes up to at least its

@@ -84,7 +84,8 @@ use report::Tally;
 use watchdog::{Reports, Stage, Watch};
 
 /// Runs the check matrix. Exit status: 0 when no case failed, 1 when one did, 2 when the
-/// options were refused (one line on standard error) or a report could not be written, 3
+/// options were refused (one line on standard error) or a report could not be written (a
+/// `--json`/`--junit` path is tried before the first case), 3
 /// (`report::TIMED_OUT_STATUS`) when a case ran past `--timeout` (the watchdog ends the
 /// process).
 pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
@@ -94,6 +95,17 @@ pub fn run(w: &SimpleCommunicator, args: &CheckArgs) -> ExitCode {
         }
         ExitCode::from(2)
     };
+    // First: a report that cannot be written is found now, not after the run (`--list`
+    // writes none).
+    let reports = [
+        ("--json", args.json.as_deref()),
+        ("--junit", args.junit.as_deref()),
+    ];
+    if !args.list {
+        if let Err(why) = crate::common::try_reports(w, &reports) {
+            return refuse(&why);
+        }
+    }
     let kinds = dtypes::kinds();
     let setup = match setup::setup(w, args) {
         Ok(s) => s,

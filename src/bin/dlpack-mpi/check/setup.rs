@@ -1,5 +1,7 @@
 //! What every rank needs before the cases: rank 0's `--device`, `--transport` and
-//! `--simulate-device` made every rank's, the GPU runtime and each rank's device (`--gpu`),
+//! `--simulate-device` made every rank's (the ranks agreed on their arguments at the start,
+//! `crate::agree`, so these are every rank's own too), the GPU runtime and each rank's
+//! device (`--gpu`),
 //! and the communicator, agreed by all ranks (one rank without a runtime, whose device is
 //! refused, or whose MPI refuses `direct`, refuses the run for all).
 
