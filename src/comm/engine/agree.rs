@@ -160,10 +160,12 @@ impl Turn {
     /// Notes this call (in `words`) as the communicator's last collective to compare the
     /// next one with, when the last one ended in a mismatch (a refusal keeps the watch).
     pub(in crate::comm) fn note_last_if_watching(&self, words: impl FnOnce() -> String) {
-        let mut l = self.ledger.borrow_mut();
-        if l.suspect.is_some() {
-            l.suspect = Some((self.call, words()));
+        if self.ledger.borrow().suspect.is_none() {
+            return;
         }
+        // The words read the ledger: made before it is borrowed to be written.
+        let words = words();
+        self.ledger.borrow_mut().suspect = Some((self.call, words));
     }
 
     /// Whether the outcome `min` of the votes lets every rank go on without another word:
