@@ -232,12 +232,11 @@ where
     Sc: Scope<'a> + Copy,
 {
     let agreeing = !matches!(agreement(), Ok(Agreement::Local)) && comm.size() > 1;
-    let collective =
-        |phase, operation, held, signature| new_state(scope, phase, operation, held, signature);
     if !agreeing {
         let mut op = agreement().and(prepared)?;
         let requests = post_data(&mut op, comm.as_raw(), scope);
-        return Ok(collective(
+        return Ok(new_state(
+            scope,
             Phase::Posted(requests),
             Some(op),
             held,
@@ -287,7 +286,7 @@ where
         turn,
         shadow,
     };
-    let state = collective(phase, operation, held, signature);
+    let state = new_state(scope, phase, operation, held, signature);
     let erased: Rc<RefCell<dyn Resolve + '_>> = state.clone();
     // SAFETY: only the lifetime changes. The queue holds this entry only while its agreement
     // is pending: the entry is removed when resolved, and its request resolves it before it
@@ -331,15 +330,14 @@ where
     C: Communicator + ?Sized,
     Sc: Scope<'a> + Copy,
 {
-    let collective =
-        |phase, operation, held, signature| new_state(scope, phase, operation, held, signature);
     let refuses = prepared.is_err();
     match agree_now(comm, &signature, prepared, true) {
         Ok((mut op, _)) => {
             let shadow = make_shadow(comm);
             ledger::of(comm).borrow_mut().shadow = Some(shadow);
             let requests = post_data(&mut op, shadow.comm, scope);
-            Ok(collective(
+            Ok(new_state(
+                scope,
                 Phase::Posted(requests),
                 Some(op),
                 held,
@@ -348,7 +346,7 @@ where
         }
         Err(e) if refuses => Err(e),
         Err(e @ Error::OutOfStep { .. }) => Err(e),
-        Err(e) => Ok(collective(Phase::Failed(e), None, None, signature)),
+        Err(e) => Ok(new_state(scope, Phase::Failed(e), None, None, signature)),
     }
 }
 
