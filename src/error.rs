@@ -36,7 +36,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// the held message of [`Error::Unfit`], has a single owner behind an [`Arc`], and a clone
 /// shares that owner (the first receive through any clone takes the message, the others get
 /// [`Error::AlreadyReceived`]); equality on it is identity.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
+)]
 #[non_exhaustive]
 pub enum Error {
     /// A pointer that DLPack requires to be non-NULL was NULL (`field` names it, e.g.
@@ -771,6 +773,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// The variant's name, e.g. `"CollectiveMismatch"` (one of [`Error::KINDS`]): what a
+    /// program that cannot match on the enum (a log, the Python module's exception classes)
+    /// tells errors apart by.
+    pub fn kind(&self) -> &'static str {
+        self.into()
+    }
+
+    /// Every variant's name ([`Error::kind`]), in declaration order.
+    pub const KINDS: &'static [&'static str] = <Error as strum::VariantNames>::VARIANTS;
+
     /// The diagnosis itself: for [`Error::Unfit`] the mismatch inside it, else `self`. Use
     /// it to match on why a receive failed whether or not a message is held.
     pub fn mismatch(&self) -> &Error {

@@ -103,6 +103,8 @@ pub mod comm;
 pub mod device;
 pub mod dlpack;
 pub mod dtype;
+// strum's derives on `Error` (its `kind`) name the deprecated variant `Error::Export`.
+#[allow(deprecated)]
 pub mod error;
 pub mod layout;
 mod lifecycle;

@@ -58,6 +58,44 @@ pub fn reset_out_of_step<C: Communicator + ?Sized>(comm: &C) -> bool {
     engine::ledger::reset(comm)
 }
 
+/// A collective this rank cannot make because its arguments could not even be read (a
+/// language binding's array that failed to import, a reduction name it does not know):
+/// takes part in the agreement of that collective with `error` as this rank's refusal, so
+/// that the peers' call (named `op` in their error) returns [`Error::PeerRefused`] with
+/// `error`'s text instead of waiting for this rank; returns `error` (or the agreement's own
+/// error, [`Error::OutOfStep`]). `nonblocking` says which form the peers called (the two
+/// forms' agreements differ: the trait's docs, "Nonblocking collectives"); the nonblocking
+/// form returns at once, as the post of a refusing rank does. With
+/// [`crate::settings::Agreement::Local`] or one rank, nothing is sent and `error` is
+/// returned. Collective (on an intra-communicator): call it where the other ranks make the
+/// collective.
+pub fn refuse_collective<C: Communicator + ?Sized>(
+    comm: &C,
+    op: &'static str,
+    nonblocking: bool,
+    error: crate::error::Error,
+) -> crate::error::Error {
+    use engine::mode::{Blocking, Mode};
+    let signature = engine::signature::Signature::of(op);
+    let outcome = if nonblocking {
+        mpi::request::scope(|scope| {
+            Immediate(scope)
+                .refuse(comm, signature, error)
+                .and_then(TensorRequest::wait)
+                .map(drop)
+        })
+    } else {
+        Blocking.refuse(comm, signature, error)
+    };
+    match outcome {
+        Err(e) => e,
+        // A refusal is never agreed as a success; should it be, the caller still fails.
+        Ok(()) => crate::error::Error::OutOfStep {
+            first: format!("{op}: a refusal was agreed as a success"),
+        },
+    }
+}
+
 #[doc = include_str!("tensor_comm.md")]
 pub trait TensorComm: Endpoint {
     /// Blocking standard-mode send of all elements of `tensor` to `dest` (MPI-4.1 §3.2.1).

@@ -1,0 +1,631 @@
+//! Nonblocking operations: `Comm.isend`, `Comm.iallreduce`, … return a [`Request`] that owns
+//! the arrays until MPI is done with them; `Request.wait`, `Request.test`, `waitall`.
+
+use std::ptr::NonNull;
+
+use dlpack_mpi::comm::{Blocks, BroadcastBuffer, TensorComm, TensorRequest};
+use dlpack_mpi::dlpack::Tensor;
+use mpi::request::StaticScope;
+use pyo3::prelude::*;
+
+use crate::args::{self, Array, Operand};
+use crate::comm::{all_blocks, on, root_blocks, Comm, Ep};
+use crate::detached;
+use crate::errors::to_py;
+
+/// What a receive returns: the `source` rank, the `tag`, and `count`, the elements
+/// received (always the receive array's: a message of another size raises `Unfit`).
+#[pyclass(module = "dlpack_mpi", frozen, get_all, skip_from_py_object)]
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// The rank the message came from.
+    source: i32,
+    /// Its tag.
+    tag: i32,
+    /// Elements received.
+    count: i64,
+}
+
+impl Status {
+    pub(crate) fn of(status: &mpi::point_to_point::Status, count: i64) -> Status {
+        Status {
+            source: status.source_rank(),
+            tag: status.tag(),
+            count,
+        }
+    }
+}
+
+#[pymethods]
+impl Status {
+    fn __repr__(&self) -> String {
+        format!(
+            "Status(source={}, tag={}, count={})",
+            self.source, self.tag, self.count
+        )
+    }
+}
+
+/// The arrays and block lists a pending request points into, on the heap: freed (each
+/// array's deleter called once) by [`Parts::release`] or on drop, after the request.
+#[derive(Default)]
+pub(crate) struct Parts {
+    lists: Vec<NonNull<[Array]>>,
+    blocks: Vec<NonNull<[i64]>>,
+}
+
+impl Parts {
+    /// Moves `arrays` to the heap and lends them for the request's life.
+    ///
+    /// # Safety
+    /// Whatever holds the returned reference is dropped before `self` releases it.
+    unsafe fn list(&mut self, arrays: Vec<Array>) -> &'static mut [Array] {
+        let raw = NonNull::from(Box::leak(arrays.into_boxed_slice()));
+        self.lists.push(raw);
+        // SAFETY: a leaked box, freed only by `release` (caller's contract).
+        unsafe { &mut *raw.as_ptr() }
+    }
+
+    /// One array, as [`Parts::list`].
+    ///
+    /// # Safety
+    /// As [`Parts::list`].
+    unsafe fn one(&mut self, array: Array) -> &'static mut Array {
+        // SAFETY: the caller's contract is `list`'s.
+        unsafe { &mut self.list(vec![array])[0] }
+    }
+
+    /// An operand, as [`Parts::list`].
+    ///
+    /// # Safety
+    /// As [`Parts::list`].
+    unsafe fn operand(&mut self, operand: Operand) -> &'static mut [Array] {
+        // SAFETY: the caller's contract is `list`'s.
+        unsafe {
+            match operand {
+                Operand::One(t) => std::slice::from_mut(self.one(t)),
+                Operand::List(l) => self.list(l),
+            }
+        }
+    }
+
+    /// A block list, as [`Parts::list`].
+    ///
+    /// # Safety
+    /// As [`Parts::list`].
+    unsafe fn blocks(&mut self, blocks: Vec<i64>) -> &'static [i64] {
+        let raw = NonNull::from(Box::leak(blocks.into_boxed_slice()));
+        self.blocks.push(raw);
+        // SAFETY: a leaked box, freed only by `release` (caller's contract).
+        unsafe { &*raw.as_ptr() }
+    }
+
+    /// Frees everything: the arrays are released (their deleters run).
+    fn release(&mut self) {
+        for raw in self.lists.drain(..) {
+            // SAFETY: leaked by `list` and freed once (drained); no reference to it is used
+            // any more (the request that held it is gone: `list`'s contract).
+            drop(unsafe { Box::from_raw(raw.as_ptr()) });
+        }
+        for raw in self.blocks.drain(..) {
+            // SAFETY: as above, for `blocks`.
+            drop(unsafe { Box::from_raw(raw.as_ptr()) });
+        }
+    }
+
+    /// Forgets everything without releasing it (MPI was finalized with the request
+    /// pending: the memory may still be MPI's).
+    fn leak(&mut self) {
+        self.lists.clear();
+        self.blocks.clear();
+    }
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// A nonblocking operation in flight, from `Comm.isend`, `Comm.iallreduce`, …. It owns the
+/// operation's arrays until MPI is done with them: `wait()` (or a `test()` that returns
+/// `True`, or `waitall`) completes it and releases them, raising the operation's error if
+/// it failed (`PeerRefused`, `CollectiveMismatch`, `Unfit` for a receive, …). A request
+/// dropped before it completes is waited for then (with the GIL released); do not write to
+/// the arrays, nor read a receive array, before it completes.
+#[pyclass(module = "dlpack_mpi", unsendable)]
+pub struct Request {
+    /// The operation; `None` once completed. Dropped before `parts` (explicitly in `Drop`).
+    pending: Option<TensorRequest<'static, StaticScope>>,
+    /// What `pending` points into.
+    parts: Parts,
+    /// The communicator `pending` borrows (its endpoint lives in it).
+    comm: Option<Py<Comm>>,
+    /// The method that made it, for `repr`.
+    op: &'static str,
+    /// The receive's element count (`Some` for `irecv`: `wait` returns a `Status`).
+    receive: Option<i64>,
+    /// The receive's status, once completed.
+    status: Option<Status>,
+}
+
+impl Request {
+    /// Posts an operation on `comm` (endpoint for `cpu` tensors): `post` moves the arrays
+    /// into the request's [`Parts`] and posts, with the GIL released (a communicator's first
+    /// nonblocking collective agrees at the post).
+    fn post(
+        comm: &Bound<'_, Comm>,
+        op: &'static str,
+        cpu: bool,
+        receive: Option<i64>,
+        post: impl FnOnce(
+            &mut Parts,
+            Ep<'static>,
+        ) -> dlpack_mpi::Result<TensorRequest<'static, StaticScope>>,
+    ) -> PyResult<Request> {
+        let py = comm.py();
+        let this = comm.borrow();
+        // SAFETY: the request keeps `comm` (the Python object, whose Rust value does not
+        // move) alive in `Request::comm` until `pending` is gone; `Comm` has no `&mut self`
+        // method, so no exclusive borrow of it is ever made while this one is used.
+        let this: &'static Comm = unsafe { &*std::ptr::from_ref::<Comm>(&*this) };
+        let ep = this.endpoint(py, cpu)?;
+        let mut parts = Parts::default();
+        let posted = detached(py, || post(&mut parts, ep));
+        match posted {
+            Ok(request) => Ok(Request {
+                pending: Some(request),
+                parts,
+                comm: Some(comm.clone().unbind()),
+                op,
+                receive,
+                status: None,
+            }),
+            Err(e) => {
+                drop(parts);
+                Err(to_py(py, e))
+            }
+        }
+    }
+
+    /// The outcome of a completed operation: the arrays released, the status kept.
+    fn finish(
+        &mut self,
+        py: Python<'_>,
+        outcome: dlpack_mpi::Result<mpi::point_to_point::Status>,
+    ) -> PyResult<()> {
+        self.parts.release();
+        self.comm = None;
+        let status = outcome.map_err(|e| to_py(py, e))?;
+        self.status = self.receive.map(|count| Status::of(&status, count));
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Request {
+    /// Waits until the operation completes (the GIL released meanwhile) and releases its
+    /// arrays; returns the `Status` of a receive, `None` for the others. Raises the
+    /// operation's error. Waiting again returns the same.
+    fn wait(&mut self, py: Python<'_>) -> PyResult<Option<Status>> {
+        if let Some(request) = self.pending.take() {
+            let outcome = detached(py, || request.wait());
+            self.finish(py, outcome)?;
+        }
+        Ok(self.status.clone())
+    }
+
+    /// Whether the operation has completed (once `True`, its arrays are released and its
+    /// error raised, as `wait()` would).
+    fn test(&mut self, py: Python<'_>) -> PyResult<bool> {
+        let Some(request) = self.pending.take() else {
+            return Ok(true);
+        };
+        match request.test() {
+            Ok(outcome) => {
+                self.finish(py, outcome)?;
+                Ok(true)
+            }
+            Err(request) => {
+                self.pending = Some(request);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Whether the operation has completed (as `test()` found last).
+    #[getter]
+    fn done(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<dlpack_mpi.Request {} {}>",
+            self.op,
+            if self.pending.is_some() {
+                "pending"
+            } else {
+                "done"
+            }
+        )
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        let Some(request) = self.pending.take() else {
+            return;
+        };
+        if mpi::environment::is_finalized() {
+            // MPI is gone and may still hold the buffers: keep them, call nothing.
+            std::mem::forget(request);
+            self.parts.leak();
+            return;
+        }
+        Python::attach(|py| detached(py, move || drop(request)));
+        self.parts.release();
+    }
+}
+
+/// Waits for every request of `requests` (in order, the GIL released) and releases their
+/// arrays; returns their `wait()` results. Every request is completed even when one fails;
+/// the first error is raised then.
+#[pyfunction]
+pub(crate) fn waitall(
+    py: Python<'_>,
+    requests: Vec<PyRefMut<'_, Request>>,
+) -> PyResult<Vec<Option<Status>>> {
+    let mut out = Vec::with_capacity(requests.len());
+    let mut first = None;
+    for mut r in requests {
+        match r.wait(py) {
+            Ok(s) => out.push(s),
+            Err(e) => {
+                out.push(None);
+                first.get_or_insert(e);
+            }
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+// SAFETY (every `unsafe` block below): the references `Parts` lends go only into the
+// request that `Request::post` stores beside those parts, and `Request` drops (or
+// completes) that request before it releases them.
+#[pymethods]
+impl Comm {
+    /// Nonblocking `send` (`MPI_Isend`); returns a `Request`.
+    #[pyo3(signature = (buf, dest, tag = 0))]
+    fn isend(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        dest: i32,
+        tag: i32,
+    ) -> PyResult<Request> {
+        let t = args::acquire(slf.py(), buf)?;
+        let cpu = args::on_cpu([&t]);
+        Request::post(slf, "isend", cpu, None, |parts, ep| {
+            let t = unsafe { parts.one(t) };
+            on!(ep, c => c.immediate_send_tensor(StaticScope, t, dest, tag))
+        })
+    }
+
+    /// Nonblocking `recv` (`MPI_Irecv` of a matched message); `wait()` returns its
+    /// `Status`, or raises `Unfit` holding a message of another size.
+    #[pyo3(signature = (buf, source, tag = 0))]
+    fn irecv(
+        slf: &Bound<'_, Self>,
+        buf: &Bound<'_, PyAny>,
+        source: i32,
+        tag: i32,
+    ) -> PyResult<Request> {
+        let t = args::acquire(slf.py(), buf)?;
+        let (cpu, count) = (args::on_cpu([&t]), args::elements(&t));
+        Request::post(slf, "irecv", cpu, Some(count), |parts, ep| {
+            let t = unsafe { parts.one(t) };
+            on!(ep, c => c.immediate_recv_tensor(StaticScope, t, source, tag))
+        })
+    }
+
+    /// Nonblocking `bcast` (`MPI_Ibcast`; a list: the fused form).
+    #[pyo3(signature = (buf, root = 0))]
+    fn ibcast(slf: &Bound<'_, Self>, buf: &Bound<'_, PyAny>, root: i32) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let buf = this.read(py, "ibcast", true, || args::operand(py, buf))?;
+        let at_root = this.my_rank() == root;
+        let cpu = args::on_cpu(buf.arrays());
+        let list = matches!(buf, Operand::List(_));
+        Request::post(slf, "ibcast", cpu, None, |parts, ep| {
+            let arrays = unsafe { parts.operand(buf) };
+            if list {
+                return on!(ep, c => c.immediate_broadcast_tensors(StaticScope, arrays, root));
+            }
+            let t = &mut arrays[0];
+            let buffer = if at_root {
+                BroadcastBuffer::Send(t)
+            } else {
+                BroadcastBuffer::Recv(t)
+            };
+            on!(ep, c => c.immediate_broadcast_tensor_from(StaticScope, buffer, root))
+        })
+    }
+
+    /// Nonblocking `reduce` (`MPI_Ireduce`).
+    #[pyo3(signature = (sendbuf, recvbuf = None, op = None, root = 0))]
+    fn ireduce(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+        root: i32,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (op, s, r) = this.read(py, "ireduce", true, || {
+            let op = args::reduce_op(py, op)?;
+            Ok((op, args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?))
+        })?;
+        let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
+        Request::post(slf, "ireduce", cpu, None, |parts, ep| {
+            let s = unsafe { parts.one(s) };
+            let r = r.map(|r| unsafe { parts.one(r) } as &mut dyn Tensor);
+            on!(ep, c => c.immediate_reduce_tensor(StaticScope, s, r, op, root))
+        })
+    }
+
+    /// Nonblocking `allreduce` (`MPI_Iallreduce`; in place when `recvbuf` is `None`; lists:
+    /// the fused form, whose buckets are posted as the request progresses).
+    #[pyo3(signature = (sendbuf, recvbuf = None, op = None))]
+    fn iallreduce(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (op, send, recv) = this.read(py, "iallreduce", true, || {
+            args::reduce_operands(py, sendbuf, recvbuf, op)
+        })?;
+        let cpu = args::on_cpu(send.arrays().iter().chain(recv.iter().flat_map(Operand::arrays)));
+        let list = matches!(send, Operand::List(_));
+        Request::post(slf, "iallreduce", cpu, None, |parts, ep| {
+            let s = unsafe { parts.operand(send) };
+            let r = recv.map(|r| unsafe { parts.operand(r) });
+            match (list, r) {
+                (false, None) => {
+                    on!(ep, c => c.immediate_all_reduce_tensor_in_place(StaticScope, &mut s[0], op))
+                }
+                (false, Some(r)) => {
+                    on!(ep, c => c.immediate_all_reduce_tensor(StaticScope, &s[0], &mut r[0], op))
+                }
+                (true, None) => {
+                    on!(ep, c => c.immediate_all_reduce_tensors_in_place(StaticScope, s, op))
+                }
+                (true, Some(r)) => {
+                    on!(ep, c => c.immediate_all_reduce_tensors(StaticScope, &*s, r, op))
+                }
+            }
+        })
+    }
+
+    /// Nonblocking `reduce_scatter_block` (`MPI_Ireduce_scatter_block`; lists: the fused
+    /// form).
+    #[pyo3(signature = (sendbuf, recvbuf, op = None))]
+    fn ireduce_scatter_block(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: &Bound<'_, PyAny>,
+        op: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (op, send, recv) = this.read(py, "ireduce_scatter_block", true, || {
+            args::reduce_operands(py, sendbuf, Some(recvbuf), op)
+        })?;
+        let recv = recv.expect("a receive operand was given");
+        let cpu = args::on_cpu(send.arrays().iter().chain(recv.arrays()));
+        let list = matches!(send, Operand::List(_));
+        Request::post(slf, "ireduce_scatter_block", cpu, None, |parts, ep| {
+            let s = unsafe { parts.operand(send) };
+            let r = unsafe { parts.operand(recv) };
+            if list {
+                on!(ep, c => c.immediate_reduce_scatter_block_tensors(StaticScope, &*s, r, op))
+            } else {
+                on!(ep, c => c.immediate_reduce_scatter_block_tensor(StaticScope, &s[0], &mut r[0], op))
+            }
+        })
+    }
+
+    /// Nonblocking `gather` (`MPI_Igather`).
+    #[pyo3(signature = (sendbuf, recvbuf = None, root = 0))]
+    fn igather(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: Option<&Bound<'_, PyAny>>,
+        root: i32,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (s, r) = this.read(py, "igather", true, || {
+            Ok((args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?))
+        })?;
+        let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
+        Request::post(slf, "igather", cpu, None, |parts, ep| {
+            let s = unsafe { parts.one(s) };
+            let r = r.map(|r| unsafe { parts.one(r) } as &mut dyn Tensor);
+            on!(ep, c => c.immediate_gather_tensor(StaticScope, s, r, root))
+        })
+    }
+
+    /// Nonblocking `gatherv` (`MPI_Igatherv`).
+    #[pyo3(signature = (sendbuf, recvbuf = None, counts = None, displs = None, root = 0))]
+    fn igatherv(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: Option<&Bound<'_, PyAny>>,
+        counts: Option<&Bound<'_, PyAny>>,
+        displs: Option<&Bound<'_, PyAny>>,
+        root: i32,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (s, r, blocks) = this.read(py, "igatherv", true, || {
+            let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
+            Ok((args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?, blocks))
+        })?;
+        let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
+        Request::post(slf, "igatherv", cpu, None, |parts, ep| {
+            let s = unsafe { parts.one(s) };
+            let recv = match (r, blocks) {
+                (Some(r), Some((c, d))) => {
+                    let r = unsafe { parts.one(r) } as &mut dyn Tensor;
+                    let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
+                    Some((r, Blocks::new(c, d)))
+                }
+                _ => None,
+            };
+            on!(ep, c => c.immediate_gatherv_tensor(StaticScope, s, recv, root))
+        })
+    }
+
+    /// Nonblocking `scatter` (`MPI_Iscatter`).
+    #[pyo3(signature = (sendbuf, recvbuf, root = 0))]
+    fn iscatter(
+        slf: &Bound<'_, Self>,
+        sendbuf: Option<&Bound<'_, PyAny>>,
+        recvbuf: &Bound<'_, PyAny>,
+        root: i32,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (s, r) = this.read(py, "iscatter", true, || {
+            Ok((this.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?))
+        })?;
+        let cpu = args::on_cpu(s.iter().chain([&r]));
+        Request::post(slf, "iscatter", cpu, None, |parts, ep| {
+            let s = s.map(|s| unsafe { parts.one(s) } as &dyn Tensor);
+            let r = unsafe { parts.one(r) };
+            on!(ep, c => c.immediate_scatter_tensor(StaticScope, s, r, root))
+        })
+    }
+
+    /// Nonblocking `scatterv` (`MPI_Iscatterv`).
+    #[pyo3(signature = (sendbuf, recvbuf, counts = None, displs = None, root = 0))]
+    fn iscatterv(
+        slf: &Bound<'_, Self>,
+        sendbuf: Option<&Bound<'_, PyAny>>,
+        recvbuf: &Bound<'_, PyAny>,
+        counts: Option<&Bound<'_, PyAny>>,
+        displs: Option<&Bound<'_, PyAny>>,
+        root: i32,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let (s, r, blocks) = this.read(py, "iscatterv", true, || {
+            let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
+            Ok((this.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?, blocks))
+        })?;
+        let cpu = args::on_cpu(s.iter().chain([&r]));
+        Request::post(slf, "iscatterv", cpu, None, |parts, ep| {
+            let send = match (s, blocks) {
+                (Some(s), Some((c, d))) => {
+                    let s = unsafe { parts.one(s) } as &dyn Tensor;
+                    let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
+                    Some((s, Blocks::new(c, d)))
+                }
+                _ => None,
+            };
+            let r = unsafe { parts.one(r) };
+            on!(ep, c => c.immediate_scatterv_tensor(StaticScope, send, r, root))
+        })
+    }
+
+    /// Nonblocking `allgather` (`MPI_Iallgather`).
+    fn iallgather(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: &Bound<'_, PyAny>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let (s, r) = slf
+            .borrow()
+            .read(py, "iallgather", true, || args::pair(py, sendbuf, recvbuf))?;
+        let cpu = args::on_cpu([&s, &r]);
+        Request::post(slf, "iallgather", cpu, None, |parts, ep| {
+            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
+            on!(ep, c => c.immediate_all_gather_tensor(StaticScope, s, r))
+        })
+    }
+
+    /// Nonblocking `allgatherv` (`MPI_Iallgatherv`).
+    #[pyo3(signature = (sendbuf, recvbuf, counts, displs = None))]
+    fn iallgatherv(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: &Bound<'_, PyAny>,
+        counts: &Bound<'_, PyAny>,
+        displs: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let ((s, r), (c, d)) = slf.borrow().read(py, "iallgatherv", true, || {
+            Ok((args::pair(py, sendbuf, recvbuf)?, all_blocks(counts, displs)?))
+        })?;
+        let cpu = args::on_cpu([&s, &r]);
+        Request::post(slf, "iallgatherv", cpu, None, |parts, ep| {
+            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
+            let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
+            on!(ep, x => x.immediate_all_gatherv_tensor(StaticScope, s, r, Blocks::new(c, d)))
+        })
+    }
+
+    /// Nonblocking `alltoall` (`MPI_Ialltoall`).
+    fn ialltoall(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        recvbuf: &Bound<'_, PyAny>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let (s, r) = slf
+            .borrow()
+            .read(py, "ialltoall", true, || args::pair(py, sendbuf, recvbuf))?;
+        let cpu = args::on_cpu([&s, &r]);
+        Request::post(slf, "ialltoall", cpu, None, |parts, ep| {
+            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
+            on!(ep, c => c.immediate_all_to_all_tensor(StaticScope, s, r))
+        })
+    }
+
+    /// Nonblocking `alltoallv` (`MPI_Ialltoallv`).
+    #[pyo3(signature = (sendbuf, sendcounts, recvbuf, recvcounts, sdispls = None, rdispls = None))]
+    fn ialltoallv(
+        slf: &Bound<'_, Self>,
+        sendbuf: &Bound<'_, PyAny>,
+        sendcounts: &Bound<'_, PyAny>,
+        recvbuf: &Bound<'_, PyAny>,
+        recvcounts: &Bound<'_, PyAny>,
+        sdispls: Option<&Bound<'_, PyAny>>,
+        rdispls: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Request> {
+        let py = slf.py();
+        let ((s, r), send_blocks, recv_blocks) = slf.borrow().read(py, "ialltoallv", true, || {
+            Ok((
+                args::pair(py, sendbuf, recvbuf)?,
+                all_blocks(sendcounts, sdispls)?,
+                all_blocks(recvcounts, rdispls)?,
+            ))
+        })?;
+        let cpu = args::on_cpu([&s, &r]);
+        Request::post(slf, "ialltoallv", cpu, None, |parts, ep| {
+            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
+            let send = unsafe { Blocks::new(parts.blocks(send_blocks.0), parts.blocks(send_blocks.1)) };
+            let recv = unsafe { Blocks::new(parts.blocks(recv_blocks.0), parts.blocks(recv_blocks.1)) };
+            on!(ep, c => c.immediate_all_to_allv_tensor(StaticScope, (&*s, send), (r, recv)))
+        })
+    }
+}
