@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the examples (with feature `python`, for numpy_allreduce) and runs each one under
 # mpirun at 1, 2, 3 and 4 ranks; under Open MPI, also examples/train_step_mpi4py.py (the
-# same training step as train_step, in mpi4py and NumPy; skipped, and said so, where the
-# interpreter has no mpi4py). Checks that README.md's training step is examples/train_step.rs.
+# same training step as train_step, in mpi4py and NumPy) and examples/train_step.py (the same
+# with the Python module dlpack_mpi); each skipped, and said so, where the interpreter lacks
+# the module. Checks that README.md's training steps are examples/train_step.rs and the two
+# Python files.
 # Also builds the benchmarks of benches/ (not run: they are measurements; benches/README.md),
 # so that they keep building.
 #
@@ -64,15 +66,19 @@ for example in "${examples[@]}"; do
     run_at_ranks "$example" "$TARGET_DIR/$profile/examples/$example"
 done
 
-# The same training step in mpi4py (setup.sh installs mpi4py for Open MPI only).
-py_example=examples/train_step_mpi4py.py
-if [[ $DLPACK_MPI_IMPL != openmpi ]]; then
-    echo "SKIP $py_example: mpi4py is installed for Open MPI only (this is $DLPACK_MPI_IMPL)"
-elif ! "$PYO3_PYTHON" -c 'import mpi4py, numpy' >/dev/null 2>&1; then
-    echo "SKIP $py_example: $PYO3_PYTHON has no mpi4py or NumPy (scripts/setup.sh installs them)"
-else
-    run_at_ranks "$py_example" "$PYO3_PYTHON" "$py_example"
-fi
+# The same training step in mpi4py, and with the Python module dlpack_mpi (setup.sh installs
+# mpi4py for Open MPI only, and the module against the MPI of that mpi4py).
+for py_example in examples/train_step_mpi4py.py examples/train_step.py; do
+    module=mpi4py
+    [[ $py_example == examples/train_step.py ]] && module=dlpack_mpi
+    if [[ $DLPACK_MPI_IMPL != openmpi ]]; then
+        echo "SKIP $py_example: mpi4py is installed for Open MPI only (this is $DLPACK_MPI_IMPL)"
+    elif ! "$PYO3_PYTHON" -c "import $module, numpy" >/dev/null 2>&1; then
+        echo "SKIP $py_example: $PYO3_PYTHON has no $module or NumPy (scripts/setup.sh installs them)"
+    else
+        run_at_ranks "$py_example" "$PYO3_PYTHON" "$py_example"
+    fi
+done
 
 # README.md shows examples/train_step.rs from its first `use` line: the two must not drift.
 readme_step=$(awk '/^```rust/ { block = ""; inside = 1; next }
@@ -87,6 +93,24 @@ else
     diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
     failed=$((failed + 1))
 fi
+
+# README.md's Python section shows both Python steps from their `import numpy` line.
+for py_example in examples/train_step.py examples/train_step_mpi4py.py; do
+    marker="dlpack_mpi.Comm()"
+    [[ $py_example == examples/train_step_mpi4py.py ]] && marker="comm.Iallreduce"
+    readme_step=$(awk -v marker="$marker" '/^```python/ { block = ""; inside = 1; next }
+        /^```/ && inside { if (index(block, marker)) { printf "%s", block; exit } inside = 0; next }
+        inside { block = block $0 "\n" }' README.md)
+    file_step=$(sed -n '/^import numpy/,$p' "$py_example")
+    if [[ "$readme_step" == "$file_step" ]]; then
+        echo "PASS README.md's Python step is $py_example"
+        passed=$((passed + 1))
+    else
+        echo "FAIL README.md's Python step differs from $py_example:"
+        diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
+        failed=$((failed + 1))
+    fi
+done
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
