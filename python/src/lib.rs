@@ -45,9 +45,17 @@ pub(crate) fn detached<R>(py: Python<'_>, f: impl FnOnce() -> R) -> R {
     result
 }
 
+/// The first clause of a library version line (`Open MPI v5.0.11, package: …` → `Open MPI
+/// v5.0.11`).
+fn short(version: &str) -> &str {
+    version.split(',').next().unwrap_or(version).trim()
+}
+
 /// The MPI library of mpi4py (`MPI.Get_library_version()`'s first line) against this
 /// build's: another implementation, or another major or minor version, is an `ImportError`
-/// naming both, and the file this process loaded.
+/// naming both and the file loaded. The same soname of another release (Open MPI 4.1 and 5
+/// are both `libmpi.so.40`) is refused unless `DLPACK_MPI_ALLOW_MPI_MISMATCH=1`; two
+/// libraries in the process (this module's and mpi4py's) always.
 fn import_check(py: Python<'_>) -> PyResult<()> {
     let mpi = py.import("mpi4py.MPI")?;
     let theirs: String = mpi.call_method0("Get_library_version")?.extract()?;
@@ -58,19 +66,26 @@ fn import_check(py: Python<'_>) -> PyResult<()> {
         .file
         .as_ref()
         .map_or_else(|| "a file the loader does not name".into(), |f| f.display().to_string());
-    if let Err(e) = ours.check() {
-        return Err(PyImportError::new_err(format!(
-            "dlpack_mpi was built against {}, but this process (mpi4py's) loaded {theirs} \
-             from {file}: {e}; rebuild dlpack_mpi against mpi4py's MPI (python/README.md)",
-            ours.built
-        )));
-    }
+    let dirs: Vec<_> = ours.built_dirs.iter().map(|d| d.display().to_string()).collect();
+    let rebuild = "rebuild it against mpi4py's MPI: `MPICC=<that MPI's mpicc> pip install \
+                   --no-build-isolation --force-reinstall ./python` (python/README.md)";
     if ours.loaded != theirs {
         return Err(PyImportError::new_err(format!(
-            "dlpack_mpi runs on {} ({file}, built against {}), mpi4py on {theirs}: two MPI \
-             libraries in one process; rebuild dlpack_mpi against mpi4py's MPI \
-             (python/README.md)",
-            ours.loaded, ours.built
+            "dlpack_mpi runs on {} ({file}; built against {}), mpi4py on {}: two MPI \
+             libraries in one process; {rebuild}",
+            short(&ours.loaded),
+            ours.built,
+            short(&theirs)
+        )));
+    }
+    let allowed = dlpack_mpi::settings::allow_mpi_mismatch().unwrap_or(false);
+    if ours.check().is_err() && !allowed {
+        return Err(PyImportError::new_err(format!(
+            "dlpack_mpi was built against {} ({}), but mpi4py loaded {} from {file}; {rebuild}, \
+             or set DLPACK_MPI_ALLOW_MPI_MISMATCH=1 to run anyway",
+            ours.built,
+            dirs.join(", "),
+            short(&theirs)
         )));
     }
     Ok(())
