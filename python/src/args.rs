@@ -146,7 +146,11 @@ pub(crate) fn reduce_op(py: Python<'_>, op: Option<&Bound<'_, PyAny>>) -> PyResu
     };
     if let Ok(name) = op.cast::<PyString>() {
         let name = name.to_str()?.to_ascii_lowercase();
-        let name = if name == "product" { "prod".into() } else { name };
+        let name = if name == "product" {
+            "prod".into()
+        } else {
+            name
+        };
         return ReduceOp::ALL
             .into_iter()
             .find(|o| o.name() == name)
@@ -176,7 +180,9 @@ pub(crate) fn blocks(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     obj.extract::<Vec<i64>>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{name} must be a sequence of ints (elements per rank), not {}",
-            obj.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string())
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
         ))
     })
 }

@@ -1,8 +1,8 @@
 //! `dlpack_mpi.Comm`: an mpi4py communicator and the blocking operations on it. The
 //! nonblocking forms (`isend`, `iallreduce`, …) are in `request.rs`.
 
-use std::cell::OnceCell;
 use std::mem::ManuallyDrop;
+use std::sync::OnceLock;
 
 use dlpack_mpi::comm::{refuse_collective, Blocks, BroadcastBuffer, TensorComm};
 use dlpack_mpi::dlpack::Tensor;
@@ -53,16 +53,26 @@ pub(crate) use on;
 /// displacements are in elements. The collectives check first that every rank made the
 /// same call (the agreement, `configure(agreement=...)`), so a mistake is an exception on
 /// every rank instead of a hang. Errors are subclasses of `dlpack_mpi.Error`.
-#[pyclass(module = "dlpack_mpi", unsendable)]
+#[pyclass(module = "dlpack_mpi", frozen)]
 pub struct Comm {
     /// The device transport, made at the first non-CPU tensor. Declared before `handle`,
     /// which it borrows, so that it is dropped first.
-    device: OnceCell<DeviceComm<'static, SimpleCommunicator>>,
+    device: OnceLock<DeviceComm<'static, SimpleCommunicator>>,
     /// The communicator; never freed here (mpi4py owns it).
     handle: Box<ManuallyDrop<SimpleCommunicator>>,
     /// The mpi4py object.
     py_comm: Py<PyAny>,
 }
+
+// SAFETY: the one member that is not `Send` and `Sync` by itself is the MPI handle (in
+// `handle`, and borrowed by `device`): a value (a pointer under Open MPI, an int under MPICH)
+// that MPI lets any thread use (MPI-4.1 §11.6: concurrent calls need `MPI_THREAD_MULTIPLE`,
+// which mpi4py requests by default; below it, the program's threads take turns, as with
+// mpi4py's own communicators). Nothing here mutates it; `DeviceComm`'s own state is a
+// `Mutex` and atomics, and its runtime is `Send + Sync`.
+unsafe impl Send for Comm {}
+// SAFETY: as for `Send` above.
+unsafe impl Sync for Comm {}
 
 impl Comm {
     /// The communicator, for as long as `self` lives.
@@ -109,13 +119,14 @@ impl Comm {
         nonblocking: bool,
         f: impl FnOnce() -> PyResult<T>,
     ) -> PyResult<T> {
-        f().map_err(|err| {
+        f().inspect_err(|err| {
             let refusal = Error::Python {
                 call: format!("dlpack_mpi.Comm.{op}(...)"),
                 exception: err.to_string(),
             };
-            detached(py, || refuse_collective(self.handle(), op, nonblocking, refusal));
-            err
+            detached(py, || {
+                refuse_collective(self.handle(), op, nonblocking, refusal)
+            });
         })
     }
 
@@ -196,10 +207,11 @@ impl Comm {
         } else if raw == SimpleCommunicator::self_comm().as_raw() {
             SimpleCommunicator::self_comm()
         } else {
+            // SAFETY: as above (neither world nor self, as rsmpi's `from_raw` requires).
             unsafe { SimpleCommunicator::from_raw(raw) }
         };
         Ok(Comm {
-            device: OnceCell::new(),
+            device: OnceLock::new(),
             handle: Box::new(ManuallyDrop::new(handle)),
             py_comm: comm.unbind(),
         })
@@ -236,9 +248,11 @@ impl Comm {
     #[pyo3(signature = (buf, dest, tag = 0))]
     fn send(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, dest: i32, tag: i32) -> PyResult<()> {
         let t = args::acquire(py, buf)?;
-        self.call(py, args::on_cpu([&t]), |ep| {
-            on!(ep, c => c.send_tensor(&t, dest, tag))
-        })
+        self.call(
+            py,
+            args::on_cpu([&t]),
+            |ep| on!(ep, c => c.send_tensor(&t, dest, tag)),
+        )
     }
 
     /// Blocking receive into `buf` from `source` with `tag`; returns the `Status`. The
@@ -246,11 +260,21 @@ impl Comm {
     /// is not raises `Unfit`, whose `message` holds it (receive it with
     /// `e.message.recv_into(bigger)`; no other receive can take it).
     #[pyo3(signature = (buf, source, tag = 0))]
-    fn recv(&self, py: Python<'_>, buf: &Bound<'_, PyAny>, source: i32, tag: i32) -> PyResult<Status> {
+    fn recv(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        source: i32,
+        tag: i32,
+    ) -> PyResult<Status> {
         let mut t = args::acquire(py, buf)?;
         let count = args::elements(&t);
         let cpu = args::on_cpu([&t]);
-        let status = self.call(py, cpu, |ep| on!(ep, c => c.recv_tensor(&mut t, source, tag)))?;
+        let status = self.call(
+            py,
+            cpu,
+            |ep| on!(ep, c => c.recv_tensor(&mut t, source, tag)),
+        )?;
         Ok(Status::of(&status, count))
     }
 
@@ -272,9 +296,11 @@ impl Comm {
         let mut r = args::acquire(py, recvbuf)?;
         let count = args::elements(&r);
         let cpu = args::on_cpu([&s, &r]);
-        let status = self.call(py, cpu, |ep| {
-            on!(ep, c => c.sendrecv_tensor(&s, dest, sendtag, &mut r, source, recvtag))
-        })?;
+        let status = self.call(
+            py,
+            cpu,
+            |ep| on!(ep, c => c.sendrecv_tensor(&s, dest, sendtag, &mut r, source, recvtag)),
+        )?;
         Ok(Status::of(&status, count))
     }
 
@@ -335,7 +361,11 @@ impl Comm {
         let (op, mut send, mut recv) = self.read(py, "allreduce", false, || {
             args::reduce_operands(py, sendbuf, recvbuf, op)
         })?;
-        let cpu = args::on_cpu(send.arrays().iter().chain(recv.iter().flat_map(|r| r.arrays())));
+        let cpu = args::on_cpu(
+            send.arrays()
+                .iter()
+                .chain(recv.iter().flat_map(|r| r.arrays())),
+        );
         self.call(py, cpu, |ep| match (&mut send, &mut recv) {
             (Operand::One(s), None) => on!(ep, c => c.all_reduce_tensor_in_place(s, op)),
             (Operand::One(s), Some(Operand::One(r))) => {
@@ -362,12 +392,17 @@ impl Comm {
         root: i32,
     ) -> PyResult<()> {
         let (s, mut r) = self.read(py, "gather", false, || {
-            Ok((args::acquire(py, sendbuf)?, self.root_recv(py, recvbuf, root)?))
+            Ok((
+                args::acquire(py, sendbuf)?,
+                self.root_recv(py, recvbuf, root)?,
+            ))
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
-        self.call(py, cpu, |ep| {
-            on!(ep, c => c.gather_tensor(&s, r.as_mut().map(|r| r as &mut dyn Tensor), root))
-        })
+        self.call(
+            py,
+            cpu,
+            |ep| on!(ep, c => c.gather_tensor(&s, r.as_mut().map(|r| r as &mut dyn Tensor), root)),
+        )
     }
 
     /// Gather of blocks of different sizes (`MPI_Gatherv`): at the root, rank i's block is
@@ -385,7 +420,11 @@ impl Comm {
     ) -> PyResult<()> {
         let (s, mut r, blocks) = self.read(py, "gatherv", false, || {
             let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
-            Ok((args::acquire(py, sendbuf)?, self.root_recv(py, recvbuf, root)?, blocks))
+            Ok((
+                args::acquire(py, sendbuf)?,
+                self.root_recv(py, recvbuf, root)?,
+                blocks,
+            ))
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
         self.call(py, cpu, |ep| {
@@ -408,12 +447,17 @@ impl Comm {
         root: i32,
     ) -> PyResult<()> {
         let (s, mut r) = self.read(py, "scatter", false, || {
-            Ok((self.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?))
+            Ok((
+                self.root_send(py, sendbuf, root)?,
+                args::acquire(py, recvbuf)?,
+            ))
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
-        self.call(py, cpu, |ep| {
-            on!(ep, c => c.scatter_tensor(s.as_ref().map(|s| s as &dyn Tensor), &mut r, root))
-        })
+        self.call(
+            py,
+            cpu,
+            |ep| on!(ep, c => c.scatter_tensor(s.as_ref().map(|s| s as &dyn Tensor), &mut r, root)),
+        )
     }
 
     /// Scatter of blocks of different sizes (`MPI_Scatterv`): at the root, rank i gets
@@ -431,7 +475,11 @@ impl Comm {
     ) -> PyResult<()> {
         let (s, mut r, blocks) = self.read(py, "scatterv", false, || {
             let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
-            Ok((self.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?, blocks))
+            Ok((
+                self.root_send(py, sendbuf, root)?,
+                args::acquire(py, recvbuf)?,
+                blocks,
+            ))
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
         self.call(py, cpu, |ep| {
@@ -451,9 +499,11 @@ impl Comm {
         recvbuf: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (s, mut r) = self.read(py, "allgather", false, || args::pair(py, sendbuf, recvbuf))?;
-        self.call(py, args::on_cpu([&s, &r]), |ep| {
-            on!(ep, c => c.all_gather_tensor(&s, &mut r))
-        })
+        self.call(
+            py,
+            args::on_cpu([&s, &r]),
+            |ep| on!(ep, c => c.all_gather_tensor(&s, &mut r)),
+        )
     }
 
     /// All-gather of blocks of different sizes (`MPI_Allgatherv`): rank i's block is
@@ -468,11 +518,16 @@ impl Comm {
         displs: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let ((s, mut r), (counts, displs)) = self.read(py, "allgatherv", false, || {
-            Ok((args::pair(py, sendbuf, recvbuf)?, all_blocks(counts, displs)?))
+            Ok((
+                args::pair(py, sendbuf, recvbuf)?,
+                all_blocks(counts, displs)?,
+            ))
         })?;
-        self.call(py, args::on_cpu([&s, &r]), |ep| {
-            on!(ep, c => c.all_gatherv_tensor(&s, &mut r, Blocks::new(&counts, &displs)))
-        })
+        self.call(
+            py,
+            args::on_cpu([&s, &r]),
+            |ep| on!(ep, c => c.all_gatherv_tensor(&s, &mut r, Blocks::new(&counts, &displs))),
+        )
     }
 
     /// All-to-all (`MPI_Alltoall`): `sendbuf` and `recvbuf` hold size blocks of equal size;
@@ -484,9 +539,11 @@ impl Comm {
         recvbuf: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
         let (s, mut r) = self.read(py, "alltoall", false, || args::pair(py, sendbuf, recvbuf))?;
-        self.call(py, args::on_cpu([&s, &r]), |ep| {
-            on!(ep, c => c.all_to_all_tensor(&s, &mut r))
-        })
+        self.call(
+            py,
+            args::on_cpu([&s, &r]),
+            |ep| on!(ep, c => c.all_to_all_tensor(&s, &mut r)),
+        )
     }
 
     /// All-to-all of blocks of different sizes (`MPI_Alltoallv`): `sendcounts[j]` elements

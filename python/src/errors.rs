@@ -70,9 +70,7 @@ pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
     let class = classes.kinds.get(err.kind()).unwrap_or(&classes.base);
     let exception = PyErr::from_type(class.bind(py).clone(), (err.to_string(),));
     if let Some(held) = err.unreceived() {
-        let message = Unreceived {
-            held: held.clone(),
-        };
+        let message = Unreceived { held: held.clone() };
         let set = Py::new(py, message).and_then(|m| exception.value(py).setattr("message", m));
         if let Err(e) = set {
             return e;
@@ -138,7 +136,11 @@ impl Unreceived {
             self.held.len_bytes(),
             self.held.source_rank(),
             self.held.tag(),
-            if self.held.is_held() { "" } else { ", received" }
+            if self.held.is_held() {
+                ""
+            } else {
+                ", received"
+            }
         )
     }
 }

@@ -62,11 +62,15 @@ fn import_check(py: Python<'_>) -> PyResult<()> {
     let theirs = theirs.trim_matches(|c: char| c == '\0' || c.is_whitespace());
     let theirs = theirs.lines().next().unwrap_or("").trim().to_string();
     let ours = MpiLibrary::current();
-    let file = ours
-        .file
-        .as_ref()
-        .map_or_else(|| "a file the loader does not name".into(), |f| f.display().to_string());
-    let dirs: Vec<_> = ours.built_dirs.iter().map(|d| d.display().to_string()).collect();
+    let file = ours.file.as_ref().map_or_else(
+        || "a file the loader does not name".into(),
+        |f| f.display().to_string(),
+    );
+    let dirs: Vec<_> = ours
+        .built_dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
     let rebuild = "rebuild it against mpi4py's MPI: `MPICC=<that MPI's mpicc> pip install \
                    --no-build-isolation --force-reinstall ./python` (python/README.md)";
     if ours.loaded != theirs {

@@ -1,11 +1,12 @@
 //! Nonblocking operations: `Comm.isend`, `Comm.iallreduce`, … return a [`Request`] that owns
 //! the arrays until MPI is done with them; `Request.wait`, `Request.test`, `waitall`.
 
+use std::cell::RefCell;
 use std::ptr::NonNull;
 
 use dlpack_mpi::comm::{Blocks, BroadcastBuffer, TensorComm, TensorRequest};
 use dlpack_mpi::dlpack::Tensor;
-use mpi::request::StaticScope;
+use mpi::request::Scope;
 use pyo3::prelude::*;
 
 use crate::args::{self, Array, Operand};
@@ -46,68 +47,75 @@ impl Status {
     }
 }
 
-/// The arrays and block lists a pending request points into, on the heap: freed (each
-/// array's deleter called once) by [`Parts::release`] or on drop, after the request.
+/// rsmpi's scope of the requests made here: like `Lent` it keeps no record, for
+/// requests whose buffers live for `'a`. The [`Request`] that holds such a request completes
+/// it (or waits for it) before it frees what `'a` lends ([`Parts`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lent;
+
+// SAFETY: rsmpi's contract for a scope: every request registered with it completes before
+// the buffers it names are freed. The buffers are in [`Parts`] and the communicator in the
+// `Comm` object; `Request` keeps both alive until its request has completed or been waited
+// for (`wait`, `test`, or `Drop`, which waits, or leaks both if MPI was finalized).
+unsafe impl<'a> Scope<'a> for Lent {
+    fn register(&self) {}
+
+    unsafe fn unregister(&self) {}
+}
+
+/// The arrays and block lists a pending request points into: each moved to a heap box of its
+/// own when lent, freed (each array's deleter called once) by [`Parts::release`] or on drop,
+/// after the request.
 #[derive(Default)]
 pub(crate) struct Parts {
-    lists: Vec<NonNull<[Array]>>,
-    blocks: Vec<NonNull<[i64]>>,
+    lists: RefCell<Vec<NonNull<[Array]>>>,
+    blocks: RefCell<Vec<NonNull<[i64]>>>,
 }
 
 impl Parts {
-    /// Moves `arrays` to the heap and lends them for the request's life.
-    ///
-    /// # Safety
-    /// Whatever holds the returned reference is dropped before `self` releases it.
-    unsafe fn list(&mut self, arrays: Vec<Array>) -> &'static mut [Array] {
+    /// Moves `arrays` to the heap and lends them for as long as `self` is borrowed.
+    // Returning `&mut` from `&self` is an arena's: each call lends a new box of its own,
+    // which nothing else references and which is freed only with `&mut self`.
+    #[allow(clippy::mut_from_ref)]
+    fn list(&self, arrays: Vec<Array>) -> &mut [Array] {
         let raw = NonNull::from(Box::leak(arrays.into_boxed_slice()));
-        self.lists.push(raw);
-        // SAFETY: a leaked box, freed only by `release` (caller's contract).
+        self.lists.borrow_mut().push(raw);
+        // SAFETY: a box leaked just above, referenced nowhere else, freed only by `release`
+        // (which takes `&mut self`, so after this borrow ends).
         unsafe { &mut *raw.as_ptr() }
     }
 
     /// One array, as [`Parts::list`].
-    ///
-    /// # Safety
-    /// As [`Parts::list`].
-    unsafe fn one(&mut self, array: Array) -> &'static mut Array {
-        // SAFETY: the caller's contract is `list`'s.
-        unsafe { &mut self.list(vec![array])[0] }
+    #[allow(clippy::mut_from_ref)]
+    fn one(&self, array: Array) -> &mut Array {
+        &mut self.list(vec![array])[0]
     }
 
     /// An operand, as [`Parts::list`].
-    ///
-    /// # Safety
-    /// As [`Parts::list`].
-    unsafe fn operand(&mut self, operand: Operand) -> &'static mut [Array] {
-        // SAFETY: the caller's contract is `list`'s.
-        unsafe {
-            match operand {
-                Operand::One(t) => std::slice::from_mut(self.one(t)),
-                Operand::List(l) => self.list(l),
-            }
+    #[allow(clippy::mut_from_ref)]
+    fn operand(&self, operand: Operand) -> &mut [Array] {
+        match operand {
+            Operand::One(t) => std::slice::from_mut(self.one(t)),
+            Operand::List(l) => self.list(l),
         }
     }
 
     /// A block list, as [`Parts::list`].
-    ///
-    /// # Safety
-    /// As [`Parts::list`].
-    unsafe fn blocks(&mut self, blocks: Vec<i64>) -> &'static [i64] {
+    fn blocks(&self, blocks: Vec<i64>) -> &[i64] {
         let raw = NonNull::from(Box::leak(blocks.into_boxed_slice()));
-        self.blocks.push(raw);
-        // SAFETY: a leaked box, freed only by `release` (caller's contract).
+        self.blocks.borrow_mut().push(raw);
+        // SAFETY: as in `list`.
         unsafe { &*raw.as_ptr() }
     }
 
     /// Frees everything: the arrays are released (their deleters run).
     fn release(&mut self) {
-        for raw in self.lists.drain(..) {
-            // SAFETY: leaked by `list` and freed once (drained); no reference to it is used
-            // any more (the request that held it is gone: `list`'s contract).
+        for raw in self.lists.get_mut().drain(..) {
+            // SAFETY: leaked by `list`, freed once (drained); no reference to it is used any
+            // more (`&mut self`; for a request's parts, `Request` drops the request first).
             drop(unsafe { Box::from_raw(raw.as_ptr()) });
         }
-        for raw in self.blocks.drain(..) {
+        for raw in self.blocks.get_mut().drain(..) {
             // SAFETY: as above, for `blocks`.
             drop(unsafe { Box::from_raw(raw.as_ptr()) });
         }
@@ -116,8 +124,8 @@ impl Parts {
     /// Forgets everything without releasing it (MPI was finalized with the request
     /// pending: the memory may still be MPI's).
     fn leak(&mut self) {
-        self.lists.clear();
-        self.blocks.clear();
+        self.lists.get_mut().clear();
+        self.blocks.get_mut().clear();
     }
 }
 
@@ -136,7 +144,7 @@ impl Drop for Parts {
 #[pyclass(module = "dlpack_mpi", unsendable)]
 pub struct Request {
     /// The operation; `None` once completed. Dropped before `parts` (explicitly in `Drop`).
-    pending: Option<TensorRequest<'static, StaticScope>>,
+    pending: Option<TensorRequest<'static, Lent>>,
     /// What `pending` points into.
     parts: Parts,
     /// The communicator `pending` borrows (its endpoint lives in it).
@@ -150,42 +158,36 @@ pub struct Request {
 }
 
 impl Request {
-    /// Posts an operation on `comm` (endpoint for `cpu` tensors): `post` moves the arrays
-    /// into the request's [`Parts`] and posts, with the GIL released (a communicator's first
+    /// Posts an operation on `comm` (endpoint for `cpu` tensors): `post` lends the arrays
+    /// from the request's [`Parts`] and posts, with the GIL released (a communicator's first
     /// nonblocking collective agrees at the post).
     fn post(
         comm: &Bound<'_, Comm>,
         op: &'static str,
         cpu: bool,
         receive: Option<i64>,
-        post: impl FnOnce(
-            &mut Parts,
-            Ep<'static>,
-        ) -> dlpack_mpi::Result<TensorRequest<'static, StaticScope>>,
+        post: impl for<'p> FnOnce(&'p Parts, Ep<'p>) -> dlpack_mpi::Result<TensorRequest<'p, Lent>>,
     ) -> PyResult<Request> {
         let py = comm.py();
-        let this = comm.borrow();
-        // SAFETY: the request keeps `comm` (the Python object, whose Rust value does not
-        // move) alive in `Request::comm` until `pending` is gone; `Comm` has no `&mut self`
-        // method, so no exclusive borrow of it is ever made while this one is used.
-        let this: &'static Comm = unsafe { &*std::ptr::from_ref::<Comm>(&*this) };
-        let ep = this.endpoint(py, cpu)?;
-        let mut parts = Parts::default();
-        let posted = detached(py, || post(&mut parts, ep));
-        match posted {
-            Ok(request) => Ok(Request {
-                pending: Some(request),
-                parts,
-                comm: Some(comm.clone().unbind()),
-                op,
-                receive,
-                status: None,
-            }),
-            Err(e) => {
-                drop(parts);
-                Err(to_py(py, e))
-            }
-        }
+        let ep = comm.get().endpoint(py, cpu)?;
+        let parts = Parts::default();
+        let posted = detached(py, || post(&parts, ep));
+        let request = posted.map_err(|e| to_py(py, e))?;
+        // SAFETY: the request borrows `parts` and the `Comm` object's value; both are moved
+        // into the `Request` beside it (the boxes `parts` lends do not move with it, and a
+        // Python object's value does not move), which drops or completes the request
+        // before it releases them (`Request::finish`, `Drop`).
+        let request = unsafe {
+            std::mem::transmute::<TensorRequest<'_, Lent>, TensorRequest<'static, Lent>>(request)
+        };
+        Ok(Request {
+            pending: Some(request),
+            parts,
+            comm: Some(comm.clone().unbind()),
+            op,
+            receive,
+            status: None,
+        })
     }
 
     /// The outcome of a completed operation: the arrays released, the status kept.
@@ -293,9 +295,6 @@ pub(crate) fn waitall(
     }
 }
 
-// SAFETY (every `unsafe` block below): the references `Parts` lends go only into the
-// request that `Request::post` stores beside those parts, and `Request` drops (or
-// completes) that request before it releases them.
 #[pymethods]
 impl Comm {
     /// Nonblocking `send` (`MPI_Isend`); returns a `Request`.
@@ -308,9 +307,9 @@ impl Comm {
     ) -> PyResult<Request> {
         let t = args::acquire(slf.py(), buf)?;
         let cpu = args::on_cpu([&t]);
-        Request::post(slf, "isend", cpu, None, |parts, ep| {
-            let t = unsafe { parts.one(t) };
-            on!(ep, c => c.immediate_send_tensor(StaticScope, t, dest, tag))
+        Request::post(slf, "isend", cpu, None, move |parts, ep| {
+            let t = parts.one(t);
+            on!(ep, c => c.immediate_send_tensor(Lent, t, dest, tag))
         })
     }
 
@@ -325,9 +324,9 @@ impl Comm {
     ) -> PyResult<Request> {
         let t = args::acquire(slf.py(), buf)?;
         let (cpu, count) = (args::on_cpu([&t]), args::elements(&t));
-        Request::post(slf, "irecv", cpu, Some(count), |parts, ep| {
-            let t = unsafe { parts.one(t) };
-            on!(ep, c => c.immediate_recv_tensor(StaticScope, t, source, tag))
+        Request::post(slf, "irecv", cpu, Some(count), move |parts, ep| {
+            let t = parts.one(t);
+            on!(ep, c => c.immediate_recv_tensor(Lent, t, source, tag))
         })
     }
 
@@ -340,10 +339,10 @@ impl Comm {
         let at_root = this.my_rank() == root;
         let cpu = args::on_cpu(buf.arrays());
         let list = matches!(buf, Operand::List(_));
-        Request::post(slf, "ibcast", cpu, None, |parts, ep| {
-            let arrays = unsafe { parts.operand(buf) };
+        Request::post(slf, "ibcast", cpu, None, move |parts, ep| {
+            let arrays = parts.operand(buf);
             if list {
-                return on!(ep, c => c.immediate_broadcast_tensors(StaticScope, arrays, root));
+                return on!(ep, c => c.immediate_broadcast_tensors(Lent, arrays, root));
             }
             let t = &mut arrays[0];
             let buffer = if at_root {
@@ -351,7 +350,7 @@ impl Comm {
             } else {
                 BroadcastBuffer::Recv(t)
             };
-            on!(ep, c => c.immediate_broadcast_tensor_from(StaticScope, buffer, root))
+            on!(ep, c => c.immediate_broadcast_tensor_from(Lent, buffer, root))
         })
     }
 
@@ -368,13 +367,17 @@ impl Comm {
         let this = slf.borrow();
         let (op, s, r) = this.read(py, "ireduce", true, || {
             let op = args::reduce_op(py, op)?;
-            Ok((op, args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?))
+            Ok((
+                op,
+                args::acquire(py, sendbuf)?,
+                this.root_recv(py, recvbuf, root)?,
+            ))
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
-        Request::post(slf, "ireduce", cpu, None, |parts, ep| {
-            let s = unsafe { parts.one(s) };
-            let r = r.map(|r| unsafe { parts.one(r) } as &mut dyn Tensor);
-            on!(ep, c => c.immediate_reduce_tensor(StaticScope, s, r, op, root))
+        Request::post(slf, "ireduce", cpu, None, move |parts, ep| {
+            let s = parts.one(s);
+            let r = r.map(|r| parts.one(r) as &mut dyn Tensor);
+            on!(ep, c => c.immediate_reduce_tensor(Lent, s, r, op, root))
         })
     }
 
@@ -392,23 +395,27 @@ impl Comm {
         let (op, send, recv) = this.read(py, "iallreduce", true, || {
             args::reduce_operands(py, sendbuf, recvbuf, op)
         })?;
-        let cpu = args::on_cpu(send.arrays().iter().chain(recv.iter().flat_map(Operand::arrays)));
+        let cpu = args::on_cpu(
+            send.arrays()
+                .iter()
+                .chain(recv.iter().flat_map(Operand::arrays)),
+        );
         let list = matches!(send, Operand::List(_));
-        Request::post(slf, "iallreduce", cpu, None, |parts, ep| {
-            let s = unsafe { parts.operand(send) };
-            let r = recv.map(|r| unsafe { parts.operand(r) });
+        Request::post(slf, "iallreduce", cpu, None, move |parts, ep| {
+            let s = parts.operand(send);
+            let r = recv.map(|r| parts.operand(r));
             match (list, r) {
                 (false, None) => {
-                    on!(ep, c => c.immediate_all_reduce_tensor_in_place(StaticScope, &mut s[0], op))
+                    on!(ep, c => c.immediate_all_reduce_tensor_in_place(Lent, &mut s[0], op))
                 }
                 (false, Some(r)) => {
-                    on!(ep, c => c.immediate_all_reduce_tensor(StaticScope, &s[0], &mut r[0], op))
+                    on!(ep, c => c.immediate_all_reduce_tensor(Lent, &s[0], &mut r[0], op))
                 }
                 (true, None) => {
-                    on!(ep, c => c.immediate_all_reduce_tensors_in_place(StaticScope, s, op))
+                    on!(ep, c => c.immediate_all_reduce_tensors_in_place(Lent, s, op))
                 }
                 (true, Some(r)) => {
-                    on!(ep, c => c.immediate_all_reduce_tensors(StaticScope, &*s, r, op))
+                    on!(ep, c => c.immediate_all_reduce_tensors(Lent, &*s, r, op))
                 }
             }
         })
@@ -431,13 +438,13 @@ impl Comm {
         let recv = recv.expect("a receive operand was given");
         let cpu = args::on_cpu(send.arrays().iter().chain(recv.arrays()));
         let list = matches!(send, Operand::List(_));
-        Request::post(slf, "ireduce_scatter_block", cpu, None, |parts, ep| {
-            let s = unsafe { parts.operand(send) };
-            let r = unsafe { parts.operand(recv) };
+        Request::post(slf, "ireduce_scatter_block", cpu, None, move |parts, ep| {
+            let s = parts.operand(send);
+            let r = parts.operand(recv);
             if list {
-                on!(ep, c => c.immediate_reduce_scatter_block_tensors(StaticScope, &*s, r, op))
+                on!(ep, c => c.immediate_reduce_scatter_block_tensors(Lent, &*s, r, op))
             } else {
-                on!(ep, c => c.immediate_reduce_scatter_block_tensor(StaticScope, &s[0], &mut r[0], op))
+                on!(ep, c => c.immediate_reduce_scatter_block_tensor(Lent, &s[0], &mut r[0], op))
             }
         })
     }
@@ -453,13 +460,16 @@ impl Comm {
         let py = slf.py();
         let this = slf.borrow();
         let (s, r) = this.read(py, "igather", true, || {
-            Ok((args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?))
+            Ok((
+                args::acquire(py, sendbuf)?,
+                this.root_recv(py, recvbuf, root)?,
+            ))
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
-        Request::post(slf, "igather", cpu, None, |parts, ep| {
-            let s = unsafe { parts.one(s) };
-            let r = r.map(|r| unsafe { parts.one(r) } as &mut dyn Tensor);
-            on!(ep, c => c.immediate_gather_tensor(StaticScope, s, r, root))
+        Request::post(slf, "igather", cpu, None, move |parts, ep| {
+            let s = parts.one(s);
+            let r = r.map(|r| parts.one(r) as &mut dyn Tensor);
+            on!(ep, c => c.immediate_gather_tensor(Lent, s, r, root))
         })
     }
 
@@ -477,20 +487,24 @@ impl Comm {
         let this = slf.borrow();
         let (s, r, blocks) = this.read(py, "igatherv", true, || {
             let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
-            Ok((args::acquire(py, sendbuf)?, this.root_recv(py, recvbuf, root)?, blocks))
+            Ok((
+                args::acquire(py, sendbuf)?,
+                this.root_recv(py, recvbuf, root)?,
+                blocks,
+            ))
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
-        Request::post(slf, "igatherv", cpu, None, |parts, ep| {
-            let s = unsafe { parts.one(s) };
+        Request::post(slf, "igatherv", cpu, None, move |parts, ep| {
+            let s = parts.one(s);
             let recv = match (r, blocks) {
                 (Some(r), Some((c, d))) => {
-                    let r = unsafe { parts.one(r) } as &mut dyn Tensor;
-                    let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
+                    let r = parts.one(r) as &mut dyn Tensor;
+                    let (c, d) = (parts.blocks(c), parts.blocks(d));
                     Some((r, Blocks::new(c, d)))
                 }
                 _ => None,
             };
-            on!(ep, c => c.immediate_gatherv_tensor(StaticScope, s, recv, root))
+            on!(ep, c => c.immediate_gatherv_tensor(Lent, s, recv, root))
         })
     }
 
@@ -505,13 +519,16 @@ impl Comm {
         let py = slf.py();
         let this = slf.borrow();
         let (s, r) = this.read(py, "iscatter", true, || {
-            Ok((this.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?))
+            Ok((
+                this.root_send(py, sendbuf, root)?,
+                args::acquire(py, recvbuf)?,
+            ))
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
-        Request::post(slf, "iscatter", cpu, None, |parts, ep| {
-            let s = s.map(|s| unsafe { parts.one(s) } as &dyn Tensor);
-            let r = unsafe { parts.one(r) };
-            on!(ep, c => c.immediate_scatter_tensor(StaticScope, s, r, root))
+        Request::post(slf, "iscatter", cpu, None, move |parts, ep| {
+            let s = s.map(|s| parts.one(s) as &dyn Tensor);
+            let r = parts.one(r);
+            on!(ep, c => c.immediate_scatter_tensor(Lent, s, r, root))
         })
     }
 
@@ -529,20 +546,24 @@ impl Comm {
         let this = slf.borrow();
         let (s, r, blocks) = this.read(py, "iscatterv", true, || {
             let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
-            Ok((this.root_send(py, sendbuf, root)?, args::acquire(py, recvbuf)?, blocks))
+            Ok((
+                this.root_send(py, sendbuf, root)?,
+                args::acquire(py, recvbuf)?,
+                blocks,
+            ))
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
-        Request::post(slf, "iscatterv", cpu, None, |parts, ep| {
+        Request::post(slf, "iscatterv", cpu, None, move |parts, ep| {
             let send = match (s, blocks) {
                 (Some(s), Some((c, d))) => {
-                    let s = unsafe { parts.one(s) } as &dyn Tensor;
-                    let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
+                    let s = parts.one(s) as &dyn Tensor;
+                    let (c, d) = (parts.blocks(c), parts.blocks(d));
                     Some((s, Blocks::new(c, d)))
                 }
                 _ => None,
             };
-            let r = unsafe { parts.one(r) };
-            on!(ep, c => c.immediate_scatterv_tensor(StaticScope, send, r, root))
+            let r = parts.one(r);
+            on!(ep, c => c.immediate_scatterv_tensor(Lent, send, r, root))
         })
     }
 
@@ -557,9 +578,9 @@ impl Comm {
             .borrow()
             .read(py, "iallgather", true, || args::pair(py, sendbuf, recvbuf))?;
         let cpu = args::on_cpu([&s, &r]);
-        Request::post(slf, "iallgather", cpu, None, |parts, ep| {
-            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
-            on!(ep, c => c.immediate_all_gather_tensor(StaticScope, s, r))
+        Request::post(slf, "iallgather", cpu, None, move |parts, ep| {
+            let (s, r) = (parts.one(s), parts.one(r));
+            on!(ep, c => c.immediate_all_gather_tensor(Lent, s, r))
         })
     }
 
@@ -574,13 +595,16 @@ impl Comm {
     ) -> PyResult<Request> {
         let py = slf.py();
         let ((s, r), (c, d)) = slf.borrow().read(py, "iallgatherv", true, || {
-            Ok((args::pair(py, sendbuf, recvbuf)?, all_blocks(counts, displs)?))
+            Ok((
+                args::pair(py, sendbuf, recvbuf)?,
+                all_blocks(counts, displs)?,
+            ))
         })?;
         let cpu = args::on_cpu([&s, &r]);
-        Request::post(slf, "iallgatherv", cpu, None, |parts, ep| {
-            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
-            let (c, d) = unsafe { (parts.blocks(c), parts.blocks(d)) };
-            on!(ep, x => x.immediate_all_gatherv_tensor(StaticScope, s, r, Blocks::new(c, d)))
+        Request::post(slf, "iallgatherv", cpu, None, move |parts, ep| {
+            let (s, r) = (parts.one(s), parts.one(r));
+            let (c, d) = (parts.blocks(c), parts.blocks(d));
+            on!(ep, x => x.immediate_all_gatherv_tensor(Lent, s, r, Blocks::new(c, d)))
         })
     }
 
@@ -595,9 +619,9 @@ impl Comm {
             .borrow()
             .read(py, "ialltoall", true, || args::pair(py, sendbuf, recvbuf))?;
         let cpu = args::on_cpu([&s, &r]);
-        Request::post(slf, "ialltoall", cpu, None, |parts, ep| {
-            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
-            on!(ep, c => c.immediate_all_to_all_tensor(StaticScope, s, r))
+        Request::post(slf, "ialltoall", cpu, None, move |parts, ep| {
+            let (s, r) = (parts.one(s), parts.one(r));
+            on!(ep, c => c.immediate_all_to_all_tensor(Lent, s, r))
         })
     }
 
@@ -613,19 +637,20 @@ impl Comm {
         rdispls: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Request> {
         let py = slf.py();
-        let ((s, r), send_blocks, recv_blocks) = slf.borrow().read(py, "ialltoallv", true, || {
-            Ok((
-                args::pair(py, sendbuf, recvbuf)?,
-                all_blocks(sendcounts, sdispls)?,
-                all_blocks(recvcounts, rdispls)?,
-            ))
-        })?;
+        let ((s, r), send_blocks, recv_blocks) =
+            slf.borrow().read(py, "ialltoallv", true, || {
+                Ok((
+                    args::pair(py, sendbuf, recvbuf)?,
+                    all_blocks(sendcounts, sdispls)?,
+                    all_blocks(recvcounts, rdispls)?,
+                ))
+            })?;
         let cpu = args::on_cpu([&s, &r]);
-        Request::post(slf, "ialltoallv", cpu, None, |parts, ep| {
-            let (s, r) = unsafe { (parts.one(s), parts.one(r)) };
-            let send = unsafe { Blocks::new(parts.blocks(send_blocks.0), parts.blocks(send_blocks.1)) };
-            let recv = unsafe { Blocks::new(parts.blocks(recv_blocks.0), parts.blocks(recv_blocks.1)) };
-            on!(ep, c => c.immediate_all_to_allv_tensor(StaticScope, (&*s, send), (r, recv)))
+        Request::post(slf, "ialltoallv", cpu, None, move |parts, ep| {
+            let (s, r) = (parts.one(s), parts.one(r));
+            let send = Blocks::new(parts.blocks(send_blocks.0), parts.blocks(send_blocks.1));
+            let recv = Blocks::new(parts.blocks(recv_blocks.0), parts.blocks(recv_blocks.1));
+            on!(ep, c => c.immediate_all_to_allv_tensor(Lent, (&*s, send), (r, recv)))
         })
     }
 }

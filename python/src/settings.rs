@@ -95,12 +95,24 @@ pub(crate) fn configure(
             )));
         }
     }
-    agreement.map(lib::set_agreement);
-    packing.map(lib::set_packing);
-    half_ops.map(lib::set_half_ops);
-    pack_threshold_bytes.map(lib::set_pack_threshold_bytes);
-    bucket_bytes.map(lib::set_bucket_bytes);
-    first_bucket_bytes.map(lib::set_first_bucket_bytes);
+    if let Some(a) = agreement {
+        lib::set_agreement(a);
+    }
+    if let Some(p) = packing {
+        lib::set_packing(p);
+    }
+    if let Some(h) = half_ops {
+        lib::set_half_ops(h);
+    }
+    if let Some(b) = pack_threshold_bytes {
+        lib::set_pack_threshold_bytes(b);
+    }
+    if let Some(b) = bucket_bytes {
+        lib::set_bucket_bytes(b);
+    }
+    if let Some(b) = first_bucket_bytes {
+        lib::set_first_bucket_bytes(b);
+    }
     Ok(())
 }
 
