@@ -3,10 +3,12 @@
 
 use std::cell::RefCell;
 use std::ptr::NonNull;
+use std::thread::ThreadId;
 
 use dlpack_mpi::comm::{Blocks, BroadcastBuffer, TensorComm, TensorRequest};
 use dlpack_mpi::dlpack::Tensor;
 use mpi::request::Scope;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::args::{self, Array, Operand};
@@ -141,8 +143,11 @@ impl Drop for Parts {
 /// it failed (`PeerRefused`, `CollectiveMismatch`, `Unfit` for a receive, …). A request
 /// dropped before it completes is waited for then (with the GIL released); do not write to
 /// the arrays, nor read a receive array, before it completes.
-#[pyclass(module = "dlpack_mpi", unsendable)]
+#[pyclass(module = "dlpack_mpi")]
 pub struct Request {
+    /// The thread that posted it: the only one that may complete it (its progress, and the
+    /// library's queue of pending agreements, are that thread's).
+    owner: ThreadId,
     /// The operation; `None` once completed. Dropped before `parts` (explicitly in `Drop`).
     pending: Option<TensorRequest<'static, Lent>>,
     /// What `pending` points into.
@@ -181,6 +186,7 @@ impl Request {
             std::mem::transmute::<TensorRequest<'_, Lent>, TensorRequest<'static, Lent>>(request)
         };
         Ok(Request {
+            owner: std::thread::current().id(),
             pending: Some(request),
             parts,
             comm: Some(comm.clone().unbind()),
@@ -188,6 +194,19 @@ impl Request {
             receive,
             status: None,
         })
+    }
+
+    /// `RuntimeError` unless this is the thread that posted the request.
+    fn on_owner(&self) -> PyResult<()> {
+        if std::thread::current().id() == self.owner {
+            Ok(())
+        } else {
+            Err(PyRuntimeError::new_err(format!(
+                "this {} request was posted by another thread: only that thread may wait for \
+                 or test it (its progress is that thread's)",
+                self.op
+            )))
+        }
     }
 
     /// The outcome of a completed operation: the arrays released, the status kept.
@@ -210,6 +229,7 @@ impl Request {
     /// arrays; returns the `Status` of a receive, `None` for the others. Raises the
     /// operation's error. Waiting again returns the same.
     fn wait(&mut self, py: Python<'_>) -> PyResult<Option<Status>> {
+        self.on_owner()?;
         if let Some(request) = self.pending.take() {
             let outcome = detached(py, || request.wait());
             self.finish(py, outcome)?;
@@ -220,6 +240,7 @@ impl Request {
     /// Whether the operation has completed (once `True`, its arrays are released and its
     /// error raised, as `wait()` would).
     fn test(&mut self, py: Python<'_>) -> PyResult<bool> {
+        self.on_owner()?;
         let Some(request) = self.pending.take() else {
             return Ok(true);
         };
@@ -254,13 +275,22 @@ impl Request {
     }
 }
 
+// SAFETY: every access that touches the request's state (`wait`, `test`, `Drop`'s wait)
+// happens on the thread that posted it (`on_owner`; on another thread `Drop` leaks it);
+// pyo3 gives `&mut self` to one caller at a time, and `done`/`repr` read only a flag and a
+// name.
+unsafe impl Send for Request {}
+// SAFETY: as for `Send` above.
+unsafe impl Sync for Request {}
+
 impl Drop for Request {
     fn drop(&mut self) {
         let Some(request) = self.pending.take() else {
             return;
         };
-        if mpi::environment::is_finalized() {
-            // MPI is gone and may still hold the buffers: keep them, call nothing.
+        if mpi::environment::is_finalized() || std::thread::current().id() != self.owner {
+            // MPI is gone and may still hold the buffers, or this thread may not complete
+            // the request (`on_owner`): keep everything, call nothing.
             std::mem::forget(request);
             self.parts.leak();
             return;
