@@ -4,8 +4,9 @@
 # DLPACK_MPI_IMPL=mpich), libclang (rsmpi's bindgen), pkg-config, python3 and iproute2 (`ip`,
 # for the two-host network-namespace test); with Open MPI also NumPy and mpi4py (running on
 # that MPI) for the Python producers and the mpi4py wire tests, and JAX, PaddlePaddle and
-# ml-dtypes (CPU, with pip) for the ML producers' tests. Rust itself must already be
-# installed (cargo on PATH).
+# ml-dtypes (CPU, with pip) for the ML producers' tests, and maturin, pytest and the
+# extension module dlpack_mpi (python/). Rust itself must already be installed (cargo on
+# PATH).
 #
 # Installing a second MPI library does not change which one the scripts use: they name the
 # launcher and compiler wrapper explicitly (scripts/mpi-env.sh), whatever Debian's `mpi` and
@@ -154,6 +155,42 @@ if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]]; then
         echo "setup: installing the Python producers ${wanted[*]} for $(command -v python3)"
         if ! python3 -m pip install -q "${wanted[@]}"; then
             echo "setup: WARNING: pip could not install ${wanted[*]}; the JAX/Paddle test cases will be skipped (SKIP lines name the missing package)" >&2
+        fi
+    fi
+fi
+
+# The Python extension module `dlpack_mpi` (python/), with Open MPI only (it runs on
+# mpi4py's MPI): maturin (its build backend, used without build isolation) and pytest (its
+# suite, python/tests) with pip when they do not import, then the module itself when
+# `import dlpack_mpi` fails (not built yet, or built against another MPI), built against
+# Open MPI's mpicc. A failure is not fatal: test.sh's dlpack_mpi stages then skip or fail
+# naming it.
+if [[ ${DLPACK_MPI_IMPL:-openmpi} == openmpi ]]; then
+    wanted=()
+    python3 -c "import maturin" >/dev/null 2>&1 || wanted+=("maturin>=1.5,<2")
+    python3 -c "import pytest" >/dev/null 2>&1 || wanted+=("pytest>=7")
+    if ((${#wanted[@]})); then
+        echo "setup: installing ${wanted[*]} for $(command -v python3)"
+        if ! python3 -m pip install -q "${wanted[@]}"; then
+            echo "setup: WARNING: pip could not install ${wanted[*]}; the dlpack_mpi module's stages will be skipped" >&2
+        fi
+    fi
+    if python3 -c "import maturin" >/dev/null 2>&1 &&
+        ! timeout 120 python3 -c "import dlpack_mpi" >/dev/null 2>&1; then
+        echo "setup: building and installing the dlpack_mpi module (python/) for $(command -v python3)"
+        # In test.sh's target directory for the module ($TARGET_DIR/python), with MPICC
+        # and PYO3_PYTHON as scripts/mpi-env.sh and python-env.sh set them (build.rs reruns,
+        # and the crate rebuilds, when either changes): test.sh's own install then finds
+        # this build current.
+        module_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+        module_target=${CARGO_TARGET_DIR:-target}/python
+        [[ $module_target == /* ]] || module_target=$module_root/$module_target
+        module_mpicc=mpicc
+        command -v mpicc.openmpi >/dev/null 2>&1 && module_mpicc=mpicc.openmpi
+        if ! CARGO_TARGET_DIR=$module_target MPICC=$module_mpicc \
+            PYO3_PYTHON=$(python3 -c 'import sys; print(sys.executable)') \
+            python3 -m pip install -q --no-build-isolation "$module_root/python"; then
+            echo "setup: WARNING: the dlpack_mpi module did not build or install (python/README.md says what it needs)" >&2
         fi
     fi
 fi

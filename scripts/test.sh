@@ -97,6 +97,12 @@ python  | python: Python-producer cases at 2 ranks | - | suite_at python_cases 2
 python  | python: Python-producer cases at 3 ranks | - | suite_at python_cases 3 --features cli,python
 python  | mpi4py wire interop: mpi4py rank + 1 dlpack-mpi rank(s) | skip_unless_openmpi | mpi4py_interop_at 1
 python  | mpi4py wire interop: mpi4py rank + 2 dlpack-mpi rank(s) | skip_unless_openmpi | mpi4py_interop_at 2
+python  | dlpack_mpi module: built and installed from python/ (pip, maturin), cargo clippy -p dlpack-mpi-python -D warnings | skip_unless_python_module | python_module
+python  | dlpack_mpi module: pytest suite (python/tests) at 1 rank | skip_unless_python_module | pytest_at 1
+python  | dlpack_mpi module: pytest suite (python/tests) at 2 ranks | skip_unless_python_module | pytest_at 2
+python  | dlpack_mpi module: pytest suite (python/tests) at 3 ranks | skip_unless_python_module | pytest_at 3
+python  | dlpack_mpi module: pytest suite (python/tests) at 4 ranks | skip_unless_python_module | pytest_at 4
+python  | dlpack_mpi module: MPMD jobs, a plain mpi4py rank 0 + dlpack_mpi ranks (agreement local: point-to-point both ways, all-reduce, broadcast, nonblocking all-reduce at 1 and 3 dlpack_mpi ranks; the default agreement at 1: OutOfStep, not a hang) | skip_unless_python_module | python_mpmd
 heavy   | transfers above 2^31 bytes (contiguous; strided packed and split) at 2 ranks | - | binary_at large_transfer 2
 mpi     | canaries (guard bytes, every operation x layout) at 2 ranks | - | suite_at canaries 2
 mpi     | canaries (guard bytes, every operation x layout) at 3 ranks | - | suite_at canaries 3
@@ -241,6 +247,17 @@ skip_unless_debian_mpi() {
     [[ $DLPACK_MPI_IMPL == openmpi || $DLPACK_MPI_IMPL == mpich ]] ||
         echo "this run is the $DLPACK_MPI_IMPL run"
 }
+# The dlpack_mpi stages: Open MPI (mpi4py's), and maturin and pytest in $PYO3_PYTHON's
+# environment (setup.sh installs them; a registry failure skips these stages).
+skip_unless_python_module() {
+    local why
+    why=$(skip_unless_openmpi)
+    if [[ -n $why ]]; then
+        echo "$why"
+    elif ! "$PYO3_PYTHON" -c "import maturin, pytest" >/dev/null 2>&1; then
+        echo "maturin or pytest is not installed for $PYO3_PYTHON (scripts/setup.sh installs them)"
+    fi
+}
 skip_unless_python_package() {
     "$PYO3_PYTHON" -c "import $1" >/dev/null 2>&1 || echo "Python package $1 is not installed"
 }
@@ -251,6 +268,52 @@ mpi4py_interop_at() {
     bin=$(test_binary mpi4py_interop)
     timeout 600 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 1 "$PYO3_PYTHON" tests/python/mpi4py_peer.py \
         : -n "$1" "$bin"
+}
+
+# The Python extension module dlpack_mpi (python/): built by maturin through pip into
+# $PYO3_PYTHON's environment, once per run (by its stage, or by the first stage that needs
+# it under --only; a failed install is not retried), from the tree as it is. It builds in
+# a target directory of its own, $TARGET_DIR/python (absolute: pip runs maturin in
+# python/), as setup.sh's install does: sharing $TARGET_DIR/release with the CLI's release
+# build rebuilt each in turn (26 s for the module, then 50 s for the CLI, every run).
+python_module_installed=""
+install_python_module() {
+    local target=$TARGET_DIR/python
+    [[ $target == /* ]] || target=$PWD/$target
+    if [[ -z $python_module_installed ]]; then
+        python_module_installed=failed
+        CARGO_TARGET_DIR=$target timeout 900 "$PYO3_PYTHON" -m pip install -q --no-build-isolation \
+            --no-deps --force-reinstall ./python &&
+            "$PYO3_PYTHON" -c 'import dlpack_mpi; print("dlpack_mpi", dlpack_mpi.__version__, "installed at", dlpack_mpi.__file__)' &&
+            python_module_installed=ok
+    fi
+    [[ $python_module_installed == ok ]]
+}
+python_module() {
+    install_python_module && timeout 600 cargo clippy -p dlpack-mpi-python --all-targets -- -D warnings
+}
+# pytest_at N: the module's pytest suite at N ranks (every rank runs every test; those that
+# need more ranks skip). A test that hangs has its stack printed after 60 s
+# (faulthandler_timeout) and the job is stopped at 180 s; the suite takes 6-13 s here.
+pytest_at() {
+    install_python_module || return 1
+    timeout 180 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n "$1" "$PYO3_PYTHON" -m pytest -q -p no:cacheprovider \
+        --color=no -o faulthandler_timeout=60 python/tests
+}
+# MPMD jobs: python/tests/mpmd/peer_mpi4py.py (plain mpi4py) as rank 0, dlpack_rank.py
+# (dlpack_mpi) after it. With the default agreement only one dlpack_mpi rank: with more,
+# the last of them never returns under Open MPI 4.1 (the peer's docstring says why).
+python_mpmd() {
+    local dir=python/tests/mpmd n
+    install_python_module || return 1
+    for n in 1 3; do
+        echo "-- agreement local, 1 mpi4py rank + $n dlpack_mpi rank(s)"
+        timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 1 "$PYO3_PYTHON" "$dir/peer_mpi4py.py" local \
+            : -n "$n" "$PYO3_PYTHON" "$dir/dlpack_rank.py" local || return 1
+    done
+    echo "-- the default agreement, 1 mpi4py rank + 1 dlpack_mpi rank: OutOfStep"
+    timeout 60 "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 1 "$PYO3_PYTHON" "$dir/peer_mpi4py.py" collective \
+        : -n 1 "$PYO3_PYTHON" "$dir/dlpack_rank.py" collective
 }
 
 # A short fuzz run (60 s in all: 30 s for each of fuzz/'s targets, import_layout_spec and

@@ -17,7 +17,8 @@ use crate::detached;
 use crate::errors::to_py;
 
 /// What a receive returns: the `source` rank, the `tag`, and `count`, the elements
-/// received (always the receive array's: a message of another size raises `Unfit`).
+/// received (always the receive array's: a message of another size raises `Unfit` from
+/// `recv`, `CountMismatch` from an `irecv`'s completion).
 #[pyclass(module = "dlpack_mpi", frozen, get_all, skip_from_py_object)]
 #[derive(Clone, Debug)]
 pub struct Status {
@@ -140,7 +141,7 @@ impl Drop for Parts {
 /// A nonblocking operation in flight, from `Comm.isend`, `Comm.iallreduce`, …. It owns the
 /// operation's arrays until MPI is done with them: `wait()` (or a `test()` that returns
 /// `True`, or `waitall`) completes it and releases them, raising the operation's error if
-/// it failed (`PeerRefused`, `CollectiveMismatch`, `Unfit` for a receive, …). A request
+/// it failed (`PeerRefused`, `CollectiveMismatch`, `CountMismatch` for a receive, …). A request
 /// dropped before it completes is waited for then (with the GIL released); do not write to
 /// the arrays, nor read a receive array, before it completes.
 #[pyclass(module = "dlpack_mpi")]
@@ -343,8 +344,11 @@ impl Comm {
         })
     }
 
-    /// Nonblocking `recv` (`MPI_Irecv` of a matched message); `wait()` returns its
-    /// `Status`, or raises `Unfit` holding a message of another size.
+    /// Nonblocking `recv` (`MPI_Irecv`, posted before the message's size is known);
+    /// `wait()` returns its `Status`. A message of another size raises `CountMismatch` at
+    /// completion: it has been received by then (a longer one truncated, which MPI reports
+    /// as an error where the communicator's error handler lets it), so no `Unfit` holds
+    /// it; `recv` matches first and raises `Unfit` instead.
     #[pyo3(signature = (buf, source, tag = 0))]
     fn irecv(
         slf: &Bound<'_, Self>,
