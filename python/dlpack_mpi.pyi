@@ -7,6 +7,10 @@ from typing import Any, Literal, Optional, Protocol, Sequence, TypedDict, Union
 from mpi4py import MPI
 
 __version__: str
+#: MPI_ANY_SOURCE and MPI_ANY_TAG (mpi4py's MPI.ANY_SOURCE, MPI.ANY_TAG): a receive's source
+#: and tag that take any.
+ANY_SOURCE: int
+ANY_TAG: int
 
 class SupportsDLPack(Protocol):
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -58,6 +62,8 @@ class Comm:
     @property
     def mpi4py(self) -> MPI.Intracomm:
         """The mpi4py communicator this wraps (the duplicate with dup=True)."""
+    def reset_out_of_step(self) -> bool:
+        """After OutOfStep: collective (a barrier); collectives run again."""
     # Point to point.
     def send(self, buf: Array, dest: int, tag: int = 0) -> None: ...
     def recv(self, buf: Array, source: int, tag: int = 0) -> Status:

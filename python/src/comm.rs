@@ -235,6 +235,15 @@ impl Comm {
         self.py_comm.clone_ref(py)
     }
 
+    /// After `OutOfStep` (a rank skipped or added a collective, so every later collective
+    /// on this communicator raises it at once): clears it, so that collectives run again.
+    /// Collective: every rank calls it at the same point, with no nonblocking collective of
+    /// this `Comm` pending, once the program has brought its ranks back into step; it is a
+    /// barrier. Returns whether this rank was out of step.
+    fn reset_out_of_step(&self, py: Python<'_>) -> bool {
+        detached(py, || dlpack_mpi::comm::reset_out_of_step(self.handle()))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<dlpack_mpi.Comm rank {} of {}>",
@@ -255,7 +264,9 @@ impl Comm {
         )
     }
 
-    /// Blocking receive into `buf` from `source` with `tag`; returns the `Status`. The
+    /// Blocking receive into `buf` from `source` with `tag` (`dlpack_mpi.ANY_SOURCE` and
+    /// `dlpack_mpi.ANY_TAG`, which are mpi4py's `MPI.ANY_SOURCE` and `MPI.ANY_TAG`, take any);
+    /// returns the `Status`, which names the message's source and tag. The
     /// message is matched first and received only when it is exactly `buf`'s size: one that
     /// is not raises `Unfit`, whose `message` holds it (receive it with
     /// `e.message.recv_into(bigger)`; no other receive can take it).

@@ -107,6 +107,8 @@ fn dlpack_mpi_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     import_check(py)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("ANY_SOURCE", dlpack_mpi::comm::any_source())?;
+    m.add("ANY_TAG", dlpack_mpi::comm::any_tag())?;
     m.add_class::<comm::Comm>()?;
     m.add_class::<request::Request>()?;
     m.add_class::<request::Status>()?;

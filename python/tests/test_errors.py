@@ -269,3 +269,27 @@ def test_aliased_buffers_on_every_rank(comm, rank, size):
         comm.allreduce(np.ones(2, np.complex64), op="max")
     works_after(comm, rank, size)
     assert np.array_equal(a, np.arange(4.0))
+
+
+def test_out_of_step_then_reset(comm, rank, size):
+    """A rank that skips a collective: the first one after it is a mismatch on every rank,
+    the next one names the rank (OutOfStep), and every later collective raises OutOfStep at
+    once until every rank calls comm.reset_out_of_step()."""
+    need(2)
+    sub = dlpack_mpi.Comm(comm.mpi4py.Dup())
+    a, b, c = np.ones(4, np.float32), np.ones(2, np.float64), np.ones(3, np.int32)
+    try:
+        calls = [a, b] if rank != size - 1 else [b, c]  # the last rank skips `a`
+        with pytest.raises(dlpack_mpi.CollectiveMismatch):
+            sub.allreduce(calls[0])
+        with pytest.raises(dlpack_mpi.OutOfStep) as e:
+            sub.allreduce(calls[1])
+        assert f"rank {size - 1}" in str(e.value) and "skipped" in str(e.value), str(e.value)
+        with pytest.raises(dlpack_mpi.OutOfStep):
+            sub.allreduce(np.ones(2))
+        assert sub.reset_out_of_step() is True
+        y = np.full(3, float(rank))
+        sub.allreduce(y)
+        assert np.array_equal(y, np.full(3, size * (size - 1) / 2))
+    finally:
+        sub.mpi4py.Free()

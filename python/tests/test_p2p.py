@@ -272,3 +272,29 @@ def test_send_argument_errors(comm, rank, size):
     ro.flags.writeable = False
     with pytest.raises(dlpack_mpi.ReadOnly):
         comm.recv(ro, rank, tag=99)
+
+
+def test_wildcard_source_and_tag(comm, rank, size):
+    """dlpack_mpi.ANY_SOURCE / ANY_TAG (mpi4py's MPI.ANY_SOURCE / MPI.ANY_TAG): rank 0 takes
+    one message from every other rank in arrival order, each status naming its sender."""
+    need(2)
+    assert (dlpack_mpi.ANY_SOURCE, dlpack_mpi.ANY_TAG) == (MPI.ANY_SOURCE, MPI.ANY_TAG)
+    if rank == 0:
+        seen = []
+        for _ in range(size - 1):
+            got = np.zeros(5)
+            st = comm.recv(got, dlpack_mpi.ANY_SOURCE, MPI.ANY_TAG)
+            assert st.tag == 40 + st.source and np.array_equal(got, values(st.source, 5))
+            seen.append(st.source)
+        assert sorted(seen) == list(range(1, size))
+    else:
+        comm.send(values(rank, 5), 0, tag=40 + rank)
+    # Nonblocking, in a ring.
+    dest, source = (rank + 1) % size, (rank - 1) % size
+    got = np.zeros(5)
+    rreq = comm.irecv(got, MPI.ANY_SOURCE, MPI.ANY_TAG)
+    comm.isend(values(rank, 5, salt=1), dest, tag=41).wait()
+    st = rreq.wait()
+    assert (st.source, st.tag) == (source, 41) and np.array_equal(got, values(source, 5, salt=1))
+    with pytest.raises(dlpack_mpi.InvalidRank):
+        comm.recv(np.zeros(5), -5)

@@ -17,6 +17,7 @@ pub use engine::agree::AGREEMENT_REASON_BYTES;
 pub use engine::bcast::BroadcastBuffer;
 pub use engine::blocks::Blocks;
 pub(crate) use engine::checks::check_peer;
+pub use engine::checks::{any_source, any_tag};
 pub use engine::halfops;
 pub use engine::packing::inner_block_bytes;
 pub use engine::request::{test_any, wait_all, wait_any, TensorRequest};
@@ -106,8 +107,9 @@ pub trait TensorComm: Endpoint {
         p2p::send(self, tensor, dest, tag)
     }
 
-    /// Blocking receive into `tensor` from `source` with `tag`. The incoming message is
-    /// matched first (`MPI_Mprobe`, MPI-4.1 §3.8.2: it is taken off the queue for this call
+    /// Blocking receive into `tensor` from `source` with `tag` (`source` may be
+    /// [`any_source`], `tag` [`any_tag`]: the status names the message's own; MPI-4.1
+    /// §3.2.4). The incoming message is matched first (`MPI_Mprobe`, MPI-4.1 §3.8.2: it is taken off the queue for this call
     /// alone) and received (`MPI_Mrecv`, §3.8.3) only when its size is exactly the
     /// tensor's. The tensor is checked, and a packing scratch allocated, before the probe.
     ///

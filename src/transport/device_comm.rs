@@ -17,7 +17,9 @@ use super::pool::PinnedPool;
 use super::route::{Route, Transport};
 use super::stage::{Placement, Stage};
 use super::{cuda_awareness, CudaAwareness};
-use crate::comm::{check_peer, p2p, BucketMember, Endpoint, Sealed, Stager, TensorComm};
+use crate::comm::{
+    any_source, any_tag, check_peer, p2p, BucketMember, Endpoint, Sealed, Stager, TensorComm,
+};
 use crate::device::Device;
 use crate::dlpack::Tensor;
 use crate::dtype::DType;
@@ -347,6 +349,11 @@ impl<C: Communicator + ?Sized> TensorComm for DeviceComm<'_, C> {
     /// [`Error::SenderAborted`] (the sender stopped partway), [`Error::BadPartHeader`] and
     /// [`Error::CountMismatch`] as the [`pipeline`](super::pipeline) docs say.
     fn recv_tensor(&self, tensor: &mut dyn Tensor, source: Rank, tag: Tag) -> Result<Status> {
+        if source == any_source() || tag == any_tag() {
+            // A wildcard receive takes one plain message (a parted send's parts must be
+            // received from its source, with its tag).
+            return p2p::recv(self, tensor, source, tag);
+        }
         check_peer(self.comm, source, tag)?;
         let placement = self.place(&*tensor, None, Access::Write)?;
         if let Some(x) = self.parted_candidate(&*tensor, placement.as_ref())? {

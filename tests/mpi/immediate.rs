@@ -559,6 +559,77 @@ fn read_only_views_refuse_receives(w: &SimpleCommunicator) -> Outcome {
 
 type Case = fn(&SimpleCommunicator) -> Outcome;
 
+/// Receives from `comm::any_source()` with `comm::any_tag()`: blocking (rank 0 takes one
+/// message from every rank, in whatever order they come, each status naming its sender and
+/// tag), in a send-receive ring and nonblocking; other negative sources and tags stay
+/// refused.
+fn wildcard_receives(w: &SimpleCommunicator) -> Outcome {
+    use dlpack_mpi::comm::{any_source, any_tag};
+    let (r, p) = (w.rank(), w.size());
+    let mine = Owned::new(vec![r as f32; 3]);
+    let mt = acquire(&mine, &opts()).map_err(s)?;
+    mpi::request::scope(|scope| -> Outcome {
+        let sent = w.immediate_send_tensor(scope, &mt, 0, 70 + r).map_err(s)?;
+        if r == 0 {
+            let mut seen = vec![false; usize::try_from(p).map_err(s)?];
+            for _ in 0..p {
+                let into = Owned::new(vec![-1.0f32; 3]);
+                let mut t = acquire(&into, &opts()).map_err(s)?;
+                let st = w.recv_tensor(&mut t, any_source(), any_tag()).map_err(s)?;
+                drop(t);
+                let from = st.source_rank();
+                ensure_eq!(st.tag(), 70 + from);
+                ensure_eq!(into.into_vec(), vec![from as f32; 3]);
+                seen[usize::try_from(from).map_err(s)?] = true;
+            }
+            ensure!(
+                seen.iter().all(|&b| b),
+                "every rank's message taken once: {seen:?}"
+            );
+        }
+        sent.wait().map_err(s)?;
+        Ok(())
+    })?;
+    w.barrier();
+    let (next, prev) = ring(w);
+    let into = Owned::new(vec![-1.0f32; 3]);
+    {
+        let mut t = acquire(&into, &opts()).map_err(s)?;
+        let st = w
+            .sendrecv_tensor(&mt, next, 80, &mut t, any_source(), any_tag())
+            .map_err(s)?;
+        ensure_eq!((st.source_rank(), st.tag()), (prev, 80));
+    }
+    ensure_eq!(into.into_vec(), vec![prev as f32; 3]);
+    w.barrier();
+    let into = Owned::new(vec![-1.0f32; 3]);
+    {
+        let mut t = acquire(&into, &opts()).map_err(s)?;
+        mpi::request::scope(|scope| -> Outcome {
+            let rr = w
+                .immediate_recv_tensor(scope, &mut t, any_source(), any_tag())
+                .map_err(s)?;
+            let sr = w.immediate_send_tensor(scope, &mt, next, 90).map_err(s)?;
+            sr.wait().map_err(s)?;
+            let st = rr.wait().map_err(s)?;
+            ensure_eq!((st.source_rank(), st.tag()), (prev, 90));
+            Ok(())
+        })?;
+    }
+    ensure_eq!(into.into_vec(), vec![prev as f32; 3]);
+    let other = Owned::new(vec![0.0f32; 3]);
+    let mut t = acquire(&other, &opts()).map_err(s)?;
+    // -5 is neither library's MPI_ANY_SOURCE (-1 Open MPI, -2 MPICH) nor MPI_PROC_NULL.
+    match w.recv_tensor(&mut t, -5, 0) {
+        Err(Error::InvalidRank { rank: -5, .. }) => {}
+        other => return Err(format!("source -5 must be InvalidRank: {other:?}")),
+    }
+    match w.recv_tensor(&mut t, 0, -7) {
+        Err(Error::InvalidTag { tag: -7, .. }) => Ok(()),
+        other => Err(format!("tag -7 must be InvalidTag: {other:?}")),
+    }
+}
+
 const CASES: &[(&str, Case)] = &[
     (
         "nonblocking_strided_round_trip_every_packing",
@@ -578,6 +649,7 @@ const CASES: &[(&str, Case)] = &[
         short_message_is_count_mismatch,
     ),
     ("windowed_transfers", windowed_transfers),
+    ("wildcard_receives", wildcard_receives),
     ("strided_windows", strided_windows),
     (
         "broadcast_from_a_shared_root_tensor",

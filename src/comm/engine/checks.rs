@@ -62,6 +62,38 @@ pub(crate) fn check_tag(tag: Tag) -> Result<()> {
     }
 }
 
+/// `MPI_ANY_SOURCE`, the source of a receive that takes a message from any rank (MPI-4.1
+/// §3.2.4): this MPI library's value (-1 under Open MPI, -2 under MPICH).
+pub fn any_source() -> Rank {
+    // SAFETY: a constant of the MPI library, defined before `MPI_Init`.
+    unsafe { mpi::ffi::RSMPI_ANY_SOURCE }
+}
+
+/// `MPI_ANY_TAG`, the tag of a receive that takes a message of any tag (MPI-4.1 §3.2.4).
+pub fn any_tag() -> Tag {
+    // SAFETY: as in `any_source`.
+    unsafe { mpi::ffi::RSMPI_ANY_TAG }
+}
+
+/// A receive's source and tag: a rank of `comm` or [`any_source`], a tag in
+/// `0..=MPI_TAG_UB` or [`any_tag`] (MPI-4.1 §3.2.4).
+///
+/// # Errors
+/// [`Error::InvalidRank`], [`Error::InvalidTag`].
+pub(crate) fn check_source<C: Communicator + ?Sized>(
+    comm: &C,
+    source: Rank,
+    tag: Tag,
+) -> Result<()> {
+    if source != any_source() {
+        check_rank(source, comm.target_size())?;
+    }
+    if tag != any_tag() {
+        check_tag(tag)?;
+    }
+    Ok(())
+}
+
 /// Collectives here are defined for intra-communicators only (an inter-communicator's
 /// collectives use `MPI_ROOT`/`MPI_PROC_NULL` roots and remote-group counts).
 pub(in crate::comm) fn check_intra<C: Communicator + ?Sized>(comm: &C) -> Result<()> {

@@ -15,7 +15,7 @@ use mpi::topology::{Communicator, Process, Rank};
 use mpi::Tag;
 
 use crate::comm::engine::checks::{
-    check_disjoint, check_incoming, check_peer, check_rank, check_tag,
+    any_source, check_disjoint, check_incoming, check_peer, check_rank, check_source, check_tag,
 };
 use crate::comm::engine::operands::{
     read_facts, read_side, side_in, side_out, write_facts, write_side,
@@ -100,16 +100,22 @@ pub(crate) fn recv<E: Endpoint + ?Sized>(
     tag: Tag,
 ) -> Result<Status> {
     let comm = tc.communicator();
-    check_peer(comm, source, tag)?;
+    check_source(comm, source, tag)?;
     let recv = (tensor, Access::Write);
     with_write(tc, Kind::PointToPoint, recv, None, |(t, reach)| {
         let side = target(t, reach)?;
-        receive(
-            side,
-            Matched::probe(&comm.process_at_rank(source), tag),
-            None,
-        )
+        receive(side, probe(comm, source, tag), None)
     })
+}
+
+/// The next message from `source` (a rank, or [`any_source`]) with `tag` (or
+/// `MPI_ANY_TAG`), matched for this call alone (`MPI_Mprobe`).
+fn probe<C: Communicator + ?Sized>(comm: &C, source: Rank, tag: Tag) -> Matched {
+    if source == any_source() {
+        Matched::probe(&comm.any_process(), tag)
+    } else {
+        Matched::probe(&comm.process_at_rank(source), tag)
+    }
 }
 
 /// [`Error::Unfit`] holding `matched` (a held message still alive at `MPI_Finalize` is
@@ -204,9 +210,11 @@ pub(crate) fn sendrecv<E: Endpoint + ?Sized>(
     let comm = tc.communicator();
     // Both ranks, then both tags (the order of the errors when several are wrong).
     check_rank(dest, comm.target_size())?;
-    check_rank(source, comm.target_size())?;
+    if source != any_source() {
+        check_rank(source, comm.target_size())?;
+    }
     check_tag(send_tag)?;
-    check_tag(recv_tag)?;
+    check_source(comm, source, recv_tag)?;
     let operands = (send, (recv, Access::Write));
     with_pair(
         tc,
@@ -219,8 +227,13 @@ pub(crate) fn sendrecv<E: Endpoint + ?Sized>(
             check_disjoint(&sf, &rf)?;
             let sent = side_in(s, sf, Need::Message)?;
             let mut side = side_out(r, rf, Need::Message, Access::Write)?;
-            let (src, dst) = (comm.process_at_rank(source), comm.process_at_rank(dest));
-            let status = exchange(&dst, &src, (send_tag, recv_tag), &sent, &mut side)?;
+            let dst = comm.process_at_rank(dest);
+            let tags = (send_tag, recv_tag);
+            let status = if source == any_source() {
+                exchange(&dst, &comm.any_process(), tags, &sent, &mut side)?
+            } else {
+                exchange(&dst, &comm.process_at_rank(source), tags, &sent, &mut side)?
+            };
             side.finish()?;
             Ok(status)
         },
@@ -230,8 +243,8 @@ pub(crate) fn sendrecv<E: Endpoint + ?Sized>(
 /// Sends `s` to `dst` while matching (`MPI_Mprobe`), checking and receiving into `r` the
 /// message from `src`. A message that does not fit is returned held in [`Error::Unfit`]
 /// once the send is done.
-fn exchange<P: Destination + Source, S: Buffer>(
-    dst: &P,
+fn exchange<D: Destination, P: Source, S: Buffer>(
+    dst: &D,
     src: &P,
     (send_tag, recv_tag): (Tag, Tag),
     s: &S,
@@ -275,7 +288,7 @@ pub(in crate::comm) fn immediate_recv<'a, E: Endpoint + ?Sized, Sc: Scope<'a>>(
     tag: Tag,
 ) -> Result<TensorRequest<'a, Sc>> {
     let comm = tc.communicator();
-    check_peer(comm, source, tag)?;
+    check_source(comm, source, tag)?;
     let (held, (tensor, reach)) = write_stand_in(tc.stager(), tensor, Access::Write)?;
     let side = write_side(tensor, Access::Write, reach, Need::Counted)?;
     let expected = (side.len_elems(), side.element().size_bytes_i64());
