@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use crate::args::{self, Array, Operand};
 use crate::detached;
 use crate::errors::to_py;
-use crate::request::Status;
+use crate::status::Status;
 
 /// Where an operation's tensors go: plain MPI (every tensor in CPU memory), or the device
 /// transport (CUDA memory direct to a CUDA-aware MPI or staged through pinned host memory;

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 
+use dlpack_mpi::dlpack::{AcquireOptions, Tensor};
 use dlpack_mpi::error::Unreceived as HeldMessage;
 use dlpack_mpi::Error;
 use pyo3::exceptions::PyException;
@@ -14,9 +15,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use crate::args;
 use crate::detached;
-use crate::request::Status;
+use crate::status::Status;
 
 /// The base class and the class of each kind, made once per interpreter.
 struct Classes {
@@ -117,8 +117,9 @@ impl Unreceived {
     /// `nbytes` bytes); returns its `Status`. Raises `Unfit` again (the message still held)
     /// when `buf` does not fit, `AlreadyReceived` when it was received or discarded.
     fn recv_into(&self, py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<Status> {
-        let mut tensor = args::acquire(py, buf)?;
-        let count = args::elements(&tensor);
+        let mut tensor = dlpack_mpi::python::acquire(buf, &AcquireOptions::default())
+            .map_err(|e| to_py(py, e))?;
+        let count = tensor.num_elements();
         let status = detached(py, || self.held.recv_into(&mut tensor));
         let status = status.map_err(|e| to_py(py, e))?;
         drop(tensor);

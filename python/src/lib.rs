@@ -21,6 +21,7 @@ mod comm;
 mod errors;
 mod request;
 mod settings;
+mod status;
 
 use dlpack_mpi::mpi_library::MpiLibrary;
 
@@ -111,7 +112,7 @@ fn dlpack_mpi_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ANY_TAG", dlpack_mpi::comm::any_tag())?;
     m.add_class::<comm::Comm>()?;
     m.add_class::<request::Request>()?;
-    m.add_class::<request::Status>()?;
+    m.add_class::<status::Status>()?;
     m.add_class::<errors::Unreceived>()?;
     m.add_function(wrap_pyfunction!(request::waitall, m)?)?;
     m.add_function(wrap_pyfunction!(settings::configure, m)?)?;

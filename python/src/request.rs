@@ -15,40 +15,7 @@ use crate::args::{self, Array, Operand};
 use crate::comm::{all_blocks, on, root_blocks, Comm, Ep};
 use crate::detached;
 use crate::errors::to_py;
-
-/// What a receive returns: the `source` rank, the `tag`, and `count`, the elements
-/// received (always the receive array's: a message of another size raises `Unfit` from
-/// `recv`, `CountMismatch` from an `irecv`'s completion).
-#[pyclass(module = "dlpack_mpi", frozen, get_all, skip_from_py_object)]
-#[derive(Clone, Debug)]
-pub struct Status {
-    /// The rank the message came from.
-    source: i32,
-    /// Its tag.
-    tag: i32,
-    /// Elements received.
-    count: i64,
-}
-
-impl Status {
-    pub(crate) fn of(status: &mpi::point_to_point::Status, count: i64) -> Status {
-        Status {
-            source: status.source_rank(),
-            tag: status.tag(),
-            count,
-        }
-    }
-}
-
-#[pymethods]
-impl Status {
-    fn __repr__(&self) -> String {
-        format!(
-            "Status(source={}, tag={}, count={})",
-            self.source, self.tag, self.count
-        )
-    }
-}
+use crate::status::Status;
 
 /// rsmpi's scope of the requests made here: like `Lent` it keeps no record, for
 /// requests whose buffers live for `'a`. The [`Request`] that holds such a request completes
