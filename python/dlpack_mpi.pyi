@@ -2,7 +2,7 @@
 same docstrings). Arrays are any object with ``__dlpack__`` (NumPy, JAX, Paddle, CuPy,
 PyTorch); counts and displacements are in elements."""
 
-from typing import Any, Literal, Optional, Protocol, Sequence, TypedDict, Union
+from typing import Any, Literal, Optional, Protocol, Sequence, TypedDict, Union, final
 
 from mpi4py import MPI
 
@@ -12,6 +12,9 @@ __version__: str
 ANY_SOURCE: int
 ANY_TAG: int
 
+# SupportsDLPack, Array, Operand, Op and Settings are names for type checkers only: the
+# module itself has no such attributes. A list of arrays of different dtypes is best
+# annotated list[np.ndarray] (a type checker may infer list[object]).
 class SupportsDLPack(Protocol):
     def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
@@ -26,6 +29,7 @@ Op = Union[
     None,
 ]
 
+@final
 class Status:
     """What a receive returns."""
 
@@ -37,6 +41,7 @@ class Status:
     def count(self) -> int:
         """Elements received (always the receive array's)."""
 
+@final
 class Request:
     """A nonblocking operation in flight; owns its arrays until it completes."""
 
@@ -51,10 +56,11 @@ class Request:
 def waitall(requests: Sequence[Request]) -> list[Optional[Status]]:
     """Completes every request in order; raises the first error after all completed."""
 
+@final
 class Comm:
     """An mpi4py intracommunicator (MPI.COMM_WORLD by default) for DLPack arrays."""
 
-    def __init__(self, comm: Optional[MPI.Intracomm] = None, *, dup: bool = False) -> None: ...
+    def __new__(cls, comm: Optional[MPI.Intracomm] = None, *, dup: bool = False) -> "Comm": ...
     @property
     def rank(self) -> int: ...
     @property
@@ -173,6 +179,7 @@ class Comm:
         self, sendbuf: Operand, recvbuf: Operand, op: Op = None
     ) -> Request: ...
 
+@final
 class Unreceived:
     """The message an Unfit error matched and did not receive (its .message)."""
 

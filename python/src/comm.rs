@@ -53,6 +53,12 @@ pub(crate) use on;
 /// displacements are in elements. The collectives check first that every rank made the
 /// same call (the agreement, `configure(agreement=...)`), so a mistake is an exception on
 /// every rank instead of a hang. Errors are subclasses of `dlpack_mpi.Error`.
+///
+/// `op`, the reduction of `reduce`, `allreduce`, `reduce_scatter_block` and their `i…`
+/// forms: `"sum"` (also `None`, the default), `"prod"`, `"min"`, `"max"`, `"land"`, `"lor"`,
+/// `"lxor"`, `"band"`, `"bor"`, `"bxor"` (any case), or mpi4py's `MPI.SUM`, `MPI.PROD`, ….
+/// The blocking methods return `None` unless their doc says otherwise; the `i…` forms a
+/// `Request`.
 #[pyclass(module = "dlpack_mpi", frozen)]
 pub struct Comm {
     /// The device transport, made at the first non-CPU tensor. Declared before `handle`,
@@ -338,6 +344,7 @@ impl Comm {
 
     /// Reduction to `root` (`MPI_Reduce`): `recvbuf` (same dtype and count as `sendbuf`) is
     /// required at the root and ignored elsewhere.
+    /// `op`: a reduction name (`"sum"` when `None`) or an `MPI.Op`; see `Comm`.
     #[pyo3(signature = (sendbuf, recvbuf = None, op = None, root = 0))]
     fn reduce(
         &self,
@@ -361,6 +368,7 @@ impl Comm {
     /// All-reduce (`MPI_Allreduce`): into `recvbuf`, or in place in `sendbuf` when `recvbuf`
     /// is `None`. A list of arrays (and a list of as many receive arrays, or `None`) is the
     /// fused form: the members of one dtype reduced in buckets, as few messages.
+    /// `op`: a reduction name (`"sum"` when `None`) or an `MPI.Op`; see `Comm`.
     #[pyo3(signature = (sendbuf, recvbuf = None, op = None))]
     fn allreduce(
         &self,
@@ -587,6 +595,7 @@ impl Comm {
     /// Reduce-scatter with equal blocks (`MPI_Reduce_scatter_block`): `sendbuf` holds size ×
     /// `recvbuf`'s elements; rank i gets the reduction of every rank's block i. Lists of
     /// arrays are the fused form (member k of `recvbuf` gets block i of member k).
+    /// `op`: a reduction name (`"sum"` when `None`) or an `MPI.Op`; see `Comm`.
     #[pyo3(signature = (sendbuf, recvbuf, op = None))]
     fn reduce_scatter_block(
         &self,

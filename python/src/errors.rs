@@ -68,7 +68,11 @@ pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
         Err(e) => return e,
     };
     let class = classes.kinds.get(err.kind()).unwrap_or(&classes.base);
-    let exception = PyErr::from_type(class.bind(py).clone(), (err.to_string(),));
+    // The Rust text names the Rust method that receives a held message.
+    let text = err
+        .to_string()
+        .replace("Unreceived::recv_into", "e.message.recv_into(array)");
+    let exception = PyErr::from_type(class.bind(py).clone(), (text,));
     if let Some(held) = err.unreceived() {
         let message = Unreceived { held: held.clone() };
         let set = Py::new(py, message).and_then(|m| exception.value(py).setattr("message", m));
