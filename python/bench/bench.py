@@ -40,9 +40,12 @@ which every path runs once, in an order rotated from round to round, after a bar
 a round a path runs a few batches of iterations, each batch timed with
 ``time.perf_counter()``; a sample is the mean of one batch (8-byte cases: 2000 iterations;
 64 MiB cases: one message). Reported: the median, p10 and p90 of the samples. For the
-collectives every rank times, and a sample is the slowest rank's. Also measured, on each
-rank alone (no MPI traffic): the pieces of a call from Python (``__dlpack__``,
-``__dlpack_device__``, mpi4py's imports, a method call into the extension).
+collectives every rank times, and a sample is the slowest rank's. Also measured, on rank 0
+alone while rank 1 sleeps (no polling peer): the pieces of a call from Python
+(``__dlpack__``, ``__dlpack_device__``, mpi4py's imports, a method call into each
+extension) and whole calls whose MPI work is the same on every path (an 8-byte message to
+oneself and a one-rank all-reduce, on ``MPI.COMM_SELF``): ns per call, the best of 9 loops
+interleaved with each other.
 
 ``OPENBLAS_NUM_THREADS`` defaults to 1 and ``NUMPY_MADVISE_HUGEPAGE`` to 0, as in the Rust
 bench (the latter keeps NumPy's arrays of 4 MiB and more on 4 KiB pages like the library's
@@ -179,7 +182,7 @@ results = {}
 checks = {}
 
 # --------------------------------------------------------------------------------------
-# Pieces: each rank alone, no MPI traffic
+# Pieces: rank 0 alone (rank 1 sleeps), no peer
 # --------------------------------------------------------------------------------------
 
 def pieces():
