@@ -22,6 +22,7 @@
 use dlpack_mpi::comm::TensorComm;
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned};
 use dlpack_mpi::dtype::MpiUnit;
+use dlpack_mpi::dtype::ReduceOp;
 use dlpack_mpi::layout::Axis;
 use dlpack_mpi::settings::{set_packing, Packing};
 use dlpack_mpi::spec::datatype;
@@ -212,8 +213,12 @@ fn main() {
     }
     let contiguous = contiguous_transfer(&w);
     let strided = strided_transfers(&w);
-    let mut verdicts = [0i32; 3];
-    for (v, ok) in verdicts.iter_mut().zip([typemaps, contiguous, strided]) {
+    let in_place = in_place_all_reduce_in_chunks(&w);
+    let mut verdicts = [0i32; 4];
+    for (v, ok) in verdicts
+        .iter_mut()
+        .zip([typemaps, contiguous, strided, in_place])
+    {
         let mine = i32::from(!ok);
         w.all_reduce_into(&mine, v, SystemOperation::max());
     }
@@ -221,6 +226,7 @@ fn main() {
         "strided_typemaps_beyond_int",
         "large_transfer_above_2_gib",
         "strided_transfers_above_2_gib",
+        "in_place_all_reduce_above_2_30_units",
     ];
     let failed = verdicts.iter().filter(|&&v| v != 0).count();
     if w.rank() == 0 {
@@ -230,13 +236,32 @@ fn main() {
         println!(
             "\ntest result: {}. {} passed; {failed} failed; 0 ignored; 0 measured; 0 filtered out",
             if failed == 0 { "ok" } else { "FAILED" },
-            3 - failed,
+            4 - failed,
         );
     }
     drop(universe);
     if failed != 0 {
         std::process::exit(1);
     }
+}
+
+/// An in-place all-reduce of 2^30 + 3 `int8` (1 GiB per rank): beyond 2^30 units the
+/// reduction goes in chunks, and every chunk must stay in place (`MPI_IN_PLACE` plus an
+/// offset was a wild pointer: a segfault inside MPI, found from Python).
+fn in_place_all_reduce_in_chunks(w: &SimpleCommunicator) -> bool {
+    const N: usize = (1 << 30) + 3;
+    let rank = i8::try_from(w.rank()).expect("a few ranks");
+    let data = Owned::new(vec![rank + 1; N]);
+    {
+        let mut t = acquire(&data, &AcquireOptions::default()).expect("acquire");
+        w.all_reduce_tensor_in_place(&mut t, ReduceOp::Sum)
+            .expect("in-place all-reduce");
+    }
+    let p = i64::from(w.size());
+    let sum = i8::try_from(p * (p + 1) / 2).expect("a few ranks");
+    let got = data.into_vec();
+    let sampled = (0..N).step_by(4093).chain(N - 64..N);
+    sampled.clone().all(|i| got[i] == sum)
 }
 
 /// The contiguous transfer of the module docs (tag 5).

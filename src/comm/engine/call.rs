@@ -254,9 +254,11 @@ fn in_chunks(units: usize, unit_bytes: usize, mut f: impl FnMut(usize, i32)) {
     }
 }
 
-/// `ptr + offset_bytes` (NULL and `MPI_IN_PLACE` stay as they are at offset 0).
+/// `ptr + offset_bytes`; NULL and `MPI_IN_PLACE` stay as they are at every offset (a
+/// chunk of an in-place reduction is in place too: `MPI_IN_PLACE + offset` is no buffer).
 fn at<T>(ptr: *mut T, offset_bytes: usize) -> *mut T {
-    if offset_bytes == 0 {
+    let in_place = crate::raw::in_place();
+    if offset_bytes == 0 || ptr.is_null() || ptr.cast::<c_void>() == in_place {
         return ptr;
     }
     ptr.cast::<u8>().wrapping_add(offset_bytes).cast()
