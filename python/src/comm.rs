@@ -68,6 +68,12 @@ pub struct Comm {
     handle: Box<ManuallyDrop<SimpleCommunicator>>,
     /// The mpi4py object.
     py_comm: Py<PyAny>,
+    /// Where the mpi4py object keeps its `MPI_Comm` (`MPI._addressof`): mpi4py's `Free()`
+    /// sets it to `MPI_COMM_NULL` there, which [`Comm::handle`] reads before each use.
+    address: usize,
+    /// This rank and the size, read once (they never change for a communicator).
+    rank: i32,
+    size: i32,
 }
 
 // SAFETY: the one member that is not `Send` and `Sync` by itself is the MPI handle (in
@@ -81,15 +87,27 @@ unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
 impl Comm {
-    /// The communicator, for as long as `self` lives.
-    pub(crate) fn handle(&self) -> &SimpleCommunicator {
-        &self.handle
+    /// The communicator, while the mpi4py communicator it came from is alive: after its
+    /// `Free()` (or `Disconnect()`) a `ValueError`, where MPI would be handed a freed handle.
+    pub(crate) fn handle(&self) -> PyResult<&SimpleCommunicator> {
+        // SAFETY: `address` is the `MPI_Comm` field of the mpi4py object `py_comm` keeps
+        // alive; read afresh each time (mpi4py writes it when it frees the communicator).
+        let now = unsafe { std::ptr::read_volatile(self.address as *const MPI_Comm) };
+        if now == self.handle.as_raw() {
+            Ok(&self.handle)
+        } else {
+            Err(PyValueError::new_err(
+                "the mpi4py communicator of this dlpack_mpi.Comm was freed (Free() or \
+                 Disconnect()): make a new Comm from a live communicator",
+            ))
+        }
     }
 
     /// The endpoint for tensors all in CPU memory (`cpu`) or not.
     pub(crate) fn endpoint(&self, py: Python<'_>, cpu: bool) -> PyResult<Ep<'_>> {
+        let handle = self.handle()?;
         if cpu {
-            return Ok(Ep::Host(&self.handle));
+            return Ok(Ep::Host(handle));
         }
         if let Some(d) = self.device.get() {
             return Ok(Ep::Device(d));
@@ -130,15 +148,15 @@ impl Comm {
                 call: format!("dlpack_mpi.Comm.{op}(...)"),
                 exception: err.to_string(),
             };
-            detached(py, || {
-                refuse_collective(self.handle(), op, nonblocking, refusal)
-            });
+            if let Ok(handle) = self.handle() {
+                detached(py, || refuse_collective(handle, op, nonblocking, refusal));
+            }
         })
     }
 
     /// This rank in the communicator.
     pub(crate) fn my_rank(&self) -> i32 {
-        self.handle.rank()
+        self.rank
     }
 }
 
@@ -216,23 +234,27 @@ impl Comm {
             // SAFETY: as above (neither world nor self, as rsmpi's `from_raw` requires).
             unsafe { SimpleCommunicator::from_raw(raw) }
         };
+        let (rank, size) = (handle.rank(), handle.size());
         Ok(Comm {
             device: OnceLock::new(),
             handle: Box::new(ManuallyDrop::new(handle)),
             py_comm: comm.unbind(),
+            address,
+            rank,
+            size,
         })
     }
 
     /// This process's rank in the communicator.
     #[getter]
     fn rank(&self) -> i32 {
-        self.handle.rank()
+        self.rank
     }
 
     /// The number of processes in the communicator.
     #[getter]
     fn size(&self) -> i32 {
-        self.handle.size()
+        self.size
     }
 
     /// The mpi4py communicator this wraps.
@@ -246,16 +268,13 @@ impl Comm {
     /// Collective: every rank calls it at the same point, with no nonblocking collective of
     /// this `Comm` pending, once the program has brought its ranks back into step; it is a
     /// barrier. Returns whether this rank was out of step.
-    fn reset_out_of_step(&self, py: Python<'_>) -> bool {
-        detached(py, || dlpack_mpi::comm::reset_out_of_step(self.handle()))
+    fn reset_out_of_step(&self, py: Python<'_>) -> PyResult<bool> {
+        let handle = self.handle()?;
+        Ok(detached(py, || dlpack_mpi::comm::reset_out_of_step(handle)))
     }
 
     fn __repr__(&self) -> String {
-        format!(
-            "<dlpack_mpi.Comm rank {} of {}>",
-            self.handle.rank(),
-            self.handle.size()
-        )
+        format!("<dlpack_mpi.Comm rank {} of {}>", self.rank, self.size)
     }
 
     /// Blocking send of all of `buf` to `dest` (`MPI_Send`; a strided `buf` as one message

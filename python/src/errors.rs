@@ -86,7 +86,7 @@ pub(crate) fn to_py(py: Python<'_>, err: Error) -> PyErr {
 /// A message a receive matched but did not receive because it does not fit: the `message`
 /// of an `Unfit` exception. No other receive can take it; receive it with `recv_into` into
 /// an array of `nbytes` bytes, or `discard()` it (dropping the last reference discards it).
-#[pyclass(module = "dlpack_mpi", unsendable)]
+#[pyclass(module = "dlpack_mpi", frozen)]
 pub(crate) struct Unreceived {
     held: HeldMessage,
 }

@@ -128,6 +128,8 @@ pub struct Request {
     receive: Option<i64>,
     /// The receive's status, once completed.
     status: Option<Status>,
+    /// The error it completed with, raised again by each later `wait` or `test`.
+    failed: Option<PyErr>,
 }
 
 impl Request {
@@ -161,6 +163,7 @@ impl Request {
             op,
             receive,
             status: None,
+            failed: None,
         })
     }
 
@@ -185,7 +188,11 @@ impl Request {
     ) -> PyResult<()> {
         self.parts.release();
         self.comm = None;
-        let status = outcome.map_err(|e| to_py(py, e))?;
+        let status = outcome.map_err(|e| {
+            let e = to_py(py, e);
+            self.failed = Some(e.clone_ref(py));
+            e
+        })?;
         self.status = self.receive.map(|count| Status::of(&status, count));
         Ok(())
     }
@@ -202,7 +209,10 @@ impl Request {
             let outcome = detached(py, || request.wait());
             self.finish(py, outcome)?;
         }
-        Ok(self.status.clone())
+        match &self.failed {
+            Some(e) => Err(e.clone_ref(py)),
+            None => Ok(self.status.clone()),
+        }
     }
 
     /// Whether the operation has completed (once `True`, its arrays are released and its
@@ -210,7 +220,10 @@ impl Request {
     fn test(&mut self, py: Python<'_>) -> PyResult<bool> {
         self.on_owner()?;
         let Some(request) = self.pending.take() else {
-            return Ok(true);
+            return match &self.failed {
+                Some(e) => Err(e.clone_ref(py)),
+                None => Ok(true),
+            };
         };
         match request.test() {
             Ok(outcome) => {
@@ -256,9 +269,18 @@ impl Drop for Request {
         let Some(request) = self.pending.take() else {
             return;
         };
-        if mpi::environment::is_finalized() || std::thread::current().id() != self.owner {
-            // MPI is gone and may still hold the buffers, or this thread may not complete
-            // the request (`on_owner`): keep everything, call nothing.
+        let exiting = Python::attach(|py| {
+            py.import("sys")
+                .and_then(|sys| sys.call_method0("is_finalizing"))
+                .and_then(|b| b.is_truthy())
+                .unwrap_or(true)
+        });
+        if exiting || mpi::environment::is_finalized() || std::thread::current().id() != self.owner
+        {
+            // The interpreter is exiting (a request left pending at exit must not keep the
+            // process from ending, as mpi4py's do not), MPI is gone and may still hold the
+            // buffers, or this thread may not complete the request (`on_owner`): keep
+            // everything, call nothing.
             std::mem::forget(request);
             self.parts.leak();
             return;

@@ -169,3 +169,20 @@ def test_settings_take_effect_and_stay_correct(comm, rank, size, kw):
     for r in range(size):
         assert np.array_equal(g[r], ((np.arange(6) + 10 * r).reshape(2, 3).T))
     assert np.all(halves == np.float16(ranks + 0.5 * size))
+
+
+def test_freed_communicator_is_an_error_not_a_crash(comm, rank, size):
+    """After the mpi4py communicator's Free(), the Comm raises ValueError (it handed MPI the
+    freed handle: a segfault); rank and size stay readable."""
+    c = dlpack_mpi.Comm(comm.mpi4py, dup=True)
+    x = np.ones(3)
+    c.allreduce(x)
+    assert (x == size).all()
+    c.mpi4py.Free()
+    with pytest.raises(ValueError, match="was freed"):
+        c.allreduce(np.ones(3))
+    with pytest.raises(ValueError, match="was freed"):
+        c.iallreduce(np.ones(3))
+    with pytest.raises(ValueError, match="was freed"):
+        c.send(np.ones(3), rank)
+    assert (c.rank, c.size) == (rank, size)

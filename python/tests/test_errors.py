@@ -293,3 +293,17 @@ def test_out_of_step_then_reset(comm, rank, size):
         assert np.array_equal(y, np.full(3, size * (size - 1) / 2))
     finally:
         sub.mpi4py.Free()
+
+
+def test_a_failed_request_fails_again(comm, rank, size):
+    """wait() after a failed wait(), and test(), raise the same error again."""
+    need(2)
+    req = comm.iallreduce(np.ones(4 if rank == 0 else 5))
+    with pytest.raises(dlpack_mpi.CollectiveMismatch) as first:
+        req.wait()
+    with pytest.raises(dlpack_mpi.CollectiveMismatch) as again:
+        req.wait()
+    assert str(again.value) == str(first.value)
+    with pytest.raises(dlpack_mpi.CollectiveMismatch):
+        req.test()
+    assert req.done
