@@ -59,7 +59,12 @@ impl CommAttribute for Attr {
         // SAFETY: the attribute was set from a `Box<Attr>` (`with`) and MPI calls this once,
         // when the caller's communicator is freed.
         let attr = unsafe { Box::from_raw(val.cast::<Attr>()) };
-        if let Some(shadow) = attr.0.borrow_mut().shadow.take() {
+        // The borrow ends before the shadow is freed: freeing it completes the agreements
+        // still pending on it, which write this ledger (a borrow held across it panicked,
+        // and a panic here aborts: `Free()` of an mpi4py communicator with a request
+        // pending).
+        let shadow = attr.0.borrow_mut().shadow.take();
+        if let Some(shadow) = shadow {
             progress::free_shadow(shadow);
         }
         // MPI_SUCCESS is 0.
