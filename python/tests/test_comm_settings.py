@@ -187,14 +187,3 @@ def test_freed_communicator_is_an_error_not_a_crash(comm, rank, size):
         c.send(np.ones(3), rank)
     assert (c.rank, c.size) == (rank, size)
 
-
-def test_free_with_a_request_pending(comm, rank, size):
-    """Free() of the mpi4py communicator while a nonblocking collective is pending (legal
-    MPI: it completes) aborted the process (a panic in the attribute's delete callback)."""
-    c = dlpack_mpi.Comm(comm.mpi4py, dup=True)
-    x = np.ones(2)
-    c.iallreduce(x).wait()  # the communicator's shadow exists from here
-    req = c.iallreduce(x)
-    c.mpi4py.Free()
-    req.wait()
-    assert (x == size * size).all()
