@@ -170,7 +170,7 @@ fn displs_or_packed(counts: &[i64], displs: Option<&Bound<'_, PyAny>>) -> PyResu
 
 /// The counts and displacements of a v-collective's root (`None` elsewhere: only the root
 /// reads them).
-pub(crate) fn root_blocks(
+fn root_blocks(
     is_root: bool,
     counts: Option<&Bound<'_, PyAny>>,
     displs: Option<&Bound<'_, PyAny>>,
@@ -457,12 +457,7 @@ impl Comm {
         root: i32,
     ) -> PyResult<()> {
         let (s, mut r, blocks) = self.read(py, "gatherv", false, || {
-            let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
-            Ok((
-                args::acquire(py, sendbuf)?,
-                self.root_recv(py, recvbuf, root)?,
-                blocks,
-            ))
+            self.gatherv_operands(py, (sendbuf, recvbuf), (counts, displs), root)
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
         self.call(py, cpu, |ep| {
@@ -512,12 +507,7 @@ impl Comm {
         root: i32,
     ) -> PyResult<()> {
         let (s, mut r, blocks) = self.read(py, "scatterv", false, || {
-            let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
-            Ok((
-                self.root_send(py, sendbuf, root)?,
-                args::acquire(py, recvbuf)?,
-                blocks,
-            ))
+            self.scatterv_operands(py, (sendbuf, recvbuf), (counts, displs), root)
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
         self.call(py, cpu, |ep| {
@@ -653,6 +643,36 @@ impl Comm {
             return Ok(None);
         }
         args::acquire_optional(py, recvbuf)
+    }
+
+    /// A gatherv's operands (its `i…` form's too): the send array, and at the root the
+    /// receive array and the blocks (`counts`, `displs` or the blocks end to end).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn gatherv_operands(
+        &self,
+        py: Python<'_>,
+        (sendbuf, recvbuf): (&Bound<'_, PyAny>, Option<&Bound<'_, PyAny>>),
+        (counts, displs): (Option<&Bound<'_, PyAny>>, Option<&Bound<'_, PyAny>>),
+        root: i32,
+    ) -> PyResult<(Array, Option<Array>, Option<(Vec<i64>, Vec<i64>)>)> {
+        let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
+        let send = args::acquire(py, sendbuf)?;
+        Ok((send, self.root_recv(py, recvbuf, root)?, blocks))
+    }
+
+    /// A scatterv's operands (its `i…` form's too): at the root the send array and the
+    /// blocks, and the receive array.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn scatterv_operands(
+        &self,
+        py: Python<'_>,
+        (sendbuf, recvbuf): (Option<&Bound<'_, PyAny>>, &Bound<'_, PyAny>),
+        (counts, displs): (Option<&Bound<'_, PyAny>>, Option<&Bound<'_, PyAny>>),
+        root: i32,
+    ) -> PyResult<(Option<Array>, Array, Option<(Vec<i64>, Vec<i64>)>)> {
+        let blocks = root_blocks(self.my_rank() == root, counts, displs)?;
+        let send = self.root_send(py, sendbuf, root)?;
+        Ok((send, args::acquire(py, recvbuf)?, blocks))
     }
 
     /// The send array of a rooted scatter: acquired at the root, `None` elsewhere.

@@ -12,7 +12,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::args::{self, Array, Operand};
-use crate::comm::{all_blocks, on, root_blocks, Comm, Ep};
+use crate::comm::{all_blocks, on, Comm, Ep};
 use crate::detached;
 use crate::errors::to_py;
 use crate::status::Status;
@@ -509,12 +509,7 @@ impl Comm {
         let py = slf.py();
         let this = slf.borrow();
         let (s, r, blocks) = this.read(py, "igatherv", true, || {
-            let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
-            Ok((
-                args::acquire(py, sendbuf)?,
-                this.root_recv(py, recvbuf, root)?,
-                blocks,
-            ))
+            this.gatherv_operands(py, (sendbuf, recvbuf), (counts, displs), root)
         })?;
         let cpu = args::on_cpu([&s].into_iter().chain(r.as_ref()));
         Request::post(slf, "igatherv", cpu, None, move |parts, ep| {
@@ -568,12 +563,7 @@ impl Comm {
         let py = slf.py();
         let this = slf.borrow();
         let (s, r, blocks) = this.read(py, "iscatterv", true, || {
-            let blocks = root_blocks(this.my_rank() == root, counts, displs)?;
-            Ok((
-                this.root_send(py, sendbuf, root)?,
-                args::acquire(py, recvbuf)?,
-                blocks,
-            ))
+            this.scatterv_operands(py, (sendbuf, recvbuf), (counts, displs), root)
         })?;
         let cpu = args::on_cpu(s.iter().chain([&r]));
         Request::post(slf, "iscatterv", cpu, None, move |parts, ep| {
