@@ -473,6 +473,37 @@ pub enum Error {
         first: String,
     },
 
+    /// A plan step ([`crate::comm::Plan`]) met another plan's step on some rank, a plan built
+    /// in another order, or a refused step: the identity carried with its data differed, so
+    /// no member was written from its packed buckets. `seen`: what this rank saw.
+    #[error(
+        "this plan step did not meet the same plan on every rank: {seen}; no member was \
+         written from a packed bucket. Every rank must run the same plans' steps in the same \
+         order (DLPACK_MPI_PLAN_CHECK=each names the difference in words)"
+    )]
+    PlanMismatch {
+        /// What this rank saw, in words.
+        seen: String,
+    },
+
+    /// A plan's member changed since the build (through [`crate::comm::Plan::tensors_mut`]):
+    /// its `field` was `planned`, is `now`. The step still takes part on the plan's own
+    /// buffers (peers see [`Error::PlanMismatch`] where it can show); every later step fails.
+    #[error(
+        "plan member {index} changed since the plan was built: its {field} was {planned}, now \
+         {now}; this plan's steps take no part of it any more (build a new plan)"
+    )]
+    PlanChanged {
+        /// The member's index in the list.
+        index: usize,
+        /// `data pointer`, `dtype`, `shape`, `strides`, `device` or `list length`.
+        field: &'static str,
+        /// Its value at the build.
+        planned: String,
+        /// Its value now.
+        now: String,
+    },
+
     /// The first element is not aligned for the Rust type asked for (DLPack does not promise
     /// alignment: `byte_offset` may be any number of bytes).
     #[error("first element at address {address:#x} is not aligned to {align} bytes")]

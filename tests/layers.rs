@@ -27,6 +27,7 @@ const ENGINE: &[(&str, u8)] = &[
     ("mode", 3),
     ("pending", 4),
     ("request", 5),
+    ("plan", 5),
 ];
 
 /// The code of `path` without comments (line comments and doc comments), line by line; a

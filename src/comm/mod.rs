@@ -20,6 +20,7 @@ pub(crate) use engine::checks::check_peer;
 pub use engine::checks::{any_source, any_tag};
 pub use engine::halfops;
 pub use engine::packing::inner_block_bytes;
+pub use engine::plan::{Plan, PlanRequest};
 pub use engine::request::{test_any, wait_all, wait_any, TensorRequest};
 pub(crate) use engine::stager::sealed::Sealed;
 pub use engine::stager::Endpoint;
@@ -720,6 +721,49 @@ pub trait TensorComm: Endpoint {
         of broadcast_tensors ("MPI_Ibcast", "6.12.2")
         (&'a self, scope: Sc, tensors: &'a mut L, root: Rank)
         => fused::broadcast_tensors(self, Immediate(scope), &written(tensors), root)
+    }
+
+    // Plans: a collective agreed once, run step after step (engine/plan.rs).
+
+    /// Plans [`TensorComm::all_reduce_tensors_in_place`] over `tensors`: built
+    /// collectively, once (every check and the full agreement, the buckets and their
+    /// buffers), then each [`Plan::run`] or [`Plan::start`] reduces the members' current
+    /// values with no agreement, no check and no allocation, on a duplicate of this
+    /// communicator that the plans of this communicator share. The plan borrows the
+    /// list; write the members between steps through [`Plan::tensors_mut`]. Which
+    /// mismatch a step finds: [`Plan::checks`] and the module docs of [`Plan`]'s file
+    /// (`DLPACK_MPI_PLAN_CHECK=each` agrees in full before each step). Host memory only.
+    ///
+    /// # Errors
+    /// As [`TensorComm::all_reduce_tensors_in_place`] (on every rank, at the build), and
+    /// [`Error::UnsupportedDevice`] for a list in device memory on a `DeviceComm`.
+    fn plan_all_reduce_tensors_in_place<'a, L>(
+        &'a self,
+        tensors: &'a mut L,
+        op: ReduceOp,
+    ) -> Result<Plan<'a, L>>
+    where
+        L: TensorListMut + ?Sized,
+    {
+        fused::plan_all_reduce_tensors_in_place(self, tensors, op)
+    }
+
+    /// Plans [`TensorComm::broadcast_tensors`] over `tensors` from `root`, as
+    /// [`TensorComm::plan_all_reduce_tensors_in_place`] plans its reduction: each step
+    /// broadcasts the root's current values into the other ranks' members.
+    ///
+    /// # Errors
+    /// As [`TensorComm::broadcast_tensors`] (on every rank, at the build), and
+    /// [`Error::UnsupportedDevice`] for a list in device memory on a `DeviceComm`.
+    fn plan_broadcast_tensors<'a, L>(
+        &'a self,
+        tensors: &'a mut L,
+        root: Rank,
+    ) -> Result<Plan<'a, L>>
+    where
+        L: TensorListMut + ?Sized,
+    {
+        fused::plan_broadcast_tensors(self, tensors, root)
     }
 
     // The earlier names, deprecated (hidden from the docs):

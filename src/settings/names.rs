@@ -49,7 +49,7 @@ pub fn set_unknown_names(policy: UnknownNames) {
 }
 
 /// Every setting of the table above, by its variable's name.
-pub const SETTING_NAMES: [&str; 12] = [
+pub const SETTING_NAMES: [&str; 13] = [
     AGREEMENT_ENV,
     PACKING_ENV,
     PACK_THRESHOLD_ENV,
@@ -57,6 +57,7 @@ pub const SETTING_NAMES: [&str; 12] = [
     FIRST_BUCKET_ENV,
     POOL_CAP_ENV,
     HALF_OPS_ENV,
+    PLAN_CHECK_ENV,
     CUDA_AWARE_ENV,
     DEVICE_ENV,
     ALLOW_MPI_MISMATCH_ENV,

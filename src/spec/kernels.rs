@@ -106,6 +106,37 @@ pub unsafe fn unpack(data: &[u8], base: *mut u8, axes: &[Axis], elem_bytes: usiz
     true
 }
 
+/// A strided copy checked and simplified once, to run many times without allocating
+/// ([`pack`] and [`unpack`] build one per call): the fused collectives build one per
+/// strided member, which a plan's steps then reuse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared(Job);
+
+impl Prepared {
+    /// The copy [`pack`] makes of `axes` into a buffer of `packed_bytes`; `None` where
+    /// [`pack`] returns `false`.
+    pub fn pack(axes: &[Axis], elem_bytes: usize, packed_bytes: usize) -> Option<Prepared> {
+        Job::new(axes, elem_bytes, packed_bytes, Side::Src).map(Prepared)
+    }
+
+    /// The copy [`unpack`] makes of a buffer of `packed_bytes` into `axes`; `None` where
+    /// [`unpack`] returns `false`.
+    pub fn unpack(axes: &[Axis], elem_bytes: usize, packed_bytes: usize) -> Option<Prepared> {
+        Job::new(axes, elem_bytes, packed_bytes, Side::Dst).map(Prepared)
+    }
+
+    /// Runs the copy from `src` to `dst` (a pack's: the tensor's first element to the
+    /// packed buffer; an unpack's: the other way).
+    ///
+    /// # Safety
+    /// As [`pack`] (a pack's) or [`unpack`] (an unpack's) for the axes it was prepared
+    /// from, with the packed buffer holding exactly the bytes it was prepared for.
+    pub unsafe fn run(&self, dst: *mut u8, src: *const u8) {
+        // SAFETY: forwarded.
+        unsafe { self.0.run(dst, src) }
+    }
+}
+
 /// Which side of the copy the strided tensor is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {

@@ -38,11 +38,14 @@ use mpi::traits::*;
 
 type Outcome = Result<(), String>;
 
-/// The system allocator, recording the largest single request while [`ARMED`].
+/// The system allocator, recording the largest single request and the number of requests
+/// while [`ARMED`].
 struct Recording;
 
 static ARMED: AtomicBool = AtomicBool::new(false);
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
+/// Allocations (and reallocations) made while armed.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every call is forwarded unchanged to the system allocator; the recording only
 // touches atomics.
@@ -50,6 +53,7 @@ unsafe impl GlobalAlloc for Recording {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if ARMED.load(Ordering::Relaxed) {
             LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.alloc(layout) }
@@ -57,6 +61,7 @@ unsafe impl GlobalAlloc for Recording {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if ARMED.load(Ordering::Relaxed) {
             LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.alloc_zeroed(layout) }
@@ -68,6 +73,7 @@ unsafe impl GlobalAlloc for Recording {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if ARMED.load(Ordering::Relaxed) {
             LARGEST.fetch_max(new_size, Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -76,6 +82,17 @@ unsafe impl GlobalAlloc for Recording {
 
 #[global_allocator]
 static GLOBAL: Recording = Recording;
+
+/// Runs `f` with the allocator armed; returns its result and the number of allocations
+/// (and reallocations) made meanwhile, by any thread of the process (the plans suite: a
+/// step allocates nothing).
+pub(crate) fn allocations<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    COUNT.store(0, Ordering::Relaxed);
+    ARMED.store(true, Ordering::Relaxed);
+    let r = f();
+    ARMED.store(false, Ordering::Relaxed);
+    (r, COUNT.load(Ordering::Relaxed))
+}
 
 /// Runs `f` with the allocator armed; returns its result and the largest single
 /// allocation (bytes) made meanwhile.

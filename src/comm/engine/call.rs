@@ -209,6 +209,29 @@ pub(in crate::comm) trait Batch: fmt::Debug {
     /// # Errors
     /// The batch's own (a device copy back).
     fn outcome(self: Box<Self>) -> Result<()>;
+
+    /// Before each step of a plan (the batch runs again): its requests and landings
+    /// counted from zero, its identity `mark` written where it carries one, or the mark
+    /// of a refused step (`refused`: the members are not touched, and MPI reads and writes
+    /// the batch's own buffers only, so that the peers' step completes and sees the
+    /// refusal where the mark can show it).
+    fn rearm(&mut self, mark: u64, refused: bool);
+
+    /// After each step of a plan: the first error of finishing it (a device copy back,
+    /// an identity that differed, in which case no member was written from a packed
+    /// bucket), if any.
+    ///
+    /// # Errors
+    /// [`crate::Error::PlanMismatch`]; as [`Batch::outcome`].
+    fn step_outcome(&mut self) -> Result<()>;
+
+    /// How many requests [`Batch::post`] pushes (a plan reserves them at its build, so
+    /// that no step allocates).
+    fn requests(&self) -> usize;
+
+    /// Whether a plan's step carries its identity here, and which mismatch this rank
+    /// sees: words for the docs and errors.
+    fn marked(&self) -> Option<&'static str>;
 }
 
 /// How a blocking collective's data operation goes to MPI. Every rank learns it from the
@@ -282,6 +305,16 @@ macro_rules! issue {
 }
 
 impl Call {
+    /// How many requests [`Call::post`] pushes: one per chunk of a reduction, else one
+    /// (none for a batch, which counts its own).
+    pub(in crate::comm) fn requests(&self) -> usize {
+        match self {
+            Call::Reduce { buffers, .. } => buffers.units.div_ceil(REDUCE_CHUNK_UNITS).max(1),
+            Call::Batch(_) => 0,
+            _ => 1,
+        }
+    }
+
     /// Runs the call, blocking, on `comm`.
     ///
     /// # Safety
@@ -417,6 +450,14 @@ impl<'t> Operation<'t> {
             send: None,
             recv: None,
             call: Call::Batch(batch),
+        }
+    }
+    /// The batch of an operation made by [`Operation::batch`] (`None` for another: a plan
+    /// runs batches only).
+    pub(in crate::comm) fn into_batch(self) -> Option<Box<dyn Batch>> {
+        match self.call {
+            Call::Batch(b) => Some(b),
+            _ => None,
         }
     }
 }

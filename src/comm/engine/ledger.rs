@@ -42,6 +42,10 @@ pub(in crate::comm) struct Ledger {
     pub(in crate::comm) suspect: Option<(i64, String)>,
     /// The first finding that the ranks are out of step (then every collective fails).
     pub(in crate::comm) out_of_step: Option<String>,
+    /// The duplicate the steps of its plans go on (made at the first plan's build), and
+    /// the plans built so far.
+    plans: Option<MPI_Comm>,
+    plans_built: u64,
 }
 
 /// The attribute: the ledger, shared with the nonblocking collectives still pending on the
@@ -63,9 +67,17 @@ impl CommAttribute for Attr {
         // still pending on it, which write this ledger (a borrow held across it panicked,
         // and a panic here aborts: `Free()` of an mpi4py communicator with a request
         // pending).
-        let shadow = attr.0.borrow_mut().shadow.take();
+        let (shadow, plans) = {
+            let mut l = attr.0.borrow_mut();
+            (l.shadow.take(), l.plans.take())
+        };
         if let Some(shadow) = shadow {
             progress::free_shadow(shadow);
+        }
+        if let Some(mut plans) = plans {
+            // SAFETY: our own duplicate; every plan borrows the communicator it was made
+            // from, so none is left.
+            unsafe { mpi::ffi::MPI_Comm_free(&mut plans) };
         }
         // MPI_SUCCESS is 0.
         std::os::raw::c_int::try_from(mpi::ffi::MPI_SUCCESS).unwrap_or(0)
@@ -88,6 +100,26 @@ pub(in crate::comm) fn of<C: Communicator + ?Sized>(comm: &C) -> Rc<RefCell<Ledg
 /// The shadow of `comm` if its first nonblocking collective has agreed.
 pub(in crate::comm) fn shadow<C: Communicator + ?Sized>(comm: &C) -> Option<Shadow> {
     comm.get_attr::<Attr>().and_then(|a| a.0.borrow().shadow)
+}
+
+/// The communicator the steps of `comm`'s plans go on, made at the first plan's build (a
+/// duplicate: `MPI_Comm_dup`, collective; every rank calls this at the same build, after
+/// its agreement), and the ordinal of the plan being built (0 for the first).
+pub(in crate::comm) fn plans<C: Communicator + ?Sized>(comm: &C) -> (MPI_Comm, u64) {
+    let ledger = of(comm);
+    let made = ledger.borrow().plans;
+    let plans = made.unwrap_or_else(|| {
+        // SAFETY: a constant handle of the MPI library.
+        let mut dup = unsafe { mpi::ffi::RSMPI_COMM_NULL };
+        // SAFETY: our own duplicate of a live intra-communicator, freed with it (the delete
+        // callback above).
+        unsafe { mpi::ffi::MPI_Comm_dup(comm.as_raw(), &mut dup) };
+        dup
+    });
+    let mut l = ledger.borrow_mut();
+    l.plans = Some(plans);
+    l.plans_built += 1;
+    (plans, l.plans_built - 1)
 }
 
 /// Clears the out-of-step state of `comm` and what the last mismatch left, after a

@@ -12,7 +12,7 @@
 //! 3. [`mode`] (how a collective runs: the [`mode::Mode`] trait, blocking);
 //! 4. [`pending`] (one nonblocking collective's driver: returns its state);
 //! 5. [`request`] (`TensorRequest` over that state or a point-to-point request, and the
-//!    nonblocking mode).
+//!    nonblocking mode), [`plan`] (`Plan`: a batch agreed once, run step after step).
 
 pub(crate) mod agree;
 pub(crate) mod bcast;
@@ -27,6 +27,7 @@ pub(crate) mod mode;
 pub(crate) mod operands;
 pub(crate) mod packing;
 pub(crate) mod pending;
+pub(crate) mod plan;
 pub(crate) mod progress;
 pub(crate) mod request;
 pub(crate) mod signature;

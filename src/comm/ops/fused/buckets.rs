@@ -10,7 +10,7 @@ use mpi::Count;
 
 use mpi::ffi::{MPI_Comm, MPI_Request};
 
-use super::{Fused, FusedKind, Member, OnDevice};
+use super::{Fused, FusedKind, Mark, Member, OnDevice};
 use crate::comm::engine::call::handles;
 use crate::comm::engine::call::{Batch, Form};
 use crate::comm::engine::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
@@ -213,12 +213,16 @@ pub(super) fn direct_calls(kind: FusedKind, m: &Member) -> Result<Vec<Call>> {
 }
 
 /// Copies the elements `f` describes into `out` in logical order (`out` holds exactly
-/// them).
-pub(super) fn copy_in(f: &Facts, out: &mut [u8]) {
+/// them), with `prepared`, the member's pack copy, where it has one.
+pub(super) fn copy_in(f: &Facts, prepared: Option<&kernels::Prepared>, out: &mut [u8]) {
     if out.is_empty() {
         return;
     }
     let base = f.first.cast::<u8>().cast_const();
+    if let Some(p) = prepared.filter(|_| out.len() == f.packed_bytes().unwrap_or(0)) {
+        // SAFETY: as below; the copy was prepared from these facts for exactly their bytes.
+        return unsafe { p.run(out.as_mut_ptr(), base) };
+    }
     match &f.plan {
         // SAFETY: the member's facts checked its elements in range and host-readable; `out`
         // is a buffer of ours of exactly the member's bytes.
@@ -232,12 +236,17 @@ pub(super) fn copy_in(f: &Facts, out: &mut [u8]) {
     }
 }
 
-/// Copies `data` (logical order, exactly the elements) into the elements `f` describes.
-pub(super) fn copy_out(f: &Facts, data: &[u8]) {
+/// Copies `data` (logical order, exactly the elements) into the elements `f` describes,
+/// with `prepared`, the member's unpack copy, where it has one.
+pub(super) fn copy_out(f: &Facts, prepared: Option<&kernels::Prepared>, data: &[u8]) {
     if data.is_empty() {
         return;
     }
     let base = f.first.cast::<u8>();
+    if let Some(p) = prepared.filter(|_| data.len() == f.packed_bytes().unwrap_or(0)) {
+        // SAFETY: as below; the copy was prepared from these facts for exactly their bytes.
+        return unsafe { p.run(base, data.as_ptr()) };
+    }
     match &f.plan {
         // SAFETY: the member's facts checked its elements in range, host-writable and free
         // of overlap (`Access::Write`/`Update`), and no written member overlaps another
@@ -252,9 +261,41 @@ pub(super) fn copy_out(f: &Facts, data: &[u8]) {
 }
 
 impl Fused {
+    /// Gives every direct bucket a buffer of its own, with its calls over it (a refused
+    /// plan's steps, which must not touch the members; an allocation once, on the error
+    /// path). A bucket that cannot have one keeps its calls: the error is the step's.
+    fn own_buffers(&mut self) {
+        let ranks = match self.kind {
+            FusedKind::ReduceScatter(_, ranks) => usize::try_from(ranks).unwrap_or(1).max(1),
+            _ => 1,
+        };
+        for b in 0..self.buckets.len() {
+            let bucket = &self.buckets[b];
+            if bucket.buf.is_some() || bucket.staged.is_some() {
+                continue;
+            }
+            let m = &self.members[bucket.members[0]];
+            let Some(element) = m.facts().map(|f| f.element) else {
+                continue;
+            };
+            match bucket_buffers(self.kind, element, m.bytes, ranks) {
+                Ok((buf, recv, calls)) => {
+                    let bucket = &mut self.buckets[b];
+                    (bucket.buf, bucket.recv, bucket.calls) = (Some(buf), recv, calls);
+                }
+                Err(e) => {
+                    self.failed.get_or_insert(e);
+                }
+            }
+        }
+    }
+
     /// Copies bucket `b`'s members into its buffer (the members this rank packs; for a
     /// reduce-scatter, block `r` of each member into rank `r`'s segment).
     fn pack(&mut self, b: usize) {
+        if self.refused {
+            return; // the members are not this plan's any more
+        }
         let bucket = &mut self.buckets[b];
         let Some(buf) = bucket.buf.as_mut() else {
             return; // direct: the calls are on the member itself
@@ -267,14 +308,14 @@ impl Fused {
                 FusedKind::ReduceScatter(..) => {
                     let ranks = buf.len().checked_div(seg).unwrap_or(0);
                     let mut whole = vec![0u8; m.bytes * ranks];
-                    copy_in(f, &mut whole);
+                    copy_in(f, m.copies.0.as_ref(), &mut whole);
                     for r in 0..ranks {
                         let to = r * seg + m.at;
                         buf[to..to + m.bytes]
                             .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
                     }
                 }
-                _ => copy_in(f, &mut buf[m.at..m.at + m.bytes]),
+                _ => copy_in(f, m.copies.0.as_ref(), &mut buf[m.at..m.at + m.bytes]),
             }
         }
     }
@@ -292,10 +333,18 @@ impl Fused {
         let Some(data) = bucket.recv.as_ref().or(bucket.buf.as_ref()) else {
             return; // direct: the calls wrote the member itself
         };
+        if let Some(m) = self.mark.as_ref().filter(|m| m.bucket == b) {
+            if let Some(seen) = m.verify(&data[m.at..]) {
+                self.seen.get_or_insert(seen);
+            }
+        }
+        if self.refused || self.seen.is_some() {
+            return; // a refused or mismatched step writes no member
+        }
         for &i in &bucket.members {
             let m = &self.members[i];
             if let Some(f) = &m.unpack {
-                copy_out(f, &data[m.at..m.at + m.bytes]);
+                copy_out(f, m.copies.1.as_ref(), &data[m.at..m.at + m.bytes]);
             }
         }
     }
@@ -375,6 +424,41 @@ impl Batch for Fused {
     /// The stager's copy errors ([`StagedBucket::unpack`]).
     fn outcome(self: Box<Self>) -> Result<()> {
         self.failed.map_or(Ok(()), Err)
+    }
+
+    fn rearm(&mut self, mark: u64, refused: bool) {
+        (self.landed, self.completed, self.failed, self.seen) = (0, 0, None, None);
+        if refused && !self.refused {
+            self.refused = true;
+            self.own_buffers();
+        }
+        if let Some(m) = self.mark.as_mut() {
+            if let Some(buf) = self.buckets[m.bucket].buf.as_mut() {
+                m.write(&mut buf[m.at..], mark, refused);
+            }
+        }
+    }
+
+    fn step_outcome(&mut self) -> Result<()> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
+        match self.seen.take() {
+            Some(seen) => Err(Error::PlanMismatch { seen }),
+            None => Ok(()),
+        }
+    }
+
+    fn requests(&self) -> usize {
+        self.buckets
+            .iter()
+            .flat_map(|b| &b.calls)
+            .map(Call::requests)
+            .sum()
+    }
+
+    fn marked(&self) -> Option<&'static str> {
+        self.mark.as_ref().map(Mark::words)
     }
 
     /// Whether any member is strided (packed by the kernels).

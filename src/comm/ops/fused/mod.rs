@@ -58,6 +58,8 @@ use crate::comm::engine::checks::{check_count, check_intra, check_pair, check_ra
 use crate::comm::engine::mode::Mode;
 use crate::comm::engine::stager::Endpoint;
 mod buckets;
+mod mark;
+mod plans;
 
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::{StagedBucket, Stager};
@@ -72,6 +74,8 @@ use crate::spec::kernels;
 use crate::spec::scratch::Scratch;
 use crate::spec::{Access, Reach};
 use buckets::{bucket_buffers, device_bucket, direct_calls};
+use mark::Mark;
+pub(in crate::comm) use plans::{plan_all_reduce_tensors_in_place, plan_broadcast_tensors};
 
 /// What a fused collective does with each bucket.
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +102,8 @@ struct Member {
     /// First byte in its bucket.
     at: usize,
     bytes: usize,
+    /// The strided copies into and out of its bucket, prepared once ([`Fused::build`]).
+    copies: (Option<kernels::Prepared>, Option<kernels::Prepared>),
 }
 
 impl Member {
@@ -161,6 +167,13 @@ pub(in crate::comm) struct Fused {
     completed: usize,
     /// The first error of unpacking a device bucket (returned at completion).
     failed: Option<Error>,
+    /// A plan's identity, carried by its first packed bucket where it can be.
+    mark: Option<Mark>,
+    /// What this step's mark found, when it differed (then no member is unpacked).
+    seen: Option<String>,
+    /// Whether this plan's steps are refused on this rank (its tensors changed): the
+    /// members are neither packed nor unpacked, and every bucket is the plan's own buffer.
+    refused: bool,
 }
 
 /// The signature of the fused collective `name` over `tensors` (in list order).
@@ -297,6 +310,22 @@ fn check_disjoint(members: &[Member]) -> Result<()> {
     Ok(())
 }
 
+/// The strided copies of member `m` (pack from its send side, unpack into its receive
+/// side), checked and simplified once; `None` for a contiguous side (one `memcpy`).
+fn prepared_copies(m: &Member) -> (Option<kernels::Prepared>, Option<kernels::Prepared>) {
+    let copy = |f: &Option<Facts>, pack: bool| {
+        let f = f.as_ref()?;
+        let plan = f.plan.as_ref()?;
+        let (elem, bytes) = (f.element.size_bytes(), f.packed_bytes().ok()?);
+        if pack {
+            kernels::Prepared::pack(&plan.axes, elem, bytes)
+        } else {
+            kernels::Prepared::unpack(&plan.axes, elem, bytes)
+        }
+    };
+    (copy(&m.pack, true), copy(&m.unpack, false))
+}
+
 /// A member of at least this many bytes (256 KiB) has a bucket of its own, reduced or
 /// broadcast on its own memory when it is contiguous: copying it into a bucket and back
 /// costs more than the latency of one more collective (measured: `docs/PERFORMANCE.md`,
@@ -354,6 +383,7 @@ impl Fused {
         recv: &[&'t dyn Tensor],
         op: ReduceOp,
         stager: Option<&'t dyn Stager>,
+        marked: Option<Rank>,
     ) -> Result<Operation<'t>> {
         if let Some(s) = send {
             if s.len() != recv.len() {
@@ -394,6 +424,7 @@ impl Fused {
                 in_place: send.is_none(),
                 at: 0,
                 bytes,
+                copies: (None, None),
             });
         }
         let on_device = stager.map(|stager| OnDevice {
@@ -403,7 +434,7 @@ impl Fused {
                 .collect(),
             reduces: true,
         });
-        Fused::build(FusedKind::AllReduce(op), members, on_device)
+        Fused::build(FusedKind::AllReduce(op), members, on_device, marked)
             .map(|f| Operation::batch(Box::new(f)))
     }
 
@@ -447,6 +478,7 @@ impl Fused {
                 in_place: false,
                 at: 0,
                 bytes,
+                copies: (None, None),
             });
         }
         let on_device = stager.map(|stager| OnDevice {
@@ -457,7 +489,7 @@ impl Fused {
             reduces: true,
         });
         let kind = FusedKind::ReduceScatter(op, ranks);
-        Fused::build(kind, members, on_device).map(|f| Operation::batch(Box::new(f)))
+        Fused::build(kind, members, on_device, None).map(|f| Operation::batch(Box::new(f)))
     }
 
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
@@ -470,6 +502,7 @@ impl Fused {
         root: Rank,
         is_root: bool,
         stager: Option<&'t dyn Stager>,
+        marked: Option<Rank>,
     ) -> Result<Operation<'t>> {
         let mut members = Vec::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
@@ -487,6 +520,7 @@ impl Fused {
                 in_place: false,
                 at: 0,
                 bytes,
+                copies: (None, None),
             });
         }
         let on_device = stager.map(|stager| OnDevice {
@@ -503,19 +537,24 @@ impl Fused {
                 .collect(),
             reduces: false,
         });
-        Fused::build(FusedKind::Broadcast(root), members, on_device)
+        Fused::build(FusedKind::Broadcast(root), members, on_device, marked)
             .map(|f| Operation::batch(Box::new(f)))
     }
 
     /// Places the members in buckets and takes the buckets' buffers; for a device list,
     /// has the stager pack and stage each bucket (before the agreement, so that its
-    /// refusals and copy errors join it).
+    /// refusals and copy errors join it). `marked`: a plan's batch among this many ranks,
+    /// whose first packed bucket carries the plan's identity where it can ([`mark`]).
     fn build(
         kind: FusedKind,
         mut members: Vec<Member>,
         on_device: Option<OnDevice<'_, '_>>,
+        marked: Option<Rank>,
     ) -> Result<Fused> {
         check_disjoint(&members)?;
+        for m in &mut members {
+            m.copies = prepared_copies(m);
+        }
         // A reduce-scatter's bucket holds every rank's block of each member.
         let ranks = match kind {
             FusedKind::ReduceScatter(_, ranks) => usize::try_from(ranks).unwrap_or(1).max(1),
@@ -523,6 +562,7 @@ impl Fused {
         };
         let caps = (first_bucket_bytes()? / ranks, bucket_bytes()? / ranks);
         let mut buckets = Vec::new();
+        let mut mark: Option<Mark> = None;
         for list in buckets_of(&members, caps) {
             let mut bytes = 0usize;
             for &i in &list {
@@ -536,12 +576,26 @@ impl Fused {
                     staged = Some(b);
                     (None, None, calls)
                 }
-                [i] if members[i].is_direct() => (None, None, direct_calls(kind, &members[i])?),
+                // A plan packs a small member too: its bucket can then carry the mark.
+                [i] if members[i].is_direct()
+                    && (marked.is_none() || members[i].bytes >= OWN_BUCKET_BYTES) =>
+                {
+                    (None, None, direct_calls(kind, &members[i])?)
+                }
                 _ => {
                     let element = members[list[0]].facts().map(|f| f.element).ok_or_else(|| {
                         crate::comm::engine::checks::missing("fused member facts")
                     })?;
-                    let (buf, recv, calls) = bucket_buffers(kind, element, bytes, ranks)?;
+                    let mut spare = 0;
+                    if let (Some(n), None) = (marked, &mark) {
+                        let root = members[list[0]].pack.is_some();
+                        let at = (buckets.len(), bytes);
+                        let typed = (element.dtype, element.size_bytes());
+                        if let Some((m, b)) = Mark::new(kind, typed, at, (n, root)) {
+                            (mark, spare) = (Some(m), b);
+                        }
+                    }
+                    let (buf, recv, calls) = bucket_buffers(kind, element, bytes + spare, ranks)?;
                     (Some(buf), recv, calls)
                 }
             };
@@ -562,6 +616,9 @@ impl Fused {
             landed: 0,
             completed: 0,
             failed: None,
+            mark,
+            seen: None,
+            refused: false,
         })
     }
 }
@@ -595,7 +652,7 @@ pub(in crate::comm) fn all_reduce_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>
     // wrapped in `Error::Member`, and an empty list has no member.
     let prepared = ensure_matching()
         .and(devices)
-        .and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on)));
+        .and_then(|on| Fused::all_reduce(send, recv, op, tc.stager().filter(|_| on), None));
     mode.prepared(tc, sig, prepared)
 }
 
@@ -614,7 +671,7 @@ pub(in crate::comm) fn broadcast_tensors<'a, E: Endpoint + ?Sized, M: Mode<'a>>(
     let prepared = ensure_matching()
         .and_then(|()| check_rank(root, comm.size()))
         .and_then(|()| check_devices(tensors.iter().copied(), staged))
-        .and_then(|on| Fused::broadcast(tensors, root, is_root, tc.stager().filter(|_| on)));
+        .and_then(|on| Fused::broadcast(tensors, root, is_root, tc.stager().filter(|_| on), None));
     mode.prepared(tc, sig, prepared)
 }
 

@@ -1,0 +1,454 @@
+//! Plans (issue 32): a collective over the same tensors, agreed once and then run step after
+//! step at MPI's speed ([`Plan`]).
+//!
+//! **Build.** A plan is built collectively, once: its operation prepares a batch of calls
+//! (a fused list's buckets, [`Batch`]) after every check, the ranks agree on it with the full
+//! agreement of an unplanned collective (the lists compared member by member, named in words
+//! on failure, [`super::agree`]), and the plan takes the communicator its steps go on: one
+//! duplicate per caller's communicator, shared by its plans (`MPI_Comm_dup` at the first
+//! plan's build, kept in the [`super::ledger`] and freed with the caller's communicator), so
+//! that a step never meets an unplanned collective, whose messages go on the caller's
+//! communicator or its shadow.
+//!
+//! **Steps.** [`Plan::run`] (blocking) and [`Plan::start`] (nonblocking, a [`PlanRequest`])
+//! run the batch again: no agreement, no per-member check, no allocation; each step packs
+//! the members' current values and unpacks the results into them. While nonblocking
+//! collectives of this crate wait for their agreements on this thread, a blocking step is
+//! posted and polled instead, so that they progress ([`progress::wait_raw`]).
+//!
+//! **Identity.** A plan's identity (its signature's fingerprint and its ordinal among the
+//! caller's communicator's plans) travels in spare elements of its first packed bucket,
+//! where that bucket's operation can carry it ([`Batch::marked`]; the table is in the fused
+//! collectives' `mark.rs`): a step that met another plan's step, a plan built in another
+//! order, or a refused step returns [`Error::PlanMismatch`] on every rank that can see it.
+//! What a step cannot see — a plan whose first bucket cannot carry the mark, steps of
+//! different sizes (MPI's own error or a wait), a step against an unplanned collective (it
+//! waits: they are on different communicators) — `DLPACK_MPI_PLAN_CHECK=each`
+//! ([`PlanCheck::Each`]) names in words, with a full agreement before each step.
+//!
+//! **Lifetimes.** The plan borrows its endpoint and its list for `'a`; the members are
+//! reached between steps through [`Plan::tensors_mut`], after which the next step compares
+//! each member with what the plan was built from (pointer, dtype, shape, strides, device)
+//! and refuses the step, for good, if one changed ([`Error::PlanChanged`]): the step still
+//! takes part, on the plan's own buffers, so that no peer waits. A step in flight is
+//! completed before the members are lent again, before the next step, and when the plan is
+//! dropped; so MPI never uses a member after the plan's borrow ends, even if a
+//! [`PlanRequest`] is forgotten.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use mpi::ffi::{MPI_Comm, MPI_Request};
+use mpi::raw::AsRaw;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::FromRaw;
+
+use super::agree::agree;
+use super::call::{Batch, Form};
+use super::ledger;
+use super::progress;
+use super::signature::Signature;
+use super::stager::Endpoint;
+use crate::device::Device;
+use crate::dlpack::{Tensor, TensorListMut};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::settings::{plan_check, PlanCheck};
+
+/// What the plan was built from, for one member: compared after [`Plan::tensors_mut`].
+#[derive(Debug, Clone, PartialEq)]
+struct Snapshot {
+    first: usize,
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    device: Device,
+}
+
+impl Snapshot {
+    fn of(t: &dyn Tensor) -> Snapshot {
+        Snapshot {
+            first: t.first_element_ptr() as usize,
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            strides: t.strides_elems().map(<[i64]>::to_vec),
+            device: t.device(),
+        }
+    }
+
+    /// The first field in which `t` differs: `(field, planned, now)`.
+    fn differs(&self, t: &dyn Tensor) -> Option<(&'static str, String, String)> {
+        let first = t.first_element_ptr() as usize;
+        if first != self.first {
+            return Some((
+                "data pointer",
+                format!("{:#x}", self.first),
+                format!("{first:#x}"),
+            ));
+        }
+        if t.dtype() != self.dtype {
+            return Some(("dtype", self.dtype.to_string(), t.dtype().to_string()));
+        }
+        if t.shape() != self.shape.as_slice() {
+            return Some((
+                "shape",
+                format!("{:?}", self.shape),
+                format!("{:?}", t.shape()),
+            ));
+        }
+        if t.strides_elems() != self.strides.as_deref() {
+            let s = |v: Option<&[i64]>| v.map_or("none (C order)".into(), |v| format!("{v:?}"));
+            return Some(("strides", s(self.strides.as_deref()), s(t.strides_elems())));
+        }
+        if t.device() != self.device {
+            return Some(("device", self.device.to_string(), t.device().to_string()));
+        }
+        None
+    }
+}
+
+/// A collective planned once over the same tensors, run step after step (see the module
+/// docs): built by the `plan_*` methods of [`crate::comm::TensorComm`].
+///
+/// `L` is the list the plan borrows (`Vec<ManagedTensor>`, `[&mut dyn Tensor]`, …): write
+/// the members' values between steps through [`Plan::tensors_mut`].
+///
+/// ```no_run
+/// use dlpack_mpi::comm::TensorComm;
+/// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
+/// use dlpack_mpi::dtype::ReduceOp;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let universe = mpi::initialize().unwrap();
+/// let world = universe.world();
+/// let (a, b) = (Owned::new(vec![0.0f32; 1000]), Owned::new(vec![0i64; 10]));
+/// let opts = AcquireOptions::default();
+/// let mut grads = vec![acquire(&a, &opts)?, acquire(&b, &opts)?];
+/// let mut plan = world.plan_all_reduce_tensors_in_place(&mut grads, ReduceOp::Sum)?;
+/// for step in 0..100 {
+///     plan.tensors_mut()[0].as_mut_slice::<f32>()?.fill(step as f32); // compute
+///     let request = plan.start()?; // the sums, while …
+///     // … other work …
+///     request.wait()?;
+///     assert_eq!(plan.tensors()[0].as_slice::<f32>()?[0], step as f32 * world.size() as f32);
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Plan<'a, L: ?Sized> {
+    list: &'a mut L,
+    batch: Box<dyn Batch>,
+    /// The communicator the steps go on (see the module docs).
+    steps: MPI_Comm,
+    /// The caller's communicator, for [`PlanCheck::Each`]'s agreement.
+    caller: MPI_Comm,
+    /// The signature of each step, for [`PlanCheck::Each`].
+    step: Signature<'static>,
+    id: u64,
+    snapshot: Vec<Snapshot>,
+    /// Whether the members were lent since the last step.
+    lent: bool,
+    /// The refusal of every step, once a member changed.
+    changed: Option<Error>,
+    /// The requests of the step in flight, and how many have completed.
+    requests: Vec<MPI_Request>,
+    done: usize,
+    /// Whether a step is in flight (posted, not completed).
+    in_flight: bool,
+    _endpoint: PhantomData<&'a ()>,
+}
+
+impl<L: ?Sized> fmt::Debug for Plan<'_, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan")
+            .field("id", &format_args!("{:#018x}", self.id))
+            .field("members", &self.snapshot.len())
+            .field("batch", &self.batch)
+            .field("in_flight", &self.in_flight)
+            .field("changed", &self.changed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One 64-bit mix of `a` and `b` (splitmix64's finalizer over their sum).
+fn mix(a: u64, b: u64) -> u64 {
+    let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Builds a plan over `list` on `tc`'s communicator: `prepare` makes its batch from the
+/// members (every check), the ranks agree on `build` (its signature; refusals and
+/// mismatches are errors on every rank), and every rank takes the plans' communicator.
+/// `step` is each step's signature, for [`PlanCheck::Each`].
+///
+/// # Errors
+/// `prepare`'s and the agreement's ([`Error::PeerRefused`], [`Error::CollectiveMismatch`],
+/// [`Error::OutOfStep`]).
+pub(in crate::comm) fn build<'a, E, L>(
+    tc: &'a E,
+    list: &'a mut L,
+    (build, step): (Signature<'static>, Signature<'static>),
+    prepare: impl FnOnce(&[&dyn Tensor]) -> Result<Box<dyn Batch>>,
+) -> Result<Plan<'a, L>>
+where
+    E: Endpoint + ?Sized,
+    L: TensorListMut + ?Sized,
+{
+    let comm = tc.communicator();
+    let (prepared, snapshot) = {
+        let members: Vec<&dyn Tensor> = list
+            .tensors_mut()
+            .into_iter()
+            .map(|t| &*t as &dyn Tensor)
+            .collect();
+        let snapshot = members.iter().map(|t| Snapshot::of(*t)).collect();
+        (prepare(&members), snapshot)
+    };
+    let (batch, _) = agree(comm, &build, prepared)?;
+    let (steps, ordinal) = ledger::plans(comm);
+    #[allow(clippy::cast_sign_loss)]
+    let id = mix(build.fingerprint() as u64, ordinal) | 1;
+    let requests = Vec::with_capacity(batch.requests());
+    Ok(Plan {
+        list,
+        batch,
+        steps,
+        caller: comm.as_raw(),
+        step,
+        id,
+        snapshot,
+        lent: false,
+        changed: None,
+        requests,
+        done: 0,
+        in_flight: false,
+        _endpoint: PhantomData,
+    })
+}
+
+impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
+    /// Runs one step, blocking: the members' current values, reduced or broadcast as the
+    /// plan says, written back into them.
+    ///
+    /// # Errors
+    /// [`Error::PlanMismatch`] when the step met another plan's (see [`Plan::checks`]);
+    /// [`Error::PlanChanged`] once a member changed; under [`PlanCheck::Each`] the
+    /// agreement's errors; a device copy's.
+    pub fn run(&mut self) -> Result<()> {
+        let refused = self.begin()?;
+        if progress::active() {
+            self.post();
+            return self.finish(refused);
+        }
+        self.in_flight = true;
+        // SAFETY: the batch's buffers are its own or the members', which the plan borrows
+        // for 'a and compared with what it was built from (`begin`); every rank agreed on
+        // this plan at its build, and runs its steps on the plans' communicator in order.
+        unsafe { self.batch.run(self.steps, Form::Blocking) };
+        self.in_flight = false;
+        refused.and(self.batch.step_outcome())
+    }
+
+    /// Starts one step, nonblocking; [`PlanRequest::wait`] completes it (and the plan
+    /// stays borrowed until then).
+    ///
+    /// # Errors
+    /// Under [`PlanCheck::Each`], the agreement's (before anything is posted). The step's
+    /// own errors come from [`PlanRequest::wait`].
+    pub fn start(&mut self) -> Result<PlanRequest<'_, 'a, L>> {
+        let refused = self.begin()?;
+        self.post();
+        Ok(PlanRequest {
+            plan: self,
+            refused: Some(refused),
+        })
+    }
+
+    /// The members, for reading between steps (a step in flight is completed first).
+    pub fn tensors(&mut self) -> &L {
+        let _ = self.complete();
+        self.list
+    }
+
+    /// The members, for writing their values between steps (a step in flight is completed
+    /// first). The next step compares each member with what the plan was built from: a
+    /// member replaced, reshaped or moved makes every later step [`Error::PlanChanged`].
+    pub fn tensors_mut(&mut self) -> &mut L {
+        let _ = self.complete();
+        self.lent = true;
+        self.list
+    }
+
+    /// What a step of this plan checks across the ranks, in words: where its identity
+    /// travels and which mismatch it shows; `None` when its batch cannot carry it (then
+    /// only [`PlanCheck::Each`] finds a mismatched step).
+    pub fn checks(&self) -> Option<&'static str> {
+        self.batch.marked()
+    }
+
+    /// The common start of a step: a step in flight completed, the members compared if
+    /// they were lent, the full agreement under [`PlanCheck::Each`], the batch rearmed.
+    /// Returns this rank's refusal, which the step still takes part with.
+    fn begin(&mut self) -> Result<Result<()>> {
+        let _ = self.complete();
+        if self.lent {
+            self.lent = false;
+            self.compare();
+        }
+        let refused = self.changed.clone().map_or(Ok(()), Err);
+        let refused = match plan_check() {
+            Ok(PlanCheck::Identity) => refused,
+            each => {
+                // SAFETY: the caller's communicator, borrowed by the plan for 'a; not freed.
+                let caller = unsafe { SimpleCommunicator::from_raw(self.caller) };
+                let caller = std::mem::ManuallyDrop::new(caller);
+                agree(&*caller, &self.step, refused.and(each.map(drop)))?;
+                Ok(())
+            }
+        };
+        self.batch.rearm(self.id, refused.is_err());
+        Ok(refused)
+    }
+
+    /// Compares the members with what the plan was built from; the first difference
+    /// refuses every later step.
+    fn compare(&mut self) {
+        if self.changed.is_some() {
+            return;
+        }
+        let members = self.list.tensors_mut();
+        if members.len() != self.snapshot.len() {
+            self.changed = Some(Error::PlanChanged {
+                index: members.len().min(self.snapshot.len()),
+                field: "list length",
+                planned: self.snapshot.len().to_string(),
+                now: members.len().to_string(),
+            });
+            return;
+        }
+        for (index, (t, s)) in members.iter().zip(&self.snapshot).enumerate() {
+            if let Some((field, planned, now)) = s.differs(&**t) {
+                self.changed = Some(Error::PlanChanged {
+                    index,
+                    field,
+                    planned,
+                    now,
+                });
+                return;
+            }
+        }
+    }
+
+    /// Posts the step's calls on the plans' communicator.
+    fn post(&mut self) {
+        self.requests.clear();
+        self.done = 0;
+        self.in_flight = true;
+        // SAFETY: as in `run`; the batch and its buffers stay untouched until every request
+        // completed (`complete`, called before the members are lent, before the next step
+        // and on drop).
+        unsafe { self.batch.post(self.steps, &mut self.requests) };
+    }
+
+    /// Completes the step in flight (if any), in posting order, telling the batch of each.
+    fn complete(&mut self) -> Result<()> {
+        if !self.in_flight {
+            return Ok(());
+        }
+        while self.done < self.requests.len() {
+            progress::wait_raw(&mut self.requests[self.done..=self.done]);
+            self.done += 1;
+            self.batch.completed_one();
+        }
+        self.in_flight = false;
+        self.batch.step_outcome()
+    }
+
+    /// Completes the step in flight and returns its outcome after `refused`.
+    fn finish(&mut self, refused: Result<()>) -> Result<()> {
+        let out = self.complete();
+        refused.and(out)
+    }
+
+    /// Tests the step in flight: whether every request has completed (then it is
+    /// finished).
+    fn test(&mut self) -> Result<bool> {
+        progress::progress_all();
+        while self.done < self.requests.len() {
+            let mut flag = 0;
+            // SAFETY: a request this plan posted and has not completed; MPI sets it to
+            // MPI_REQUEST_NULL when it completes.
+            unsafe {
+                mpi::ffi::MPI_Test(
+                    &mut self.requests[self.done],
+                    &mut flag,
+                    mpi::ffi::RSMPI_STATUS_IGNORE,
+                );
+            }
+            if flag == 0 {
+                return Ok(false);
+            }
+            self.done += 1;
+            self.batch.completed_one();
+        }
+        Ok(true)
+    }
+}
+
+impl<L: ?Sized> Drop for Plan<'_, L> {
+    fn drop(&mut self) {
+        // A step in flight (a forgotten request) completes before the members' borrow ends.
+        if self.in_flight {
+            while self.done < self.requests.len() {
+                progress::wait_raw(&mut self.requests[self.done..=self.done]);
+                self.done += 1;
+                self.batch.completed_one();
+            }
+        }
+    }
+}
+
+/// One step of a [`Plan`] in flight ([`Plan::start`]); dropped uncompleted, it waits.
+#[must_use = "a started step is complete only after wait (or drop, which waits)"]
+pub struct PlanRequest<'p, 'a, L: TensorListMut + ?Sized> {
+    plan: &'p mut Plan<'a, L>,
+    /// This rank's refusal of the step (taken by `wait`).
+    refused: Option<Result<()>>,
+}
+
+impl<L: TensorListMut + ?Sized> fmt::Debug for PlanRequest<'_, '_, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PlanRequest")
+            .field("plan", &self.plan)
+            .finish()
+    }
+}
+
+impl<L: TensorListMut + ?Sized> PlanRequest<'_, '_, L> {
+    /// Waits for the step: the members hold its results.
+    ///
+    /// # Errors
+    /// As [`Plan::run`].
+    pub fn wait(mut self) -> Result<()> {
+        let refused = self.refused.take().unwrap_or(Ok(()));
+        self.plan.finish(refused)
+    }
+
+    /// Whether the step has completed (then [`PlanRequest::wait`] returns at once);
+    /// progresses it and this thread's pending nonblocking collectives.
+    ///
+    /// # Errors
+    /// None yet: the step's errors come from [`PlanRequest::wait`].
+    pub fn test(&mut self) -> Result<bool> {
+        self.plan.test()
+    }
+}
+
+impl<L: TensorListMut + ?Sized> Drop for PlanRequest<'_, '_, L> {
+    fn drop(&mut self) {
+        if self.refused.is_some() {
+            let _ = self.plan.complete();
+        }
+    }
+}
