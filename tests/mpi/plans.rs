@@ -249,6 +249,169 @@ fn broadcast_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
     s1.guards()
 }
 
+/// `plan_all_reduce_tensors` (send list → receive list, a strided member each side) and
+/// the single-tensor forms (`plan_all_reduce_tensor_in_place` of two float32,
+/// `plan_all_reduce_tensor`, `plan_broadcast_tensor`): exact at every step, the send
+/// members unchanged.
+fn all_reduce_into_and_single_forms(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (i64::from(w.rank()), i64::from(w.size()));
+    let sum = |k: i64, m: i64, i: usize| (0..n).map(|q| value(q, k, m, i)).sum::<i64>();
+    let o = AcquireOptions::default();
+    let (sa, sb) = (storage::<f64>(40, 3)?, storage::<f32>(9, 1)?);
+    let (ra, rb) = (storage::<f64>(40, 1)?, storage::<f32>(9, 2)?);
+    let mut send = vec![acquire(&sa, &o).map_err(s)?, acquire(&sb, &o).map_err(s)?];
+    let mut recv = vec![acquire(&ra, &o).map_err(s)?, acquire(&rb, &o).map_err(s)?];
+    let mut plan = w
+        .plan_all_reduce_tensors(&mut send, &mut recv, ReduceOp::Sum)
+        .map_err(s)?;
+    ensure!(plan.checks().is_some(), "the plan into carries no identity");
+    for k in 0..4 {
+        let sends = plan.send_tensors_mut().ok_or("no send list")?;
+        write::<f64>(&mut sends[0], |i| value(r, k, 0, i));
+        write::<f32>(&mut sends[1], |i| value(r, k, 1, i));
+        if k % 2 == 0 {
+            plan.run()
+        } else {
+            plan.start().and_then(|q| q.wait())
+        }
+        .map_err(s)?;
+        let got = (
+            read::<f64>(&plan.tensors()[0]),
+            read::<f32>(&plan.tensors()[1]),
+        );
+        for i in 0..40 {
+            ensure!(
+                got.0[i] == sum(k, 0, i) as f64,
+                "step {k}: f64 element {i} is {}",
+                got.0[i]
+            );
+        }
+        for i in 0..9 {
+            ensure!(
+                got.1[i] == sum(k, 1, i) as f32,
+                "step {k}: f32 element {i} is {}",
+                got.1[i]
+            );
+        }
+        let sent = read::<f32>(&plan.send_tensors_mut().ok_or("no send list")?[1]);
+        ensure!(
+            sent == (0..9).map(|i| value(r, k, 1, i) as f32).collect::<Vec<_>>(),
+            "send changed"
+        );
+    }
+    drop(plan);
+    let (x, y, z) = (
+        Owned::new(vec![0.0f32; 2]),
+        Owned::new(vec![0.0f32; 2]),
+        storage::<i32>(7, 2)?,
+    );
+    let (mut gx, mut gy, mut gz) = (
+        acquire(&x, &o).map_err(s)?,
+        acquire(&y, &o).map_err(s)?,
+        acquire(&z, &o).map_err(s)?,
+    );
+    {
+        let mut single = w
+            .plan_all_reduce_tensor_in_place(&mut gx, ReduceOp::Sum)
+            .map_err(s)?;
+        for k in 0..3 {
+            write::<f32>(&mut single.tensors_mut()[0], |i| value(r, k, 5, i));
+            single.run().map_err(s)?;
+            let v = read::<f32>(&single.tensors()[0]);
+            ensure!(
+                v == [sum(k, 5, 0) as f32, sum(k, 5, 1) as f32],
+                "8 B step {k}: {v:?}"
+            );
+        }
+    }
+    {
+        let mut into = w
+            .plan_all_reduce_tensor(&mut gx, &mut gy, ReduceOp::Max)
+            .map_err(s)?;
+        into.run().map_err(s)?;
+        let v = read::<f32>(&into.tensors()[0]);
+        ensure!(
+            v == [sum(2, 5, 0) as f32, sum(2, 5, 1) as f32],
+            "max into: {v:?}"
+        );
+    }
+    let mut bcast = w.plan_broadcast_tensor(&mut gz, 0).map_err(s)?;
+    for k in 0..3 {
+        write::<i32>(&mut bcast.tensors_mut()[0], |i| value(r, k, 6, i));
+        bcast.run().map_err(s)?;
+        let v = read::<i32>(&bcast.tensors()[0]);
+        ensure!(
+            v == (0..7).map(|i| value(0, k, 6, i) as i32).collect::<Vec<_>>(),
+            "bcast step {k}: {v:?}"
+        );
+    }
+    Ok(())
+}
+
+/// `plan_reduce_scatter_block_tensors` (a contiguous and a strided send member) and
+/// `plan_reduce_scatter_block_tensor`: rank q's block of every member, summed, at every step.
+fn reduce_scatter_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (i64::from(w.rank()), w.size() as usize);
+    let o = AcquireOptions::default();
+    let (b0, b1) = (6usize, 11usize);
+    let (sa, sb) = (storage::<i64>(b0 * n, 1)?, storage::<f32>(b1 * n, 2)?);
+    let (ra, rb) = (storage::<i64>(b0, 1)?, storage::<f32>(b1, 3)?);
+    let mut send = vec![acquire(&sa, &o).map_err(s)?, acquire(&sb, &o).map_err(s)?];
+    let mut recv = vec![acquire(&ra, &o).map_err(s)?, acquire(&rb, &o).map_err(s)?];
+    let want = |k: i64, m: i64, block: usize, i: usize| -> i64 {
+        (0..n as i64).map(|q| value(q, k, m, block + i)).sum()
+    };
+    let me = w.rank() as usize;
+    {
+        let mut plan = w
+            .plan_reduce_scatter_block_tensors(&mut send, &mut recv, ReduceOp::Sum)
+            .map_err(s)?;
+        for k in 0..4 {
+            let sends = plan.send_tensors_mut().ok_or("no send list")?;
+            write::<i64>(&mut sends[0], |i| value(r, k, 0, i));
+            write::<f32>(&mut sends[1], |i| value(r, k, 1, i));
+            if k % 2 == 0 {
+                plan.run()
+            } else {
+                plan.start().and_then(|q| q.wait())
+            }
+            .map_err(s)?;
+            let got = (
+                read::<i64>(&plan.tensors()[0]),
+                read::<f32>(&plan.tensors()[1]),
+            );
+            for i in 0..b0 {
+                ensure!(
+                    got.0[i] == want(k, 0, me * b0, i),
+                    "step {k}: member 0 element {i}: {}",
+                    got.0[i]
+                );
+            }
+            for i in 0..b1 {
+                ensure!(
+                    got.1[i] == want(k, 1, me * b1, i) as f32,
+                    "step {k}: member 1 element {i}: {}",
+                    got.1[i]
+                );
+            }
+        }
+    }
+    let (s0, r0) = (&mut send[0], &mut recv[0]);
+    let mut one = w
+        .plan_reduce_scatter_block_tensor(s0, r0, ReduceOp::Sum)
+        .map_err(s)?;
+    write::<i64>(&mut one.send_tensors_mut().ok_or("no send")?[0], |i| {
+        value(r, 9, 0, i)
+    });
+    one.run().map_err(s)?;
+    let got = read::<i64>(&one.tensors()[0]);
+    ensure!(
+        got == (0..b0).map(|i| want(9, 0, me * b0, i)).collect::<Vec<_>>(),
+        "single: {got:?}"
+    );
+    Ok(())
+}
+
 /// A step allocates nothing, blocking or nonblocking (the build does).
 fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
     let st = Storages::new()?;
@@ -265,7 +428,28 @@ fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
         Ok(())
     });
     out.map_err(s)?;
-    ensure!(count == 0, "ten steps allocated {count} times");
+    ensure!(count == 0, "ten all-reduce steps allocated {count} times");
+    drop(plan);
+    // A reduce-scatter with a strided send member packs it whole first: not per step.
+    let n = w.size() as usize;
+    let (sa, ra) = (storage::<f32>(5 * n, 2)?, storage::<f32>(5, 1)?);
+    let o = AcquireOptions::default();
+    let (mut sg, mut rg) = (acquire(&sa, &o).map_err(s)?, acquire(&ra, &o).map_err(s)?);
+    let mut rs = w
+        .plan_reduce_scatter_block_tensor(&mut sg, &mut rg, ReduceOp::Sum)
+        .map_err(s)?;
+    let (out, count) = crate::faults::allocations(|| -> Result<(), Error> {
+        for _ in 0..5 {
+            rs.run()?;
+            rs.start()?.wait()?;
+        }
+        Ok(())
+    });
+    out.map_err(s)?;
+    ensure!(
+        count == 0,
+        "ten reduce-scatter steps allocated {count} times"
+    );
     Ok(())
 }
 
@@ -562,6 +746,14 @@ type Case = (&'static str, fn(&SimpleCommunicator) -> Outcome);
 const CASES: &[Case] = &[
     ("all_reduce_steps_are_exact", all_reduce_steps_are_exact),
     ("broadcast_steps_are_exact", broadcast_steps_are_exact),
+    (
+        "all_reduce_into_and_single_forms",
+        all_reduce_into_and_single_forms,
+    ),
+    (
+        "reduce_scatter_steps_are_exact",
+        reduce_scatter_steps_are_exact,
+    ),
     ("a_step_allocates_nothing", a_step_allocates_nothing),
     ("a_forgotten_step_completes", a_forgotten_step_completes),
     (

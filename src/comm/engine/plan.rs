@@ -110,8 +110,11 @@ impl Snapshot {
 /// A collective planned once over the same tensors, run step after step (see the module
 /// docs): built by the `plan_*` methods of [`crate::comm::TensorComm`].
 ///
-/// `L` is the list the plan borrows (`Vec<ManagedTensor>`, `[&mut dyn Tensor]`, …): write
-/// the members' values between steps through [`Plan::tensors_mut`].
+/// `L` is the list the plan writes (`Vec<ManagedTensor>`, `[&mut dyn Tensor]`, `[T; 1]` for
+/// one tensor, …) and `S` the list it only reads, for plans with a send list
+/// (`plan_all_reduce_tensors`, `plan_reduce_scatter_block_tensors`, `plan_all_gather_tensor`):
+/// write the members' values between steps through [`Plan::tensors_mut`] and
+/// [`Plan::send_tensors_mut`].
 ///
 /// ```no_run
 /// use dlpack_mpi::comm::TensorComm;
@@ -134,8 +137,9 @@ impl Snapshot {
 /// }
 /// # Ok(()) }
 /// ```
-pub struct Plan<'a, L: ?Sized> {
+pub struct Plan<'a, L: ?Sized, S: ?Sized = L> {
     list: &'a mut L,
+    send: Option<&'a mut S>,
     batch: Box<dyn Batch>,
     /// The communicator the steps go on (see the module docs).
     steps: MPI_Comm,
@@ -144,7 +148,8 @@ pub struct Plan<'a, L: ?Sized> {
     /// The signature of each step, for [`PlanCheck::Each`].
     step: Signature<'static>,
     id: u64,
-    snapshot: Vec<Snapshot>,
+    /// What the members were at the build: the written list's, then the send list's.
+    snapshot: (Vec<Snapshot>, Vec<Snapshot>),
     /// Whether the members were lent since the last step.
     lent: bool,
     /// The refusal of every step, once a member changed.
@@ -157,11 +162,11 @@ pub struct Plan<'a, L: ?Sized> {
     _endpoint: PhantomData<&'a ()>,
 }
 
-impl<L: ?Sized> fmt::Debug for Plan<'_, L> {
+impl<L: ?Sized, S: ?Sized> fmt::Debug for Plan<'_, L, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Plan")
             .field("id", &format_args!("{:#018x}", self.id))
-            .field("members", &self.snapshot.len())
+            .field("members", &(self.snapshot.0.len(), self.snapshot.1.len()))
             .field("batch", &self.batch)
             .field("in_flight", &self.in_flight)
             .field("changed", &self.changed)
@@ -177,33 +182,41 @@ fn mix(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// Builds a plan over `list` on `tc`'s communicator: `prepare` makes its batch from the
-/// members (every check), the ranks agree on `build` (its signature; refusals and
-/// mismatches are errors on every rank), and every rank takes the plans' communicator.
-/// `step` is each step's signature, for [`PlanCheck::Each`].
+/// The members of a list, read (their facts, the snapshot).
+fn members<L: TensorListMut + ?Sized>(list: &mut L) -> Vec<&dyn Tensor> {
+    list.tensors_mut()
+        .into_iter()
+        .map(|t| &*t as &dyn Tensor)
+        .collect()
+}
+
+/// Builds a plan over `list` (written) and `send` (read, where the operation has a send
+/// list) on `tc`'s communicator: `prepare` makes its batch from the members (every check),
+/// the ranks agree on `build` (its signature; refusals and mismatches are errors on every
+/// rank), and every rank takes the plans' communicator. `step` is each step's signature,
+/// for [`PlanCheck::Each`].
 ///
 /// # Errors
 /// `prepare`'s and the agreement's ([`Error::PeerRefused`], [`Error::CollectiveMismatch`],
 /// [`Error::OutOfStep`]).
-pub(in crate::comm) fn build<'a, E, L>(
+pub(in crate::comm) fn build<'a, E, L, S>(
     tc: &'a E,
-    list: &'a mut L,
+    (list, mut send): (&'a mut L, Option<&'a mut S>),
     (build, step): (Signature<'static>, Signature<'static>),
-    prepare: impl FnOnce(&[&dyn Tensor]) -> Result<Box<dyn Batch>>,
-) -> Result<Plan<'a, L>>
+    prepare: impl FnOnce(&[&dyn Tensor], Option<&[&dyn Tensor]>) -> Result<Box<dyn Batch>>,
+) -> Result<Plan<'a, L, S>>
 where
     E: Endpoint + ?Sized,
     L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
 {
     let comm = tc.communicator();
     let (prepared, snapshot) = {
-        let members: Vec<&dyn Tensor> = list
-            .tensors_mut()
-            .into_iter()
-            .map(|t| &*t as &dyn Tensor)
-            .collect();
-        let snapshot = members.iter().map(|t| Snapshot::of(*t)).collect();
-        (prepare(&members), snapshot)
+        let written = members(list);
+        let read = send.as_deref_mut().map(members);
+        let snap = |m: &[&dyn Tensor]| m.iter().map(|t| Snapshot::of(*t)).collect();
+        let snapshot = (snap(&written), read.as_deref().map_or_else(Vec::new, snap));
+        (prepare(&written, read.as_deref()), snapshot)
     };
     let (batch, _) = agree(comm, &build, prepared)?;
     let (steps, ordinal) = ledger::plans(comm);
@@ -212,6 +225,7 @@ where
     let requests = Vec::with_capacity(batch.requests());
     Ok(Plan {
         list,
+        send,
         batch,
         steps,
         caller: comm.as_raw(),
@@ -227,7 +241,41 @@ where
     })
 }
 
-impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
+/// The first member of `now` that differs from `then` (the list's length first), as
+/// [`Error::PlanChanged`]; `send`: the send list's (its fields are named so).
+fn changed(then: &[Snapshot], now: &[&mut dyn Tensor], send: bool) -> Option<Error> {
+    let name = |field: &'static str| -> &'static str {
+        if !send {
+            return field;
+        }
+        match field {
+            "list length" => "send list length",
+            "data pointer" => "send data pointer",
+            "dtype" => "send dtype",
+            "shape" => "send shape",
+            "strides" => "send strides",
+            _ => "send device",
+        }
+    };
+    if now.len() != then.len() {
+        return Some(Error::PlanChanged {
+            index: now.len().min(then.len()),
+            field: name("list length"),
+            planned: then.len().to_string(),
+            now: now.len().to_string(),
+        });
+    }
+    now.iter().zip(then).enumerate().find_map(|(index, (t, s))| {
+        s.differs(&**t).map(|(field, planned, now)| Error::PlanChanged {
+            index,
+            field: name(field),
+            planned,
+            now,
+        })
+    })
+}
+
+impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
     /// Runs one step, blocking: the members' current values, reduced or broadcast as the
     /// plan says, written back into them.
     ///
@@ -256,7 +304,7 @@ impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
     /// # Errors
     /// Under [`PlanCheck::Each`], the agreement's (before anything is posted). The step's
     /// own errors come from [`PlanRequest::wait`].
-    pub fn start(&mut self) -> Result<PlanRequest<'_, 'a, L>> {
+    pub fn start(&mut self) -> Result<PlanRequest<'_, 'a, L, S>> {
         let refused = self.begin()?;
         self.post();
         Ok(PlanRequest {
@@ -278,6 +326,14 @@ impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
         let _ = self.complete();
         self.lent = true;
         self.list
+    }
+
+    /// The send list's members, for writing their values between steps, as
+    /// [`Plan::tensors_mut`]; `None` for a plan without a send list (in place, broadcast).
+    pub fn send_tensors_mut(&mut self) -> Option<&mut S> {
+        let _ = self.complete();
+        self.lent = true;
+        self.send.as_deref_mut()
     }
 
     /// What a step of this plan checks across the ranks, in words: where its identity
@@ -317,26 +373,9 @@ impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
         if self.changed.is_some() {
             return;
         }
-        let members = self.list.tensors_mut();
-        if members.len() != self.snapshot.len() {
-            self.changed = Some(Error::PlanChanged {
-                index: members.len().min(self.snapshot.len()),
-                field: "list length",
-                planned: self.snapshot.len().to_string(),
-                now: members.len().to_string(),
-            });
-            return;
-        }
-        for (index, (t, s)) in members.iter().zip(&self.snapshot).enumerate() {
-            if let Some((field, planned, now)) = s.differs(&**t) {
-                self.changed = Some(Error::PlanChanged {
-                    index,
-                    field,
-                    planned,
-                    now,
-                });
-                return;
-            }
+        self.changed = changed(&self.snapshot.0, &self.list.tensors_mut(), false);
+        if let (None, Some(send)) = (&self.changed, self.send.as_deref_mut()) {
+            self.changed = changed(&self.snapshot.1, &send.tensors_mut(), true);
         }
     }
 
@@ -396,7 +435,7 @@ impl<'a, L: TensorListMut + ?Sized> Plan<'a, L> {
     }
 }
 
-impl<L: ?Sized> Drop for Plan<'_, L> {
+impl<L: ?Sized, S: ?Sized> Drop for Plan<'_, L, S> {
     fn drop(&mut self) {
         // A step in flight (a forgotten request) completes before the members' borrow ends.
         if self.in_flight {
@@ -411,13 +450,15 @@ impl<L: ?Sized> Drop for Plan<'_, L> {
 
 /// One step of a [`Plan`] in flight ([`Plan::start`]); dropped uncompleted, it waits.
 #[must_use = "a started step is complete only after wait (or drop, which waits)"]
-pub struct PlanRequest<'p, 'a, L: TensorListMut + ?Sized> {
-    plan: &'p mut Plan<'a, L>,
+pub struct PlanRequest<'p, 'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized = L> {
+    plan: &'p mut Plan<'a, L, S>,
     /// This rank's refusal of the step (taken by `wait`).
     refused: Option<Result<()>>,
 }
 
-impl<L: TensorListMut + ?Sized> fmt::Debug for PlanRequest<'_, '_, L> {
+impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> fmt::Debug
+    for PlanRequest<'_, '_, L, S>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanRequest")
             .field("plan", &self.plan)
@@ -425,7 +466,7 @@ impl<L: TensorListMut + ?Sized> fmt::Debug for PlanRequest<'_, '_, L> {
     }
 }
 
-impl<L: TensorListMut + ?Sized> PlanRequest<'_, '_, L> {
+impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> PlanRequest<'_, '_, L, S> {
     /// Waits for the step: the members hold its results.
     ///
     /// # Errors
@@ -445,7 +486,7 @@ impl<L: TensorListMut + ?Sized> PlanRequest<'_, '_, L> {
     }
 }
 
-impl<L: TensorListMut + ?Sized> Drop for PlanRequest<'_, '_, L> {
+impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Drop for PlanRequest<'_, '_, L, S> {
     fn drop(&mut self) {
         if self.refused.is_some() {
             let _ = self.plan.complete();

@@ -296,8 +296,11 @@ impl Fused {
         if self.refused {
             return; // the members are not this plan's any more
         }
+        // A strided reduce-scatter member is packed whole here first (taken at the build).
+        let mut whole = std::mem::take(&mut self.whole);
         let bucket = &mut self.buckets[b];
         let Some(buf) = bucket.buf.as_mut() else {
+            self.whole = whole;
             return; // direct: the calls are on the member itself
         };
         let seg: usize = bucket.members.iter().map(|&i| self.members[i].bytes).sum();
@@ -307,17 +310,26 @@ impl Fused {
             match self.kind {
                 FusedKind::ReduceScatter(..) => {
                     let ranks = buf.len().checked_div(seg).unwrap_or(0);
-                    let mut whole = vec![0u8; m.bytes * ranks];
-                    copy_in(f, m.copies.0.as_ref(), &mut whole);
+                    let all = m.bytes * ranks;
+                    let from: &[u8] = if f.plan.is_none() && all > 0 {
+                        // SAFETY: a contiguous member's `all` bytes from its first element,
+                        // host-readable (its facts checked them), not our buffers.
+                        unsafe { std::slice::from_raw_parts(f.first.cast::<u8>(), all) }
+                    } else {
+                        whole.resize(all, 0);
+                        copy_in(f, m.copies.0.as_ref(), &mut whole[..all]);
+                        &whole[..all]
+                    };
                     for r in 0..ranks {
                         let to = r * seg + m.at;
                         buf[to..to + m.bytes]
-                            .copy_from_slice(&whole[r * m.bytes..(r + 1) * m.bytes]);
+                            .copy_from_slice(&from[r * m.bytes..(r + 1) * m.bytes]);
                     }
                 }
                 _ => copy_in(f, m.copies.0.as_ref(), &mut buf[m.at..m.at + m.bytes]),
             }
         }
+        self.whole = whole;
     }
 
     /// Copies bucket `b`'s buffer (a reduce-scatter's receive buffer) into its members

@@ -75,7 +75,7 @@ use crate::spec::scratch::Scratch;
 use crate::spec::{Access, Reach};
 use buckets::{bucket_buffers, device_bucket, direct_calls};
 use mark::Mark;
-pub(in crate::comm) use plans::{plan_all_reduce_tensors_in_place, plan_broadcast_tensors};
+pub(in crate::comm) use plans::{plan_all_reduce, plan_broadcast, plan_reduce_scatter_block};
 
 /// What a fused collective does with each bucket.
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +174,10 @@ pub(in crate::comm) struct Fused {
     /// Whether this plan's steps are refused on this rank (its tensors changed): the
     /// members are neither packed nor unpacked, and every bucket is the plan's own buffer.
     refused: bool,
+    /// A reduce-scatter's strided member, packed whole before its blocks go to their
+    /// ranks' segments: the largest one's bytes, taken at the build (so a plan's step does
+    /// not allocate).
+    whole: Vec<u8>,
 }
 
 /// The signature of the fused collective `name` over `tensors` (in list order).
@@ -451,6 +455,7 @@ impl Fused {
         op: ReduceOp,
         ranks: Rank,
         stager: Option<&'t dyn Stager>,
+        marked: Option<Rank>,
     ) -> Result<Operation<'t>> {
         if send.len() != recv.len() {
             return Err(Error::ListLengthMismatch {
@@ -489,7 +494,7 @@ impl Fused {
             reduces: true,
         });
         let kind = FusedKind::ReduceScatter(op, ranks);
-        Fused::build(kind, members, on_device, None).map(|f| Operation::batch(Box::new(f)))
+        Fused::build(kind, members, on_device, marked).map(|f| Operation::batch(Box::new(f)))
     }
 
     /// A fused broadcast of `tensors` from `root` (read there, written elsewhere).
@@ -563,6 +568,13 @@ impl Fused {
         let caps = (first_bucket_bytes()? / ranks, bucket_bytes()? / ranks);
         let mut buckets = Vec::new();
         let mut mark: Option<Mark> = None;
+        let whole = match kind {
+            FusedKind::ReduceScatter(..) => {
+                let strided = members.iter().filter(|m| m.copies.0.is_some());
+                vec![0u8; strided.map(|m| m.bytes * ranks).max().unwrap_or(0)]
+            }
+            _ => Vec::new(),
+        };
         for list in buckets_of(&members, caps) {
             let mut bytes = 0usize;
             for &i in &list {
@@ -619,6 +631,7 @@ impl Fused {
             mark,
             seen: None,
             refused: false,
+            whole,
         })
     }
 }
@@ -691,7 +704,7 @@ pub(in crate::comm) fn reduce_scatter_block_tensors<'a, E: Endpoint + ?Sized, M:
     let prepared = ensure_matching()
         .and_then(|()| same_devices(send, recv, staged))
         .and_then(|on| {
-            Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on))
+            Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on), None)
         });
     mode.prepared(tc, sig, prepared)
 }

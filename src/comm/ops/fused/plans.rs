@@ -1,14 +1,17 @@
 //! The plans of the fused collectives (issue 32): the same members, buckets and calls as
-//! [`super::all_reduce_tensors`] and [`super::broadcast_tensors`], built once into a batch
-//! whose first packed bucket carries the plan's identity ([`super::mark`]), and run step
-//! after step by [`crate::comm::Plan`] ([`crate::comm::engine::plan`]).
+//! [`super::all_reduce_tensors`], [`super::broadcast_tensors`] and
+//! [`super::reduce_scatter_block_tensors`], built once into a batch whose first packed
+//! bucket carries the plan's identity where it can ([`super::mark`]), and run step after
+//! step by [`crate::comm::Plan`] ([`crate::comm::engine::plan`]). A plan of one tensor is
+//! the plan of a list of one.
 
 use mpi::topology::{Communicator, Rank};
 
 use super::{check_devices, signature, Fused};
-use crate::comm::engine::call::Batch;
+use crate::comm::engine::call::{Batch, Operation};
 use crate::comm::engine::checks::{check_intra, check_rank, missing};
 use crate::comm::engine::plan::{build, Plan};
+use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::Endpoint;
 use crate::dlpack::{Tensor, TensorListMut};
 use crate::dtype::ReduceOp;
@@ -31,43 +34,61 @@ fn host_only(tensors: &[&dyn Tensor], staged: bool) -> Result<()> {
 }
 
 /// The batch of a prepared fused operation.
-fn batch(op: crate::comm::engine::call::Operation<'_>) -> Result<Box<dyn Batch>> {
+fn batch(op: Operation<'_>) -> Result<Box<dyn Batch>> {
     op.into_batch().ok_or_else(|| missing("a fused batch"))
 }
 
-/// `plan_all_reduce_tensors_in_place`: the plan of
-/// [`super::all_reduce_tensors`] in place over `list`.
-pub(in crate::comm) fn plan_all_reduce_tensors_in_place<'a, E, L>(
+/// The build's and each step's signatures of the plan `names` over `written` (the members
+/// the unplanned collective's signature lists), `with` adding the operation's arguments.
+fn signatures<L: TensorListMut + ?Sized>(
+    (name, step): (&'static str, &'static str),
+    written: &mut L,
+    with: impl Fn(Signature<'static>) -> Signature<'static>,
+) -> (Signature<'static>, Signature<'static>) {
+    let members = super::written(written);
+    let of = |n| with(signature(n, members.iter().copied()));
+    (of(name), of(step))
+}
+
+/// `plan_all_reduce_tensors_in_place` (`send` `None`) and `plan_all_reduce_tensors`: the
+/// plan of [`super::all_reduce_tensors`] over `recv` (from `send`).
+pub(in crate::comm) fn plan_all_reduce<'a, E, L, S>(
     tc: &'a E,
-    list: &'a mut L,
+    send: Option<&'a mut S>,
+    recv: &'a mut L,
     op: ReduceOp,
-) -> Result<Plan<'a, L>>
+) -> Result<Plan<'a, L, S>>
 where
     E: Endpoint + ?Sized,
     L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
 {
     let comm = tc.communicator();
     check_intra(comm)?;
     let size = comm.size();
     let staged = tc.stager().is_some();
-    let sigs = {
-        let members = super::written(list);
-        let of = |name| signature(name, members.iter().copied()).reduce(op);
+    let names = if send.is_some() {
+        ("plan_all_reduce_tensors", "a step of plan_all_reduce_tensors")
+    } else {
         (
-            of("plan_all_reduce_tensors_in_place"),
-            of("a step of plan_all_reduce_tensors_in_place"),
+            "plan_all_reduce_tensors_in_place",
+            "a step of plan_all_reduce_tensors_in_place",
         )
     };
-    build(tc, list, sigs, |members| {
+    let sigs = signatures(names, recv, |s| s.reduce(op));
+    build(tc, (recv, send), sigs, |recv, send| {
         ensure_matching()?;
-        host_only(members, staged)?;
-        batch(Fused::all_reduce(None, members, op, None, Some(size))?)
+        host_only(recv, staged)?;
+        if let Some(s) = send {
+            host_only(s, staged)?;
+        }
+        batch(Fused::all_reduce(send, recv, op, None, Some(size))?)
     })
 }
 
 /// `plan_broadcast_tensors`: the plan of [`super::broadcast_tensors`] over `list` from
 /// `root`.
-pub(in crate::comm) fn plan_broadcast_tensors<'a, E, L>(
+pub(in crate::comm) fn plan_broadcast<'a, E, L>(
     tc: &'a E,
     list: &'a mut L,
     root: Rank,
@@ -80,18 +101,43 @@ where
     check_intra(comm)?;
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let staged = tc.stager().is_some();
-    let sigs = {
-        let members = super::written(list);
-        let of = |name| signature(name, members.iter().copied()).root(root);
-        (
-            of("plan_broadcast_tensors"),
-            of("a step of plan_broadcast_tensors"),
-        )
-    };
-    build(tc, list, sigs, |members| {
+    let names = ("plan_broadcast_tensors", "a step of plan_broadcast_tensors");
+    let sigs = signatures(names, list, |s| s.root(root));
+    build(tc, (list, None), sigs, |members, _| {
         ensure_matching()?;
         check_rank(root, size)?;
         host_only(members, staged)?;
         batch(Fused::broadcast(members, root, is_root, None, Some(size))?)
+    })
+}
+
+/// `plan_reduce_scatter_block_tensors`: the plan of
+/// [`super::reduce_scatter_block_tensors`] from `send` into `recv`.
+pub(in crate::comm) fn plan_reduce_scatter_block<'a, E, L, S>(
+    tc: &'a E,
+    send: &'a mut S,
+    recv: &'a mut L,
+    op: ReduceOp,
+) -> Result<Plan<'a, L, S>>
+where
+    E: Endpoint + ?Sized,
+    L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
+{
+    let comm = tc.communicator();
+    check_intra(comm)?;
+    let size = comm.size();
+    let staged = tc.stager().is_some();
+    let names = (
+        "plan_reduce_scatter_block_tensors",
+        "a step of plan_reduce_scatter_block_tensors",
+    );
+    let sigs = signatures(names, recv, |s| s.reduce(op));
+    build(tc, (recv, Some(send)), sigs, |recv, send| {
+        ensure_matching()?;
+        let send = send.ok_or_else(|| missing("reduce-scatter send list"))?;
+        host_only(recv, staged)?;
+        host_only(send, staged)?;
+        batch(Fused::reduce_scatter(send, recv, op, size, None, Some(size))?)
     })
 }
