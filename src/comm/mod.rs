@@ -2,6 +2,8 @@
 
 #[macro_use]
 mod twins;
+#[macro_use]
+mod planned;
 mod deprecated;
 mod engine;
 mod ops;
@@ -723,149 +725,8 @@ pub trait TensorComm: Endpoint {
         => fused::broadcast_tensors(self, Immediate(scope), &written(tensors), root)
     }
 
-    // Plans: a collective agreed once, run step after step (engine/plan.rs).
-
-    /// Plans [`TensorComm::all_reduce_tensors_in_place`] over `tensors`: built
-    /// collectively, once (every check and the full agreement, the buckets and their
-    /// buffers), then each [`Plan::run`] or [`Plan::start`] reduces the members' current
-    /// values with no agreement, no check and no allocation, on a duplicate of this
-    /// communicator that its plans share (so a step never meets an unplanned collective).
-    /// The plan borrows the list; write the members between steps through
-    /// [`Plan::tensors_mut`]. What a step finds when the ranks' steps differ:
-    /// [`Plan::checks`] and [`Plan`]'s docs (`DLPACK_MPI_PLAN_CHECK=each` agrees in full
-    /// before each step). Host memory only, for now.
-    ///
-    /// # Errors
-    /// At the build, on every rank: as [`TensorComm::all_reduce_tensors_in_place`], and
-    /// [`Error::UnsupportedDevice`] for a list in device memory on a `DeviceComm`. At a
-    /// step: [`Error::PlanMismatch`], [`Error::PlanChanged`].
-    fn plan_all_reduce_tensors_in_place<'a, L>(
-        &'a self,
-        tensors: &'a mut L,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, L>>
-    where
-        L: TensorListMut + ?Sized,
-    {
-        fused::plan_all_reduce::<_, L, L>(self, None, tensors, op)
-    }
-
-    /// Plans [`TensorComm::all_reduce_tensors`] (from `send`'s members into `recv`'s), as
-    /// [`TensorComm::plan_all_reduce_tensors_in_place`] plans its reduction; write the
-    /// send members between steps through [`Plan::send_tensors_mut`].
-    ///
-    /// # Errors
-    /// As [`TensorComm::all_reduce_tensors`] and
-    /// [`TensorComm::plan_all_reduce_tensors_in_place`].
-    fn plan_all_reduce_tensors<'a, S, L>(
-        &'a self,
-        send: &'a mut S,
-        recv: &'a mut L,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, L, S>>
-    where
-        S: TensorListMut + ?Sized,
-        L: TensorListMut + ?Sized,
-    {
-        fused::plan_all_reduce(self, Some(send), recv, op)
-    }
-
-    /// Plans [`TensorComm::broadcast_tensors`] over `tensors` from `root`, as
-    /// [`TensorComm::plan_all_reduce_tensors_in_place`] plans its reduction: each step
-    /// broadcasts the root's current values into the other ranks' members.
-    ///
-    /// # Errors
-    /// As [`TensorComm::broadcast_tensors`] and
-    /// [`TensorComm::plan_all_reduce_tensors_in_place`].
-    fn plan_broadcast_tensors<'a, L>(&'a self, tensors: &'a mut L, root: Rank) -> Result<Plan<'a, L>>
-    where
-        L: TensorListMut + ?Sized,
-    {
-        fused::plan_broadcast(self, tensors, root)
-    }
-
-    /// Plans [`TensorComm::reduce_scatter_block_tensors`], as
-    /// [`TensorComm::plan_all_reduce_tensors`] plans its reduction (a reduce-scatter's
-    /// step carries no identity: [`Plan::checks`] is `None`).
-    ///
-    /// # Errors
-    /// As [`TensorComm::reduce_scatter_block_tensors`] and
-    /// [`TensorComm::plan_all_reduce_tensors_in_place`].
-    fn plan_reduce_scatter_block_tensors<'a, S, L>(
-        &'a self,
-        send: &'a mut S,
-        recv: &'a mut L,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, L, S>>
-    where
-        S: TensorListMut + ?Sized,
-        L: TensorListMut + ?Sized,
-    {
-        fused::plan_reduce_scatter_block(self, send, recv, op)
-    }
-
-    /// Plans [`TensorComm::all_reduce_tensor_in_place`]: the plan of a list of one
-    /// (`tensor`, read and written through `plan.tensors_mut()[0]`).
-    ///
-    /// # Errors
-    /// As [`TensorComm::plan_all_reduce_tensors_in_place`].
-    fn plan_all_reduce_tensor_in_place<'a, T>(
-        &'a self,
-        tensor: &'a mut T,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, [T; 1]>>
-    where
-        [T]: TensorListMut,
-    {
-        self.plan_all_reduce_tensors_in_place(std::array::from_mut(tensor), op)
-    }
-
-    /// Plans [`TensorComm::all_reduce_tensor`]: the plan of lists of one.
-    ///
-    /// # Errors
-    /// As [`TensorComm::plan_all_reduce_tensors`].
-    fn plan_all_reduce_tensor<'a, T, U>(
-        &'a self,
-        send: &'a mut T,
-        recv: &'a mut U,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, [U; 1], [T; 1]>>
-    where
-        [T]: TensorListMut,
-        [U]: TensorListMut,
-    {
-        let (send, recv) = (std::array::from_mut(send), std::array::from_mut(recv));
-        self.plan_all_reduce_tensors(send, recv, op)
-    }
-
-    /// Plans [`TensorComm::broadcast_tensor`]: the plan of a list of one.
-    ///
-    /// # Errors
-    /// As [`TensorComm::plan_broadcast_tensors`].
-    fn plan_broadcast_tensor<'a, T>(&'a self, tensor: &'a mut T, root: Rank) -> Result<Plan<'a, [T; 1]>>
-    where
-        [T]: TensorListMut,
-    {
-        self.plan_broadcast_tensors(std::array::from_mut(tensor), root)
-    }
-
-    /// Plans [`TensorComm::reduce_scatter_block_tensor`]: the plan of lists of one.
-    ///
-    /// # Errors
-    /// As [`TensorComm::plan_reduce_scatter_block_tensors`].
-    fn plan_reduce_scatter_block_tensor<'a, T, U>(
-        &'a self,
-        send: &'a mut T,
-        recv: &'a mut U,
-        op: ReduceOp,
-    ) -> Result<Plan<'a, [U; 1], [T; 1]>>
-    where
-        [T]: TensorListMut,
-        [U]: TensorListMut,
-    {
-        let (send, recv) = (std::array::from_mut(send), std::array::from_mut(recv));
-        self.plan_reduce_scatter_block_tensors(send, recv, op)
-    }
+    // Plans: a collective agreed once, run step after step (planned.rs, engine/plan.rs).
+    plans!();
 
     // The earlier names, deprecated (hidden from the docs):
     renamed! {

@@ -412,6 +412,79 @@ fn reduce_scatter_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// `plan_all_gather_tensor`: a small contiguous pair, a strided pair (identity after each
+/// block) and a large contiguous pair (in place, no identity), exact at every step; a
+/// strided step allocates nothing; two all-gather plans run crosswise are `PlanMismatch`
+/// on every rank, with no element written.
+fn all_gather_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (i64::from(w.rank()), w.size() as usize);
+    let o = AcquireOptions::default();
+    for (len, s_step, r_step, marked) in [(5, 1, 1, true), (9, 2, 3, true), (70_000, 1, 1, false)] {
+        let (so, ro) = (
+            storage::<f32>(len, s_step)?,
+            storage::<f32>(len * n, r_step)?,
+        );
+        let (mut sg, mut rg) = (acquire(&so, &o).map_err(s)?, acquire(&ro, &o).map_err(s)?);
+        let mut plan = w.plan_all_gather_tensor(&mut sg, &mut rg).map_err(s)?;
+        ensure!(
+            plan.checks().is_some() == marked,
+            "{len} elements: checks {:?}",
+            plan.checks()
+        );
+        for k in 0..3 {
+            write::<f32>(&mut plan.send_tensors_mut().ok_or("no send")?[0], |i| {
+                value(r, k, 0, i)
+            });
+            if k == 1 {
+                plan.start().and_then(|q| q.wait())
+            } else {
+                plan.run()
+            }
+            .map_err(s)?;
+            let got = read::<f32>(&plan.tensors()[0]);
+            for q in 0..n {
+                for i in 0..len {
+                    let want = value(q as i64, k, 0, i) as f32;
+                    ensure!(
+                        got[q * len + i] == want,
+                        "{len}: step {k} block {q} element {i}: {}",
+                        got[q * len + i]
+                    );
+                }
+            }
+        }
+        if len == 9 {
+            let (out, count) = crate::faults::allocations(|| -> Result<(), Error> {
+                plan.run()?;
+                plan.start()?.wait()
+            });
+            out.map_err(s)?;
+            ensure!(
+                count == 0,
+                "strided all-gather steps allocated {count} times"
+            );
+        }
+    }
+    if n >= 2 {
+        let (a, b) = (storage::<i32>(4, 1)?, storage::<i32>(4, 1)?);
+        let (ra, rb) = (storage::<i32>(4 * n, 1)?, storage::<i32>(4 * n, 1)?);
+        let (mut ga, mut gb) = (acquire(&a, &o).map_err(s)?, acquire(&b, &o).map_err(s)?);
+        let (mut gra, mut grb) = (acquire(&ra, &o).map_err(s)?, acquire(&rb, &o).map_err(s)?);
+        let mut pa = w.plan_all_gather_tensor(&mut ga, &mut gra).map_err(s)?;
+        let mut pb = w.plan_all_gather_tensor(&mut gb, &mut grb).map_err(s)?;
+        match if r == 0 { pa.run() } else { pb.run() } {
+            Err(Error::PlanMismatch { seen }) => ensure!(seen.contains("identity"), "{seen}"),
+            other => return Err(format!("rank {r}: crosswise all-gathers: {other:?}")),
+        }
+        let untouched = |v: Vec<i32>| v.iter().all(|&x| x == GUARD as i32);
+        ensure!(
+            untouched(read(&pa.tensors()[0])) && untouched(read(&pb.tensors()[0])),
+            "a mismatched step wrote"
+        );
+    }
+    Ok(())
+}
+
 /// A step allocates nothing, blocking or nonblocking (the build does).
 fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
     let st = Storages::new()?;
@@ -615,6 +688,37 @@ fn a_changed_member_refuses_the_step(w: &SimpleCommunicator) -> Outcome {
         let v = read::<f32>(&plan.tensors()[0]);
         ensure!(v == [1.0; 10], "a refused step wrote {v:?}");
     }
+    drop(plan);
+    // An all-gather in place (large contiguous blocks, no identity): the changed rank's
+    // step takes part on buffers of its own, so its peers complete; it says PlanChanged.
+    let n = w.size() as usize;
+    let (ro, other) = (
+        Owned::new(vec![0f32; 70_000 * n]),
+        Owned::new(vec![0f32; 70_000 * n]),
+    );
+    let so = Owned::new(vec![r as f32; 70_000]);
+    let (mut sg, mut rg) = (acquire(&so, &o).map_err(s)?, acquire(&ro, &o).map_err(s)?);
+    let mut gather = w.plan_all_gather_tensor(&mut sg, &mut rg).map_err(s)?;
+    ensure!(
+        gather.checks().is_none(),
+        "a large in-place all-gather carries an identity"
+    );
+    if r == last {
+        gather.tensors_mut()[0] = acquire(&other, &o).map_err(s)?;
+    }
+    match gather.run() {
+        Err(Error::PlanChanged {
+            index: 0,
+            field: "data pointer",
+            ..
+        }) if r == last => {}
+        Ok(()) if r != last => {}
+        out => {
+            return Err(format!(
+                "rank {r}: all-gather with a changed member: {out:?}"
+            ))
+        }
+    }
     Ok(())
 }
 
@@ -754,6 +858,7 @@ const CASES: &[Case] = &[
         "reduce_scatter_steps_are_exact",
         reduce_scatter_steps_are_exact,
     ),
+    ("all_gather_steps_are_exact", all_gather_steps_are_exact),
     ("a_step_allocates_nothing", a_step_allocates_nothing),
     ("a_forgotten_step_completes", a_forgotten_step_completes),
     (

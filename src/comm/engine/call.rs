@@ -66,6 +66,11 @@ impl Buf {
         }
     }
 
+    /// The same count and datatype from `ptr` instead (a plan's own buffer).
+    pub(in crate::comm) fn with_ptr(self, ptr: *mut c_void) -> Buf {
+        Buf { ptr, ..self }
+    }
+
     /// No buffer (an argument that is not significant at this rank, MPI-4.1 §6.5).
     pub(in crate::comm) fn none() -> Buf {
         Buf {

@@ -265,14 +265,18 @@ fn changed(then: &[Snapshot], now: &[&mut dyn Tensor], send: bool) -> Option<Err
             now: now.len().to_string(),
         });
     }
-    now.iter().zip(then).enumerate().find_map(|(index, (t, s))| {
-        s.differs(&**t).map(|(field, planned, now)| Error::PlanChanged {
-            index,
-            field: name(field),
-            planned,
-            now,
+    now.iter()
+        .zip(then)
+        .enumerate()
+        .find_map(|(index, (t, s))| {
+            s.differs(&**t)
+                .map(|(field, planned, now)| Error::PlanChanged {
+                    index,
+                    field: name(field),
+                    planned,
+                    now,
+                })
         })
-    })
 }
 
 impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {

@@ -6,6 +6,7 @@
 
 pub(crate) mod collective;
 pub(crate) mod fused;
+pub(crate) mod gathered;
 pub(crate) mod p2p;
 pub(crate) mod reduce;
 pub(crate) mod window;

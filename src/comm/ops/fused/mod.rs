@@ -330,6 +330,31 @@ fn prepared_copies(m: &Member) -> (Option<kernels::Prepared>, Option<kernels::Pr
     (copy(&m.pack, true), copy(&m.unpack, false))
 }
 
+/// A packed bucket's buffer, a reduce-scatter's receive buffer, its calls, and the mark it
+/// carries.
+type PackedBucket = (Scratch, Option<Scratch>, Vec<Call>, Option<Mark>);
+
+/// A packed bucket of `kind`, bucket number `index` of `bytes` bytes whose first member
+/// is `first` (`ranks`: a reduce-scatter's), its buffers and calls, with spare elements
+/// for a plan's mark where `marked` (the plan's ranks) and its operation can carry one.
+fn packed_bucket(
+    kind: FusedKind,
+    first: &Member,
+    (index, bytes, ranks): (usize, usize, usize),
+    marked: Option<Rank>,
+) -> Result<PackedBucket> {
+    let element = first
+        .facts()
+        .map(|f| f.element)
+        .ok_or_else(|| crate::comm::engine::checks::missing("fused member facts"))?;
+    let typed = (element.dtype, element.size_bytes());
+    let (mark, spare) = marked
+        .and_then(|n| Mark::new(kind, typed, (index, bytes), (n, first.pack.is_some())))
+        .map_or((None, 0), |(m, b)| (Some(m), b));
+    let (buf, recv, calls) = bucket_buffers(kind, element, bytes + spare, ranks)?;
+    Ok((buf, recv, calls, mark))
+}
+
 /// A member of at least this many bytes (256 KiB) has a bucket of its own, reduced or
 /// broadcast on its own memory when it is contiguous: copying it into a bucket and back
 /// costs more than the latency of one more collective (measured: `docs/PERFORMANCE.md`,
@@ -595,19 +620,11 @@ impl Fused {
                     (None, None, direct_calls(kind, &members[i])?)
                 }
                 _ => {
-                    let element = members[list[0]].facts().map(|f| f.element).ok_or_else(|| {
-                        crate::comm::engine::checks::missing("fused member facts")
-                    })?;
-                    let mut spare = 0;
-                    if let (Some(n), None) = (marked, &mark) {
-                        let root = members[list[0]].pack.is_some();
-                        let at = (buckets.len(), bytes);
-                        let typed = (element.dtype, element.size_bytes());
-                        if let Some((m, b)) = Mark::new(kind, typed, at, (n, root)) {
-                            (mark, spare) = (Some(m), b);
-                        }
-                    }
-                    let (buf, recv, calls) = bucket_buffers(kind, element, bytes + spare, ranks)?;
+                    let first = &members[list[0]];
+                    let marking = marked.filter(|_| mark.is_none());
+                    let at = (buckets.len(), bytes, ranks);
+                    let (buf, recv, calls, m) = packed_bucket(kind, first, at, marking)?;
+                    mark = mark.or(m);
                     (Some(buf), recv, calls)
                 }
             };
@@ -704,7 +721,14 @@ pub(in crate::comm) fn reduce_scatter_block_tensors<'a, E: Endpoint + ?Sized, M:
     let prepared = ensure_matching()
         .and_then(|()| same_devices(send, recv, staged))
         .and_then(|on| {
-            Fused::reduce_scatter(send, recv, op, comm.size(), tc.stager().filter(|_| on), None)
+            Fused::reduce_scatter(
+                send,
+                recv,
+                op,
+                comm.size(),
+                tc.stager().filter(|_| on),
+                None,
+            )
         });
     mode.prepared(tc, sig, prepared)
 }

@@ -68,7 +68,10 @@ where
     let size = comm.size();
     let staged = tc.stager().is_some();
     let names = if send.is_some() {
-        ("plan_all_reduce_tensors", "a step of plan_all_reduce_tensors")
+        (
+            "plan_all_reduce_tensors",
+            "a step of plan_all_reduce_tensors",
+        )
     } else {
         (
             "plan_all_reduce_tensors_in_place",
@@ -138,6 +141,13 @@ where
         let send = send.ok_or_else(|| missing("reduce-scatter send list"))?;
         host_only(recv, staged)?;
         host_only(send, staged)?;
-        batch(Fused::reduce_scatter(send, recv, op, size, None, Some(size))?)
+        batch(Fused::reduce_scatter(
+            send,
+            recv,
+            op,
+            size,
+            None,
+            Some(size),
+        )?)
     })
 }
