@@ -15,12 +15,13 @@ macro_rules! plans {
         /// The plan borrows the list; write the members between steps through
         /// [`Plan::tensors_mut`]. What a step finds when the ranks' steps differ:
         /// [`Plan::checks`] and [`Plan`]'s docs (`DLPACK_MPI_PLAN_CHECK=each` agrees in full
-        /// before each step). Host memory only, for now.
+        /// before each step). A device list on a `DeviceComm` is packed on the device at
+        /// each step with the copies planned at the build, and crosses to the host once
+        /// each way per bucket when staged (its buckets carry no identity).
         ///
         /// # Errors
-        /// At the build, on every rank: as [`TensorComm::all_reduce_tensors_in_place`], and
-        /// [`Error::UnsupportedDevice`] for a list in device memory on a `DeviceComm`. At a
-        /// step: [`Error::PlanMismatch`], [`Error::PlanChanged`].
+        /// At the build, on every rank: as [`TensorComm::all_reduce_tensors_in_place`]. At
+        /// a step: [`Error::PlanMismatch`], [`Error::PlanChanged`]; a device copy's.
         fn plan_all_reduce_tensors_in_place<'a, L>(
             &'a self,
             tensors: &'a mut L,
@@ -76,7 +77,8 @@ macro_rules! plans {
         ///
         /// # Errors
         /// As [`TensorComm::reduce_scatter_block_tensors`] and
-        /// [`TensorComm::plan_all_reduce_tensors_in_place`].
+        /// [`TensorComm::plan_all_reduce_tensors_in_place`], and [`Error::UnsupportedDevice`]
+        /// for a device list on a `DeviceComm` (a planned device reduce-scatter: not yet).
         fn plan_reduce_scatter_block_tensors<'a, S, L>(
             &'a self,
             send: &'a mut S,

@@ -41,6 +41,10 @@ pub(super) struct DeviceBucket<'p, 'r> {
     send: Option<(PinnedBuf<'p, 'r>, Option<PinnedBuf<'p, 'r>>)>,
     /// The device-to-device copies from `packed` into the members this rank unpacks.
     unpack: Vec<Copy2d>,
+    /// The device-to-device copies of the members this rank packs into `packed` (empty
+    /// for a reduce-scatter, whose members go to the send blocks): a plan's steps run them
+    /// again ([`StagedBucket::repack`]).
+    pack: Vec<Copy2d>,
 }
 
 /// The route of a bucket: direct when every member is on the direct route, else staged.
@@ -132,10 +136,10 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
         let unpack = bucket_copies(members, base, bytes, Direction::Unpack)?;
         // Whether the bucket itself holds packed members (MPI reads it); a reduce-scatter's
         // members go to the send blocks, and MPI only writes the bucket.
-        let packed_in = match &send_dev {
+        let pack = match &send_dev {
             Some(s) => {
                 pack_blocks(members, s.ptr(), (bytes, blocks), device, pool, runtime)?;
-                false
+                Vec::new()
             }
             None => {
                 let pack = bucket_copies(members, base, bytes, Direction::Pack)?;
@@ -146,9 +150,10 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
                     // members packed do not overlap the bucket.
                     unsafe { runtime.copy_2d(device, CopyKind::DeviceToDevice, &pack) }?;
                 }
-                !pack.is_empty()
+                pack
             }
         };
+        let packed_in = !pack.is_empty();
         let staged = route == Route::Staged;
         // What MPI reads goes to the host once: the packed bucket, or the send blocks.
         let cross = |dev: &PinnedBuf<'p, 'r>, n: usize, copy: bool| -> Result<PinnedBuf<'p, 'r>> {
@@ -179,6 +184,7 @@ impl<'p, 'r> DeviceBucket<'p, 'r> {
             host,
             send,
             unpack,
+            pack,
         })
     }
 }
@@ -291,6 +297,35 @@ unsafe impl StagedBucket for DeviceBucket<'_, '_> {
             Some(h) => h.ptr().cast_const(),
             None => dev.ptr().cast_const(),
         })
+    }
+
+    fn repack(&self) -> Result<()> {
+        if self.send.is_some() {
+            return Err(Error::TransportUnavailable {
+                transport: "planned",
+                reason: "a device reduce-scatter's send blocks are packed once only (its \
+                         plan: not yet)"
+                    .into(),
+            });
+        }
+        if self.pack.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as at the making (`new`): the members' elements (device memory, checked
+        // by their placements; the plan keeps them borrowed and compared) into the bucket's
+        // own device buffer.
+        unsafe {
+            self.runtime
+                .copy_2d(self.device, CopyKind::DeviceToDevice, &self.pack)
+        }?;
+        if let (Some(h), Some(d)) = (&self.host, &self.packed) {
+            // SAFETY: both hold at least `bytes` bytes of their memory.
+            unsafe {
+                self.runtime
+                    .copy_to_host(self.device, h.ptr(), d.ptr().cast(), self.bytes)
+            }?;
+        }
+        Ok(())
     }
 
     fn unpack(&self) -> Result<()> {

@@ -48,6 +48,7 @@ mod forms;
 mod nonblocking;
 
 mod fused;
+mod plans;
 
 fn take<'e, E: Exporter>(e: &'e E, rt: &dyn DeviceRuntime) -> Result<ManagedTensor<'e>, String> {
     acquire_with_runtime(e, &AcquireOptions::default(), Some(rt)).map_err(|e| e.to_string())
@@ -892,6 +893,7 @@ pub fn run(w: &SimpleCommunicator, filter: &[String]) -> harness::End {
             .chain(forms::CASES)
             .chain(nonblocking::CASES)
             .chain(fused::CASES)
+            .chain(plans::CASES)
             .copied(),
         filter,
         |case| case(w),

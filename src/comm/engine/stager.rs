@@ -215,6 +215,20 @@ pub unsafe trait StagedBucket {
     /// # Errors
     /// The runtime's copy errors.
     fn unpack(&self) -> Result<()>;
+
+    /// Before a plan's step ([`crate::comm::Plan`]): packs the members again, as the
+    /// bucket's making did (their current values), with the copies planned then: no
+    /// allocation. The default refuses ([`crate::Error::TransportUnavailable`]).
+    ///
+    /// # Errors
+    /// The runtime's copy errors; [`crate::Error::TransportUnavailable`] for a bucket that
+    /// cannot be packed again (a reduce-scatter's send blocks).
+    fn repack(&self) -> Result<()> {
+        Err(crate::Error::TransportUnavailable {
+            transport: "planned",
+            reason: "this stager's buckets are packed once only".into(),
+        })
+    }
 }
 
 /// Whether operations run as collectives (a staging error then joins the agreement) or as

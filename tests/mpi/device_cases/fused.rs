@@ -8,7 +8,7 @@ use super::*;
 use dlpack_mpi::runtime::CopyKind;
 
 /// (copies to the host, their bytes, copies to the device, their bytes).
-fn crossings(rt: &SimulatedRuntime) -> (usize, usize, usize, usize) {
+pub(super) fn crossings(rt: &SimulatedRuntime) -> (usize, usize, usize, usize) {
     rt.calls()
         .iter()
         .fold((0, 0, 0, 0), |(h, hb, d, db), c| match c {
@@ -22,7 +22,7 @@ fn crossings(rt: &SimulatedRuntime) -> (usize, usize, usize, usize) {
 type Copied = ((usize, usize, usize, usize), (usize, usize));
 
 /// Device-to-device 2-D copy batches (runtime calls) and their bytes.
-fn on_device(rt: &SimulatedRuntime) -> (usize, usize) {
+pub(super) fn on_device(rt: &SimulatedRuntime) -> (usize, usize) {
     rt.calls().iter().fold((0, 0), |(n, b), c| match c {
         RuntimeCall::Copy2d {
             kind: CopyKind::DeviceToDevice,
@@ -34,7 +34,7 @@ fn on_device(rt: &SimulatedRuntime) -> (usize, usize) {
 }
 
 /// Rank `r`'s value of element `i` of member `m`.
-fn val(r: i32, m: usize, i: usize) -> f32 {
+pub(super) fn val(r: i32, m: usize, i: usize) -> f32 {
     (r + 1) as f32 * ((m + i) % 5 + 1) as f32
 }
 
@@ -43,7 +43,13 @@ fn summed(p: i32, m: usize, i: usize) -> f32 {
 }
 
 /// Member `m` of `n` f32 on `device`, step 2 when `strided` (gaps hold −7).
-fn member(device: Device, m: usize, n: usize, strided: bool, r: i32) -> Result<Owned<f32>, String> {
+pub(super) fn member(
+    device: Device,
+    m: usize,
+    n: usize,
+    strided: bool,
+    r: i32,
+) -> Result<Owned<f32>, String> {
     if !strided {
         return Ok(on(device, (0..n).map(|i| val(r, m, i)).collect()));
     }
@@ -58,7 +64,7 @@ fn member(device: Device, m: usize, n: usize, strided: bool, r: i32) -> Result<O
 }
 
 /// The logical values of a member made by [`member`], after checking its gaps.
-fn logical(o: &mut Owned<f32>, n: usize, strided: bool) -> Result<Vec<f32>, String> {
+pub(super) fn logical(o: &mut Owned<f32>, n: usize, strided: bool) -> Result<Vec<f32>, String> {
     let all = o.as_slice();
     if !strided {
         return Ok(all.to_vec());
@@ -71,7 +77,8 @@ fn logical(o: &mut Owned<f32>, n: usize, strided: bool) -> Result<Vec<f32>, Stri
 }
 
 /// The shapes of the lists: (elements, strided), a zero-size member among them.
-const SHAPES: &[(usize, bool)] = &[(5, false), (6, true), (0, false), (3, false), (9, true)];
+pub(super) const SHAPES: &[(usize, bool)] =
+    &[(5, false), (6, true), (0, false), (3, false), (9, true)];
 
 /// The in-place fused all-reduce of [`SHAPES`] on `dc`, blocking or nonblocking; returns
 /// the runtime's (crossings, device copies) of the call.

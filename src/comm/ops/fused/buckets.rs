@@ -149,7 +149,9 @@ pub(super) fn device_bucket(
     // fused constructors hold for the `'t` of the `Operation<'t>` they return this
     // `Fused` in; the bucket is dropped with that operation (or in this call's error
     // path), so it never outlives the borrow. The member tensors it copies from and to
-    // are borrowed for the same `'t`.
+    // are borrowed for the same `'t`. A plan's batch (`engine::plan`) outlives the
+    // operation but not the plan, which borrows the endpoint (the stager) and the lists
+    // for its own `'a`, and repacks only members it compared with the build's.
     let staged: Box<dyn StagedBucket + 'static> = unsafe { std::mem::transmute(staged) };
     Ok((staged, calls))
 }
@@ -296,6 +298,12 @@ impl Fused {
         if self.refused {
             return; // the members are not this plan's any more
         }
+        if let (Some(staged), true) = (&self.buckets[b].staged, self.planned) {
+            if let Err(e) = staged.repack() {
+                self.failed.get_or_insert(e);
+            }
+            return;
+        }
         // A strided reduce-scatter member is packed whole here first (taken at the build).
         let mut whole = std::mem::take(&mut self.whole);
         let bucket = &mut self.buckets[b];
@@ -337,6 +345,9 @@ impl Fused {
     fn unpack(&mut self, b: usize) {
         let bucket = &self.buckets[b];
         if let Some(staged) = &bucket.staged {
+            if self.refused {
+                return; // the members are not this plan's any more
+            }
             if let Err(e) = staged.unpack() {
                 self.failed.get_or_insert(e);
             }

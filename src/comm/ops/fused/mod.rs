@@ -174,6 +174,9 @@ pub(in crate::comm) struct Fused {
     /// Whether this plan's steps are refused on this rank (its tensors changed): the
     /// members are neither packed nor unpacked, and every bucket is the plan's own buffer.
     refused: bool,
+    /// Whether this is a plan's batch, run again at each step (a device bucket is then
+    /// packed again before each step: [`StagedBucket::repack`]).
+    planned: bool,
     /// A reduce-scatter's strided member, packed whole before its blocks go to their
     /// ranks' segments: the largest one's bytes, taken at the build (so a plan's step does
     /// not allocate).
@@ -648,6 +651,7 @@ impl Fused {
             mark,
             seen: None,
             refused: false,
+            planned: marked.is_some(),
             whole,
         })
     }

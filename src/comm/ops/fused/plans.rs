@@ -18,19 +18,24 @@ use crate::dtype::ReduceOp;
 use crate::error::{Error, Result};
 use crate::mpi_library::ensure_matching;
 
-/// Refuses a list in device memory on a communicator with a stager: a plan's steps would
-/// stage it again each time (planned device staging is not built yet).
-fn host_only(tensors: &[&dyn Tensor], staged: bool) -> Result<()> {
-    if check_devices(tensors.iter().copied(), staged)? {
-        let d = tensors[0].device();
-        return Err(Error::UnsupportedDevice {
-            device_type: d.device_type,
-            device_id: d.device_id,
-            reason: "plans take host memory only for now (device lists: the unplanned fused \
-                     collectives, which stage them)",
-        });
+/// Whether `send`'s and `recv`'s members are in device memory a stager places (then the
+/// plan's buckets are device buckets, packed again on the device before each step), after
+/// refusing mixed devices as the unplanned collectives do.
+fn on_device(recv: &[&dyn Tensor], send: Option<&[&dyn Tensor]>, staged: bool) -> Result<bool> {
+    let on = check_devices(recv.iter().copied(), staged)?;
+    if let Some(s) = send {
+        if check_devices(s.iter().copied(), staged)? != on {
+            let (a, b) = (s.first(), recv.first());
+            return Err(Error::MixedDevices {
+                index: 0,
+                device: a.map_or_else(String::new, |t| format!("{} (the send list's)", t.device())),
+                first: b.map_or_else(String::new, |t| {
+                    format!("{} (the receive list's)", t.device())
+                }),
+            });
+        }
     }
-    Ok(())
+    Ok(on)
 }
 
 /// The batch of a prepared fused operation.
@@ -81,11 +86,9 @@ where
     let sigs = signatures(names, recv, |s| s.reduce(op));
     build(tc, (recv, send), sigs, |recv, send| {
         ensure_matching()?;
-        host_only(recv, staged)?;
-        if let Some(s) = send {
-            host_only(s, staged)?;
-        }
-        batch(Fused::all_reduce(send, recv, op, None, Some(size))?)
+        let on = on_device(recv, send, staged)?;
+        let stager = tc.stager().filter(|_| on);
+        batch(Fused::all_reduce(send, recv, op, stager, Some(size))?)
     })
 }
 
@@ -109,8 +112,15 @@ where
     build(tc, (list, None), sigs, |members, _| {
         ensure_matching()?;
         check_rank(root, size)?;
-        host_only(members, staged)?;
-        batch(Fused::broadcast(members, root, is_root, None, Some(size))?)
+        let on = on_device(members, None, staged)?;
+        let stager = tc.stager().filter(|_| on);
+        batch(Fused::broadcast(
+            members,
+            root,
+            is_root,
+            stager,
+            Some(size),
+        )?)
     })
 }
 
@@ -139,8 +149,15 @@ where
     build(tc, (recv, Some(send)), sigs, |recv, send| {
         ensure_matching()?;
         let send = send.ok_or_else(|| missing("reduce-scatter send list"))?;
-        host_only(recv, staged)?;
-        host_only(send, staged)?;
+        if on_device(recv, Some(send), staged)? {
+            let d = recv[0].device();
+            return Err(Error::UnsupportedDevice {
+                device_type: d.device_type,
+                device_id: d.device_id,
+                reason: "a planned reduce-scatter takes host memory only for now (a device \
+                         list: the unplanned reduce_scatter_block_tensors)",
+            });
+        }
         batch(Fused::reduce_scatter(
             send,
             recv,
