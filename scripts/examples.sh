@@ -28,7 +28,7 @@ for arg in "$@"; do
     esac
 done
 
-examples=(ring allreduce allgatherv nonblocking overlap training_step train_step numpy_allreduce)
+examples=(ring allreduce allgatherv nonblocking overlap training_step train_step planned_step numpy_allreduce)
 ranks=(${RANKS:-1 2 3 4})
 timeout_s=${TIMEOUT:-60}
 # shellcheck source=scripts/mpi-env.sh
@@ -91,6 +91,20 @@ if [[ "$readme_step" == "$file_step" ]]; then
 else
     echo "FAIL README.md's training step differs from examples/train_step.rs:"
     diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
+    failed=$((failed + 1))
+fi
+
+# README.md shows examples/planned_step.rs from its first `use` line too.
+readme_plan=$(awk '/^```rust/ { block = ""; inside = 1; next }
+    /^```/ && inside { if (block ~ /plan_all_reduce_tensors_in_place/) { printf "%s", block; exit } inside = 0; next }
+    inside { block = block $0 "\n" }' README.md)
+file_plan=$(sed -n '/^use /,$p' examples/planned_step.rs)
+if [[ "$readme_plan" == "$file_plan" ]]; then
+    echo "PASS README.md's planned step is examples/planned_step.rs"
+    passed=$((passed + 1))
+else
+    echo "FAIL README.md's planned step differs from examples/planned_step.rs:"
+    diff <(printf '%s\n' "$readme_plan") <(printf '%s\n' "$file_plan") | sed 's/^/    /' | head -n 20
     failed=$((failed + 1))
 fi
 

@@ -29,6 +29,116 @@ use crate::error::{Error, Result};
 extern "C" {
     /// `MPI_IN_PLACE`, from `src/shim.c`.
     static dlpack_mpi_in_place: *mut c_void;
+    fn dlpack_mpi_has_persistent_collectives() -> c_int;
+    fn dlpack_mpi_allreduce_init(
+        send: *const c_void,
+        recv: *mut c_void,
+        count: c_int,
+        datatype: MPI_Datatype,
+        op: mpi::ffi::MPI_Op,
+        comm: MPI_Comm,
+        request: *mut MPI_Request,
+    ) -> c_int;
+    fn dlpack_mpi_bcast_init(
+        buf: *mut c_void,
+        count: c_int,
+        datatype: MPI_Datatype,
+        root: c_int,
+        comm: MPI_Comm,
+        request: *mut MPI_Request,
+    ) -> c_int;
+    fn dlpack_mpi_reduce_scatter_block_init(
+        send: *const c_void,
+        recv: *mut c_void,
+        count: c_int,
+        datatype: MPI_Datatype,
+        op: mpi::ffi::MPI_Op,
+        comm: MPI_Comm,
+        request: *mut MPI_Request,
+    ) -> c_int;
+    fn dlpack_mpi_allgather_init(
+        send: *const c_void,
+        send_count: c_int,
+        send_type: MPI_Datatype,
+        recv: *mut c_void,
+        recv_count: c_int,
+        recv_type: MPI_Datatype,
+        comm: MPI_Comm,
+        request: *mut MPI_Request,
+    ) -> c_int;
+}
+
+/// Whether this build's MPI has the MPI-4 persistent collectives (`MPI_Allreduce_init`
+/// and its kin, MPI-4.1 §6.13): MPICH ≥ 4, Open MPI ≥ 5 (from its `mpi.h`, `src/shim.c`).
+pub(crate) fn has_persistent_collectives() -> bool {
+    // SAFETY: a pure function of the shim, compiled against this build's mpi.h.
+    unsafe { dlpack_mpi_has_persistent_collectives() != 0 }
+}
+
+/// One MPI-4 persistent collective (MPI-4.1 §6.13), by its arguments (`MPI_INFO_NULL`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PersistentInit {
+    /// `MPI_Allreduce_init`.
+    AllReduce(
+        *const c_void,
+        *mut c_void,
+        c_int,
+        MPI_Datatype,
+        mpi::ffi::MPI_Op,
+    ),
+    /// `MPI_Bcast_init`.
+    Bcast(*mut c_void, c_int, MPI_Datatype, c_int),
+    /// `MPI_Reduce_scatter_block_init`.
+    ReduceScatterBlock(
+        *const c_void,
+        *mut c_void,
+        c_int,
+        MPI_Datatype,
+        mpi::ffi::MPI_Op,
+    ),
+    /// `MPI_Allgather_init`.
+    AllGather(
+        *const c_void,
+        c_int,
+        MPI_Datatype,
+        *mut c_void,
+        c_int,
+        MPI_Datatype,
+    ),
+}
+
+/// Makes the persistent collective `init` on `comm`: its inactive request, or `None` where
+/// this MPI has no persistent collectives or refused it.
+///
+/// # Safety
+/// As the blocking collective of the same arguments, for as long as the request lives:
+/// the buffers stay valid (and untouched while a start is pending), every rank of `comm`
+/// makes the same persistent collective in the same order (MPI-4.1 §6.13), and the
+/// request is freed with `MPI_Request_free` while inactive.
+pub(crate) unsafe fn persistent(init: PersistentInit, comm: MPI_Comm) -> Option<MPI_Request> {
+    if !has_persistent_collectives() {
+        return None;
+    }
+    // SAFETY: a constant handle of the MPI library.
+    let mut request = unsafe { mpi::ffi::RSMPI_REQUEST_NULL };
+    // SAFETY: the caller's contract; each wrapper calls the MPI-4 function of its name.
+    let rc = unsafe {
+        match init {
+            PersistentInit::AllReduce(s, r, n, t, o) => {
+                dlpack_mpi_allreduce_init(s, r, n, t, o, comm, &mut request)
+            }
+            PersistentInit::Bcast(b, n, t, root) => {
+                dlpack_mpi_bcast_init(b, n, t, root, comm, &mut request)
+            }
+            PersistentInit::ReduceScatterBlock(s, r, n, t, o) => {
+                dlpack_mpi_reduce_scatter_block_init(s, r, n, t, o, comm, &mut request)
+            }
+            PersistentInit::AllGather(s, sn, st, r, rn, rt) => {
+                dlpack_mpi_allgather_init(s, sn, st, r, rn, rt, comm, &mut request)
+            }
+        }
+    };
+    (rc == 0).then_some(request)
 }
 
 /// `MPI_IN_PLACE` (MPI-4.1 §2.5.4), as a send-buffer argument.

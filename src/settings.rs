@@ -12,6 +12,7 @@
 //! | `DLPACK_MPI_PACK_POOL_BYTES` ([`POOL_CAP_ENV`]) | a byte count; `0` turns the pool off | 256 MiB ([`DEFAULT_POOL_CAP_BYTES`]) | the most idle bytes the scratch pool of packed copies keeps ([`crate::spec::scratch`]) | [`pool_cap_bytes`], once | [`set_pool_cap_bytes`](crate::spec::scratch::set_pool_cap_bytes) (it also trims the pool, so it lives beside it) |
 //! | `DLPACK_MPI_HALF_OPS` ([`HALF_OPS_ENV`]) | `auto`, `library`, `mpi` | `auto` | how float16 and bfloat16 reduce ([`HalfOps`]): `auto` with MPI's own datatypes and operations only where the MPI library has them (MPICH ≥ 5: `MPIX_C_FLOAT16`, `MPIX_BFLOAT16`) and a rounding probe, run once per process and purely local (every rank of a job loads the same MPI library, so every rank decides alike), finds them to round as this crate's operations (correctly, to nearest even), else with this crate's user-defined operations ([`crate::comm::halfops::choice`] says which and why); `library` this crate's throughout; `mpi` MPI's own wherever it has them, not guaranteed correctly rounded (MPICH 5.0.2's bfloat16 sums are not); every rank must use the same | [`half_ops`], once | [`set_half_ops`] |
 //! | `DLPACK_MPI_PLAN_CHECK` ([`PLAN_CHECK_ENV`]) | `identity`, `each` | `identity` | what each step of a plan ([`crate::comm::Plan`]) checks across the ranks ([`PlanCheck`]): its identity carried in spare elements of its data, or a full agreement before each step (for debugging); every rank must use the same | [`plan_check`], once | [`set_plan_check`] |
+//! | `DLPACK_MPI_PLAN_MECHANISM` ([`PLAN_MECHANISM_ENV`]) | `auto`, `blocking`, `persistent` | `auto` | which MPI calls a plan's steps make ([`PlanMechanism`]): the blocking (and nonblocking) collectives, or the MPI-4 persistent ones where the MPI has them; `auto` the faster as measured per MPI; every rank must use the same | [`plan_mechanism`], once (at each plan's build) | [`set_plan_mechanism`] |
 //! | `DLPACK_MPI_CUDA_AWARE` ([`CUDA_AWARE_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | the MPI library's own query ([`crate::transport::query_library`]) | whether MPI takes CUDA device pointers ([`parse_cuda_aware`]) | [`crate::transport::cuda_awareness`], at each call (each `DeviceComm::new` with `Transport::Auto` or `Direct`) | — |
 //! | `DLPACK_MPI_DEVICE` ([`DEVICE_ENV`]) | a device ordinal: `0`, `1`, … | the node-local rank modulo the device count | the GPU this rank uses ([`parse_device_override`]) | [`crate::transport::select_device`], at each call | its `flag` argument (the CLI's `--gpu N`) wins |
 //! | `DLPACK_MPI_ALLOW_MPI_MISMATCH` ([`ALLOW_MPI_MISMATCH_ENV`]) | `0`, `1` (also `false`/`true`, `no`/`yes`, `off`/`on`) | `0` | whether the crate runs on an MPI library of another release than the one it was built against ([`crate::mpi_library::ensure_matching`]: the first operation that would enter MPI returns [`Error::MpiLibraryMismatch`] unless this is set; the CLI refuses to start unless it is `1`) | [`allow_mpi_mismatch`], once, and only when the libraries differ | [`set_allow_mpi_mismatch`] |
@@ -766,7 +767,10 @@ pub use names::{
 };
 #[cfg(test)]
 use names::{unknown_among, warning, PREFIX, UNKNOWN_NAMES};
-pub use plans::{plan_check, set_plan_check, PlanCheck, PLAN_CHECK_ENV};
+pub use plans::{
+    plan_check, plan_mechanism, set_plan_check, set_plan_mechanism, PlanCheck, PlanMechanism,
+    PLAN_CHECK_ENV, PLAN_MECHANISM_ENV,
+};
 
 // ---------------------------------------------------------------------------------------
 // All of them
@@ -794,6 +798,7 @@ pub fn check_all() -> Vec<Error> {
     keep(pool_cap_bytes().map(drop));
     keep(half_ops().map(drop));
     keep(plan_check().map(drop));
+    keep(plan_mechanism().map(drop));
     keep(cuda_aware_override().map(drop));
     keep(device_override().map(drop));
     keep(allow_mpi_mismatch().map(drop));

@@ -71,3 +71,67 @@ MPI_Datatype dlpack_mpi_native_half(int which)
     return MPI_DATATYPE_NULL;
 #endif
 }
+
+/* MPI-4 persistent collectives (MPI-4.1 §6.13): MPI_Allreduce_init and its kin, declared
+ * by MPI-4 headers (MPICH >= 4) and by Open MPI >= 5 (whose MPI_VERSION is still 3). Each
+ * wrapper returns MPI_ERR_OTHER, and writes no request, where this build's mpi.h has none
+ * (dlpack_mpi_has_persistent_collectives says which). */
+#if MPI_VERSION >= 4 || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
+#define DLPACK_MPI_PERSISTENT 1
+#else
+#define DLPACK_MPI_PERSISTENT 0
+#endif
+
+int dlpack_mpi_has_persistent_collectives(void)
+{
+    return DLPACK_MPI_PERSISTENT;
+}
+
+int dlpack_mpi_allreduce_init(const void *send, void *recv, int count, MPI_Datatype type,
+                              MPI_Op op, MPI_Comm comm, MPI_Request *request)
+{
+#if DLPACK_MPI_PERSISTENT
+    return MPI_Allreduce_init(send, recv, count, type, op, comm, MPI_INFO_NULL, request);
+#else
+    (void)send; (void)recv; (void)count; (void)type; (void)op; (void)comm; (void)request;
+    return MPI_ERR_OTHER;
+#endif
+}
+
+int dlpack_mpi_bcast_init(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
+                          MPI_Request *request)
+{
+#if DLPACK_MPI_PERSISTENT
+    return MPI_Bcast_init(buf, count, type, root, comm, MPI_INFO_NULL, request);
+#else
+    (void)buf; (void)count; (void)type; (void)root; (void)comm; (void)request;
+    return MPI_ERR_OTHER;
+#endif
+}
+
+int dlpack_mpi_reduce_scatter_block_init(const void *send, void *recv, int count,
+                                         MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                                         MPI_Request *request)
+{
+#if DLPACK_MPI_PERSISTENT
+    return MPI_Reduce_scatter_block_init(send, recv, count, type, op, comm, MPI_INFO_NULL,
+                                         request);
+#else
+    (void)send; (void)recv; (void)count; (void)type; (void)op; (void)comm; (void)request;
+    return MPI_ERR_OTHER;
+#endif
+}
+
+int dlpack_mpi_allgather_init(const void *send, int send_count, MPI_Datatype send_type,
+                              void *recv, int recv_count, MPI_Datatype recv_type,
+                              MPI_Comm comm, MPI_Request *request)
+{
+#if DLPACK_MPI_PERSISTENT
+    return MPI_Allgather_init(send, send_count, send_type, recv, recv_count, recv_type, comm,
+                              MPI_INFO_NULL, request);
+#else
+    (void)send; (void)send_count; (void)send_type; (void)recv; (void)recv_count;
+    (void)recv_type; (void)comm; (void)request;
+    return MPI_ERR_OTHER;
+#endif
+}

@@ -49,7 +49,7 @@ pub fn set_unknown_names(policy: UnknownNames) {
 }
 
 /// Every setting of the table above, by its variable's name.
-pub const SETTING_NAMES: [&str; 13] = [
+pub const SETTING_NAMES: [&str; 14] = [
     AGREEMENT_ENV,
     PACKING_ENV,
     PACK_THRESHOLD_ENV,
@@ -58,6 +58,7 @@ pub const SETTING_NAMES: [&str; 13] = [
     POOL_CAP_ENV,
     HALF_OPS_ENV,
     PLAN_CHECK_ENV,
+    PLAN_MECHANISM_ENV,
     CUDA_AWARE_ENV,
     DEVICE_ENV,
     ALLOW_MPI_MISMATCH_ENV,

@@ -1,4 +1,5 @@
-//! `DLPACK_MPI_PLAN_CHECK`: what each step of a plan ([`crate::comm::Plan`]) checks.
+//! `DLPACK_MPI_PLAN_CHECK` (what each step of a plan, [`crate::comm::Plan`], checks) and
+//! `DLPACK_MPI_PLAN_MECHANISM` (which MPI calls its steps make).
 
 use super::{choice, Setting};
 #[cfg(doc)]
@@ -47,4 +48,54 @@ pub fn plan_check() -> Result<PlanCheck> {
 /// Sets what each plan step checks (see [`plan_check`]).
 pub fn set_plan_check(check: PlanCheck) {
     PLAN_CHECK.set(check);
+}
+
+/// Which MPI calls a plan's steps make (chosen at its build; every rank must use the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PlanMechanism {
+    /// This MPI's faster one, as measured (`docs/PERFORMANCE.md`, "Plans"): the blocking
+    /// and nonblocking collectives under every MPI measured so far (Open MPI 4.1 has no
+    /// persistent collectives; Open MPI 5 and MPICH 5's were not faster). The default.
+    #[default]
+    Auto,
+    /// The blocking collective per bucket (`MPI_Allreduce`, …; `MPI_Iallreduce` for
+    /// [`crate::comm::Plan::start`]).
+    Blocking,
+    /// The MPI-4 persistent collectives (`MPI_Allreduce_init` at the build, `MPI_Startall`
+    /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5) and
+    /// every bucket is a buffer of the plan's own; else as [`PlanMechanism::Blocking`]
+    /// ([`crate::comm::Plan::is_persistent`] says which).
+    Persistent,
+}
+
+/// The environment variable that sets [`plan_mechanism`] when [`set_plan_mechanism`] was
+/// not called.
+pub const PLAN_MECHANISM_ENV: &str = "DLPACK_MPI_PLAN_MECHANISM";
+
+pub(super) static PLAN_MECHANISM: Setting<PlanMechanism> =
+    Setting::new(PLAN_MECHANISM_ENV, "auto, blocking or persistent", |v| {
+        choice(
+            &[
+                ("auto", PlanMechanism::Auto),
+                ("blocking", PlanMechanism::Blocking),
+                ("persistent", PlanMechanism::Persistent),
+            ],
+            v,
+        )
+    });
+
+/// Which MPI calls a plan's steps make: [`set_plan_mechanism`], else
+/// `DLPACK_MPI_PLAN_MECHANISM=auto|blocking|persistent` (read once), else
+/// [`PlanMechanism::Auto`]. Every rank must use the same.
+///
+/// # Errors
+/// [`Error::InvalidSetting`] for another value: a plan's build then refuses (on every
+/// rank, through its agreement).
+pub fn plan_mechanism() -> Result<PlanMechanism> {
+    PLAN_MECHANISM.get_or(PlanMechanism::default)
+}
+
+/// Sets which MPI calls plans built from now on make (see [`plan_mechanism`]).
+pub fn set_plan_mechanism(mechanism: PlanMechanism) {
+    PLAN_MECHANISM.set(mechanism);
 }

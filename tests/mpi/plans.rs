@@ -18,7 +18,7 @@ use crate::harness;
 use dlpack_mpi::comm::{reset_out_of_step, TensorComm};
 use dlpack_mpi::dlpack::{acquire, AcquireOptions, ManagedTensor, Owned, Tensor};
 use dlpack_mpi::dtype::{AnyBits, ReduceOp};
-use dlpack_mpi::settings::{set_plan_check, PlanCheck};
+use dlpack_mpi::settings::{set_plan_check, set_plan_mechanism, PlanCheck, PlanMechanism};
 use dlpack_mpi::Error;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::*;
@@ -485,6 +485,148 @@ fn all_gather_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// Puts the plan mechanism back to the default when dropped.
+struct AutoAgain;
+impl Drop for AutoAgain {
+    fn drop(&mut self) {
+        set_plan_mechanism(PlanMechanism::Auto);
+    }
+}
+
+/// Whether this MPI has the MPI-4 persistent collectives (MPICH ≥ 4, Open MPI ≥ 5).
+fn mpi_has_persistent() -> bool {
+    let v = mpi::environment::library_version().unwrap_or_default();
+    let major = |prefix: &str| {
+        v.split(prefix).nth(1).and_then(|rest| {
+            rest.trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+    };
+    major("MPICH Version:").is_some_and(|m| m >= 4) || major("Open MPI v").is_some_and(|m| m >= 5)
+}
+
+/// `PlanMechanism::Persistent`: plans whose buckets are all the plan's own buffers start
+/// MPI-4 persistent collectives where the MPI has them (every kind: all-reduce, broadcast,
+/// reduce-scatter, all-gather), exact at every step, no allocation per step; a plan with a
+/// member large enough to be reduced in place stays blocking.
+fn persistent_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (i64::from(w.rank()), w.size() as usize);
+    let _back = AutoAgain;
+    set_plan_mechanism(PlanMechanism::Persistent);
+    let has = mpi_has_persistent();
+    let o = AcquireOptions::default();
+    let sum = |k: i64, m: i64, i: usize| (0..n as i64).map(|q| value(q, k, m, i)).sum::<i64>();
+    let (a, b) = (storage::<f32>(5, 1)?, storage::<f64>(30, 2)?);
+    let mut list = vec![acquire(&a, &o).map_err(s)?, acquire(&b, &o).map_err(s)?];
+    {
+        let mut plan = w
+            .plan_all_reduce_tensors_in_place(&mut list, ReduceOp::Sum)
+            .map_err(s)?;
+        ensure!(
+            plan.is_persistent() == has,
+            "persistent: {} (MPI has them: {has})",
+            plan.is_persistent()
+        );
+        for k in 0..4 {
+            write::<f32>(&mut plan.tensors_mut()[0], |i| value(r, k, 0, i));
+            write::<f64>(&mut plan.tensors_mut()[1], |i| value(r, k, 1, i));
+            if k % 2 == 0 {
+                plan.run()
+            } else {
+                plan.start().and_then(|q| q.wait())
+            }
+            .map_err(s)?;
+            let (x, y) = (
+                read::<f32>(&plan.tensors()[0]),
+                read::<f64>(&plan.tensors()[1]),
+            );
+            ensure!(
+                x == (0..5).map(|i| sum(k, 0, i) as f32).collect::<Vec<_>>(),
+                "step {k}: {x:?}"
+            );
+            ensure!(
+                y == (0..30).map(|i| sum(k, 1, i) as f64).collect::<Vec<_>>(),
+                "step {k}: {y:?}"
+            );
+        }
+        let (out, count) =
+            crate::faults::allocations(|| plan.run().and_then(|()| plan.start()?.wait()));
+        out.map_err(s)?;
+        ensure!(count == 0, "persistent steps allocated {count} times");
+    }
+    {
+        let mut bcast = w.plan_broadcast_tensors(&mut list, 0).map_err(s)?;
+        ensure!(
+            bcast.is_persistent() == has,
+            "broadcast persistent: {}",
+            bcast.is_persistent()
+        );
+        write::<f32>(&mut bcast.tensors_mut()[0], |i| value(r, 7, 0, i));
+        bcast.run().map_err(s)?;
+        let x = read::<f32>(&bcast.tensors()[0]);
+        ensure!(
+            x == (0..5).map(|i| value(0, 7, 0, i) as f32).collect::<Vec<_>>(),
+            "broadcast: {x:?}"
+        );
+    }
+    let (so, ro) = (storage::<i32>(3, 2)?, storage::<i32>(3 * n, 1)?);
+    let (mut sg, mut rg) = (acquire(&so, &o).map_err(s)?, acquire(&ro, &o).map_err(s)?);
+    {
+        let mut gather = w.plan_all_gather_tensor(&mut sg, &mut rg).map_err(s)?;
+        ensure!(
+            gather.is_persistent() == has,
+            "all-gather persistent: {}",
+            gather.is_persistent()
+        );
+        write::<i32>(&mut gather.send_tensors_mut().ok_or("no send")?[0], |i| {
+            value(r, 2, 0, i)
+        });
+        gather.start().and_then(|q| q.wait()).map_err(s)?;
+        let got = read::<i32>(&gather.tensors()[0]);
+        let want: Vec<i32> = (0..n)
+            .flat_map(|q| (0..3).map(move |i| value(q as i64, 2, 0, i) as i32))
+            .collect();
+        ensure!(got == want, "all-gather: {got:?}");
+    }
+    let (ss, rs) = (storage::<f32>(4 * n, 1)?, storage::<f32>(4, 1)?);
+    let (mut sg, mut rg) = (acquire(&ss, &o).map_err(s)?, acquire(&rs, &o).map_err(s)?);
+    {
+        let mut rsp = w
+            .plan_reduce_scatter_block_tensor(&mut sg, &mut rg, ReduceOp::Sum)
+            .map_err(s)?;
+        ensure!(
+            rsp.is_persistent() == has,
+            "reduce-scatter persistent: {}",
+            rsp.is_persistent()
+        );
+        write::<f32>(&mut rsp.send_tensors_mut().ok_or("no send")?[0], |i| {
+            value(r, 4, 0, i)
+        });
+        rsp.run().map_err(s)?;
+        let me = w.rank() as usize;
+        let got = read::<f32>(&rsp.tensors()[0]);
+        ensure!(
+            got == (0..4)
+                .map(|i| sum(4, 0, me * 4 + i) as f32)
+                .collect::<Vec<_>>(),
+            "reduce-scatter: {got:?}"
+        );
+    }
+    let big = Owned::new(vec![1.0f32; 70_000]);
+    let mut one = vec![acquire(&big, &o).map_err(s)?];
+    let plan = w
+        .plan_all_reduce_tensors_in_place(&mut one, ReduceOp::Sum)
+        .map_err(s)?;
+    ensure!(
+        !plan.is_persistent(),
+        "a plan reducing a member in place was made persistent"
+    );
+    Ok(())
+}
+
 /// A step allocates nothing, blocking or nonblocking (the build does).
 fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
     let st = Storages::new()?;
@@ -859,6 +1001,7 @@ const CASES: &[Case] = &[
         reduce_scatter_steps_are_exact,
     ),
     ("all_gather_steps_are_exact", all_gather_steps_are_exact),
+    ("persistent_steps_are_exact", persistent_steps_are_exact),
     ("a_step_allocates_nothing", a_step_allocates_nothing),
     ("a_forgotten_step_completes", a_forgotten_step_completes),
     (

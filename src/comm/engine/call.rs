@@ -234,6 +234,17 @@ pub(in crate::comm) trait Batch: fmt::Debug {
     /// that no step allocates).
     fn requests(&self) -> usize;
 
+    /// Makes every call's MPI-4 persistent form on `comm`, used by every later run and
+    /// post instead of the call ([`Call::persist`]); `false` (nothing made) where one of
+    /// them has none. The default makes none.
+    ///
+    /// # Safety
+    /// As [`Batch::post`] for the batch's life; every rank of `comm` makes the same.
+    unsafe fn persist(&mut self, comm: MPI_Comm) -> bool {
+        let _ = comm;
+        false
+    }
+
     /// Whether a plan's step carries its identity here, and which mismatch this rank
     /// sees: words for the docs and errors.
     fn marked(&self) -> Option<&'static str>;
@@ -318,6 +329,57 @@ impl Call {
             Call::Batch(_) => 0,
             _ => 1,
         }
+    }
+
+    /// Makes the call's MPI-4 persistent form on `comm` (`MPI_Allreduce_init`, …; one
+    /// request per chunk of a reduction), pushing the inactive requests to `requests`;
+    /// `false` (and nothing left pushed) where this MPI has none or the call has no
+    /// persistent form here (a rooted reduce, the gathers and scatters: plans do not make
+    /// them).
+    ///
+    /// # Safety
+    /// As [`Call::post`] for as long as the requests live; every rank makes the same
+    /// persistent calls in the same order, and the requests are freed while inactive.
+    pub(in crate::comm) unsafe fn persist(
+        &self,
+        comm: MPI_Comm,
+        requests: &mut Vec<MPI_Request>,
+    ) -> bool {
+        use crate::raw::{persistent, PersistentInit as P};
+        let before = requests.len();
+        let mut ok = true;
+        let mut make = |init: P| {
+            if ok {
+                // SAFETY: the caller's contract.
+                match unsafe { persistent(init, comm) } {
+                    Some(r) => requests.push(r),
+                    None => ok = false,
+                }
+            }
+        };
+        match self {
+            Call::Bcast { buf: b, root } => make(P::Bcast(b.ptr, b.count, b.datatype, *root)),
+            Call::Reduce {
+                buffers: r,
+                root: None,
+            } => in_chunks(r.units, r.unit_bytes, |off, n| {
+                let (s, d) = (at(r.send.cast_mut(), off).cast_const(), at(r.recv, off));
+                make(P::AllReduce(s, d, n, r.datatype, r.op));
+            }),
+            Call::ReduceScatterBlock { send, recv: r, op } => {
+                make(P::ReduceScatterBlock(
+                    *send, r.ptr, r.count, r.datatype, *op,
+                ));
+            }
+            Call::AllGather { send: s, recv: r } => make(P::AllGather(
+                s.ptr, s.count, s.datatype, r.ptr, r.count, r.datatype,
+            )),
+            _ => ok = false,
+        }
+        if !ok {
+            free_persistent(&mut requests.drain(before..).collect::<Vec<_>>());
+        }
+        ok
     }
 
     /// Runs the call, blocking, on `comm`.
@@ -540,6 +602,28 @@ impl Operation<'_> {
             None => Ok(()),
         }
     }
+}
+
+/// Frees inactive persistent requests (made by [`Call::persist`]).
+pub(in crate::comm) fn free_persistent(requests: &mut [MPI_Request]) {
+    for r in requests {
+        // SAFETY: an inactive persistent request of ours (its last start was completed).
+        unsafe { mpi::ffi::MPI_Request_free(r) };
+    }
+}
+
+/// Starts persistent requests (`MPI_Startall`, MPI-4.1 §3.9).
+///
+/// # Safety
+/// Inactive persistent requests made by [`Call::persist`], whose buffers are ready (a send
+/// buffer packed) and stay untouched until they complete.
+pub(in crate::comm) unsafe fn start_persistent(requests: &mut [MPI_Request]) {
+    if requests.is_empty() {
+        return;
+    }
+    let n = i32::try_from(requests.len()).unwrap_or(i32::MAX);
+    // SAFETY: the caller's contract.
+    unsafe { mpi::ffi::MPI_Startall(n, requests.as_mut_ptr()) };
 }
 
 /// The datatype and MPI operation that reduce `dtype` with `op` when its units travel as

@@ -53,7 +53,7 @@ use crate::device::Device;
 use crate::dlpack::{Tensor, TensorListMut};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::settings::{plan_check, PlanCheck};
+use crate::settings::{plan_check, plan_mechanism, PlanCheck, PlanMechanism};
 
 /// What the plan was built from, for one member: compared after [`Plan::tensors_mut`].
 #[derive(Debug, Clone, PartialEq)]
@@ -154,6 +154,8 @@ pub struct Plan<'a, L: ?Sized, S: ?Sized = L> {
     lent: bool,
     /// The refusal of every step, once a member changed.
     changed: Option<Error>,
+    /// Whether the steps start MPI-4 persistent collectives.
+    persistent: bool,
     /// The requests of the step in flight, and how many have completed.
     requests: Vec<MPI_Request>,
     done: usize,
@@ -218,8 +220,14 @@ where
         let snapshot = (snap(&written), read.as_deref().map_or_else(Vec::new, snap));
         (prepare(&written, read.as_deref()), snapshot)
     };
-    let (batch, _) = agree(comm, &build, prepared)?;
+    let prepared = prepared.and_then(|b| plan_mechanism().map(|m| (b, m)));
+    let ((mut batch, mechanism), _) = agree(comm, &build, prepared)?;
     let (steps, ordinal) = ledger::plans(comm);
+    // Every rank decides alike: the same setting (agreed), batch and MPI library.
+    let persistent = mechanism == PlanMechanism::Persistent
+        // SAFETY: the batch's buffers live as long as the plan, which completes every step
+        // before it drops the batch (which frees the requests while inactive).
+        && unsafe { batch.persist(steps) };
     #[allow(clippy::cast_sign_loss)]
     let id = mix(build.fingerprint() as u64, ordinal) | 1;
     let requests = Vec::with_capacity(batch.requests());
@@ -234,6 +242,7 @@ where
         snapshot,
         lent: false,
         changed: None,
+        persistent,
         requests,
         done: 0,
         in_flight: false,
@@ -338,6 +347,13 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
         let _ = self.complete();
         self.lent = true;
         self.send.as_deref_mut()
+    }
+
+    /// Whether the steps start MPI-4 persistent collectives made at the build
+    /// ([`PlanMechanism::Persistent`] where this MPI has them and every bucket is a buffer
+    /// of the plan's own), rather than the blocking or nonblocking calls.
+    pub fn is_persistent(&self) -> bool {
+        self.persistent
     }
 
     /// What a step of this plan checks across the ranks, in words: where its identity

@@ -19,7 +19,7 @@ use mpi::raw::AsRaw;
 use mpi::topology::Communicator;
 use mpi::Count;
 
-use crate::comm::engine::call::{Batch, Buf, Call, Form};
+use crate::comm::engine::call::{free_persistent, start_persistent, Batch, Buf, Call, Form};
 use crate::comm::engine::checks::{check_count, check_intra, check_pair};
 use crate::comm::engine::plan::{build, Plan};
 use crate::comm::engine::progress;
@@ -65,6 +65,8 @@ pub(in crate::comm) struct Gathered {
     /// A strided receive's blocks without their spare bytes, before the unpack (taken at
     /// the build).
     whole: Option<Scratch>,
+    /// The MPI-4 persistent request, where the plan made it ([`Batch::persist`]).
+    persistent: Vec<mpi::ffi::MPI_Request>,
 }
 
 /// The start of `s` (NULL when empty).
@@ -150,6 +152,7 @@ impl Gathered {
             seen: None,
             completed: 0,
             whole,
+            persistent: Vec::new(),
         })
     }
 
@@ -232,7 +235,11 @@ impl Gathered {
 impl Batch for Gathered {
     unsafe fn run(&mut self, comm: mpi::ffi::MPI_Comm, form: Form) {
         self.pack();
-        if form == Form::Polled {
+        if !self.persistent.is_empty() {
+            // SAFETY: our inactive persistent request over the plan's own buffers.
+            unsafe { start_persistent(&mut self.persistent) };
+            progress::wait_raw(&mut self.persistent);
+        } else if form == Form::Polled {
             let mut requests = Vec::with_capacity(1);
             // SAFETY: the caller's contract; the buffers outlive the wait below.
             unsafe { self.call.post(comm, &mut requests) };
@@ -247,8 +254,23 @@ impl Batch for Gathered {
 
     unsafe fn post(&mut self, comm: mpi::ffi::MPI_Comm, requests: &mut Vec<mpi::ffi::MPI_Request>) {
         self.pack();
+        if !self.persistent.is_empty() {
+            // SAFETY: as in `run`; the plan completes it before the next step.
+            unsafe { start_persistent(&mut self.persistent) };
+            requests.extend_from_slice(&self.persistent);
+            return;
+        }
         // SAFETY: the caller's contract.
         unsafe { self.call.post(comm, requests) };
+    }
+
+    unsafe fn persist(&mut self, comm: mpi::ffi::MPI_Comm) -> bool {
+        // Only over the plan's own buffers (see the fused lists' `persist`).
+        if self.send.buf.is_none() || !self.persistent.is_empty() {
+            return false;
+        }
+        // SAFETY: the caller's contract; the call is over the plan's own buffers.
+        unsafe { self.call.persist(comm, &mut self.persistent) }
     }
 
     fn completed_one(&mut self) {
@@ -262,9 +284,8 @@ impl Batch for Gathered {
         self.send.buf.is_some()
     }
 
-    fn outcome(self: Box<Self>) -> Result<()> {
-        self.seen
-            .map_or(Ok(()), |seen| Err(Error::PlanMismatch { seen }))
+    fn outcome(mut self: Box<Self>) -> Result<()> {
+        self.step_outcome()
     }
 
     fn rearm(&mut self, mark: u64, refused: bool) {
@@ -297,6 +318,13 @@ impl Batch for Gathered {
         (self.spare > 0).then_some(
             "the identity after each rank's block (every rank sees every other rank's plan)",
         )
+    }
+}
+
+impl Drop for Gathered {
+    fn drop(&mut self) {
+        // Inactive: a plan completes its step in flight before its batch drops.
+        free_persistent(&mut self.persistent);
     }
 }
 

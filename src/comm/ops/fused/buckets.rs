@@ -12,7 +12,7 @@ use mpi::ffi::{MPI_Comm, MPI_Request};
 
 use super::{Fused, FusedKind, Mark, Member, OnDevice};
 use crate::comm::engine::call::handles;
-use crate::comm::engine::call::{Batch, Form};
+use crate::comm::engine::call::{free_persistent, start_persistent, Batch, Form};
 use crate::comm::engine::call::{Buf, Call, Reduced, REDUCE_CHUNK_UNITS};
 use crate::comm::engine::progress;
 use crate::comm::engine::stager::{BucketMember, StagedBucket};
@@ -383,6 +383,14 @@ impl Batch for Fused {
     unsafe fn post(&mut self, comm: MPI_Comm, requests: &mut Vec<MPI_Request>) {
         for b in 0..self.buckets.len() {
             self.pack(b);
+            if let Some(reqs) = self.persistent.get_mut(b) {
+                // SAFETY: the bucket's own persistent requests, inactive (every earlier
+                // step completed), over its packed buffer.
+                unsafe { start_persistent(reqs) };
+                requests.extend_from_slice(reqs);
+                self.buckets[b].posted = reqs.len();
+                continue;
+            }
             let before = requests.len();
             for call in &self.buckets[b].calls {
                 // SAFETY: the calls are over the bucket's own buffer, alive as long as
@@ -431,10 +439,16 @@ impl Batch for Fused {
         }
         for b in 0..self.buckets.len() {
             self.pack(b);
-            for call in &self.buckets[b].calls {
-                // SAFETY: the calls are over the bucket's own buffer (or its one member's
-                // memory), alive as long as `self`; the caller's contract on `comm`.
-                unsafe { call.run(comm) };
+            if let Some(reqs) = self.persistent.get_mut(b) {
+                // SAFETY: as in `post`; completed before the unpack.
+                unsafe { start_persistent(reqs) };
+                progress::wait_raw(reqs);
+            } else {
+                for call in &self.buckets[b].calls {
+                    // SAFETY: the calls are over the bucket's own buffer (or its one
+                    // member's memory), alive as long as `self`; the caller's contract.
+                    unsafe { call.run(comm) };
+                }
             }
             self.unpack(b);
         }
@@ -446,7 +460,8 @@ impl Batch for Fused {
     /// # Errors
     /// The stager's copy errors ([`StagedBucket::unpack`]).
     fn outcome(self: Box<Self>) -> Result<()> {
-        self.failed.map_or(Ok(()), Err)
+        let mut this = self;
+        this.failed.take().map_or(Ok(()), Err)
     }
 
     fn rearm(&mut self, mark: u64, refused: bool) {
@@ -472,6 +487,31 @@ impl Batch for Fused {
         }
     }
 
+    unsafe fn persist(&mut self, comm: MPI_Comm) -> bool {
+        // Only over buffers of the plan's own: a refused step (a member changed) must not
+        // find MPI still holding a member's address, and a persistent collective cannot be
+        // made again on one rank alone.
+        if self.buckets.iter().any(|b| b.buf.is_none()) || !self.persistent.is_empty() {
+            return false;
+        }
+        let mut made = Vec::with_capacity(self.buckets.len());
+        for bucket in &self.buckets {
+            let mut reqs = Vec::with_capacity(bucket.calls.len());
+            // SAFETY: the caller's contract; the calls are over the bucket's own buffers.
+            let ok = bucket
+                .calls
+                .iter()
+                .all(|c| unsafe { c.persist(comm, &mut reqs) });
+            made.push(reqs);
+            if !ok {
+                made.iter_mut().for_each(|r| free_persistent(r));
+                return false;
+            }
+        }
+        self.persistent = made;
+        true
+    }
+
     fn requests(&self) -> usize {
         self.buckets
             .iter()
@@ -489,5 +529,14 @@ impl Batch for Fused {
         self.members
             .iter()
             .any(|m| m.facts().is_some_and(|f| !f.is_contiguous()))
+    }
+}
+
+impl Drop for Fused {
+    fn drop(&mut self) {
+        // Inactive: a plan completes its step in flight before its batch drops.
+        for reqs in &mut self.persistent {
+            free_persistent(reqs);
+        }
     }
 }

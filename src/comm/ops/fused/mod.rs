@@ -174,6 +174,9 @@ pub(in crate::comm) struct Fused {
     /// Whether this plan's steps are refused on this rank (its tensors changed): the
     /// members are neither packed nor unpacked, and every bucket is the plan's own buffer.
     refused: bool,
+    /// Each bucket's MPI-4 persistent requests, where a plan made them ([`Batch::persist`]:
+    /// every bucket packed in a buffer of the plan's own); empty otherwise.
+    persistent: Vec<Vec<mpi::ffi::MPI_Request>>,
     /// Whether this is a plan's batch, run again at each step (a device bucket is then
     /// packed again before each step: [`StagedBucket::repack`]).
     planned: bool,
@@ -651,6 +654,7 @@ impl Fused {
             mark,
             seen: None,
             refused: false,
+            persistent: Vec::new(),
             planned: marked.is_some(),
             whole,
         })
