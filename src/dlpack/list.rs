@@ -46,6 +46,19 @@ pub trait TensorList {
 pub trait TensorListMut {
     /// The members, in list order.
     fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor>;
+
+    /// Calls `f` with each member's index and the member, in list order, and returns the
+    /// number of members; without allocating for the slices, `Vec`s and arrays of this
+    /// module (a plan compares its members so at each step after they were lent). The
+    /// default goes through [`TensorListMut::tensors_mut`].
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+        let members = self.tensors_mut();
+        let n = members.len();
+        for (i, t) in members.into_iter().enumerate() {
+            f(i, t);
+        }
+        n
+    }
 }
 
 /// [`TensorList`] for slices of references (and boxes) to tensors.
@@ -65,6 +78,11 @@ macro_rules! lists_mut {
         impl<$($g)*> TensorListMut for [$t] {
             fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor> {
                 self.iter_mut().map(|t| &mut **t as &mut dyn Tensor).collect()
+            }
+
+            fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+                self.iter_mut().enumerate().for_each(|(i, t)| f(i, &mut **t));
+                self.len()
             }
         }
     )*};
@@ -86,11 +104,21 @@ impl TensorListMut for [ManagedTensor<'_>] {
     fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor> {
         self.iter_mut().map(|t| t as &mut dyn Tensor).collect()
     }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+        self.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+        self.len()
+    }
 }
 
 impl TensorListMut for [TensorView<'_>] {
     fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor> {
         self.iter_mut().map(|t| t as &mut dyn Tensor).collect()
+    }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+        self.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
+        self.len()
     }
 }
 
@@ -127,6 +155,10 @@ where
     fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor> {
         self.as_mut_slice().tensors_mut()
     }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+        self.as_mut_slice().for_each_mut(f)
+    }
 }
 
 impl<T, const N: usize> TensorList for [T; N]
@@ -144,6 +176,10 @@ where
 {
     fn tensors_mut(&mut self) -> Vec<&mut dyn Tensor> {
         self.as_mut_slice().tensors_mut()
+    }
+
+    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+        self.as_mut_slice().for_each_mut(f)
     }
 }
 
@@ -171,6 +207,9 @@ mod tests {
             .map(|t| t.first_element_ptr() as usize)
             .collect();
         assert_eq!(firsts, muts);
+        let mut visited = Vec::new();
+        let n = guards.for_each_mut(&mut |i, t| visited.push((i, t.first_element_ptr() as usize)));
+        assert_eq!((n, visited), (2, vec![(0, firsts[0]), (1, firsts[1])]));
         let (x, y) = guards.split_at_mut(1);
         let mut refs = [&mut x[0], &mut y[0]];
         assert_eq!(refs.tensors_mut().len(), 2);
@@ -184,6 +223,12 @@ mod tests {
             [3, 4]
         );
         assert_eq!(counts(dyns.tensors()), [3, 4]);
+        let mut sizes = Vec::new();
+        assert_eq!(
+            dyns.for_each_mut(&mut |_, t| sizes.push(t.num_elements())),
+            2
+        );
+        assert_eq!(sizes, [3, 4]);
         let shared: [&dyn Tensor; 1] = [&*dyns[0]];
         assert_eq!(counts(shared.tensors()), [3]);
     }

@@ -251,8 +251,9 @@ where
 }
 
 /// The first member of `now` that differs from `then` (the list's length first), as
-/// [`Error::PlanChanged`]; `send`: the send list's (its fields are named so).
-fn changed(then: &[Snapshot], now: &[&mut dyn Tensor], send: bool) -> Option<Error> {
+/// [`Error::PlanChanged`]; `send`: the send list's (its fields are named so). Allocates
+/// nothing unless a member differs ([`TensorListMut::for_each_mut`]).
+fn changed<L: TensorListMut + ?Sized>(then: &[Snapshot], now: &mut L, send: bool) -> Option<Error> {
     let name = |field: &'static str| -> &'static str {
         if !send {
             return field;
@@ -266,26 +267,30 @@ fn changed(then: &[Snapshot], now: &[&mut dyn Tensor], send: bool) -> Option<Err
             _ => "send device",
         }
     };
-    if now.len() != then.len() {
+    let mut first: Option<Error> = None;
+    let len = now.for_each_mut(&mut |index, t| {
+        if first.is_some() {
+            return;
+        }
+        let Some(s) = then.get(index) else { return };
+        if let Some((field, planned, now)) = s.differs(&*t) {
+            first = Some(Error::PlanChanged {
+                index,
+                field: name(field),
+                planned,
+                now,
+            });
+        }
+    });
+    if len != then.len() {
         return Some(Error::PlanChanged {
-            index: now.len().min(then.len()),
+            index: len.min(then.len()),
             field: name("list length"),
             planned: then.len().to_string(),
-            now: now.len().to_string(),
+            now: len.to_string(),
         });
     }
-    now.iter()
-        .zip(then)
-        .enumerate()
-        .find_map(|(index, (t, s))| {
-            s.differs(&**t)
-                .map(|(field, planned, now)| Error::PlanChanged {
-                    index,
-                    field: name(field),
-                    planned,
-                    now,
-                })
-        })
+    first
 }
 
 impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
@@ -393,9 +398,9 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
         if self.changed.is_some() {
             return;
         }
-        self.changed = changed(&self.snapshot.0, &self.list.tensors_mut(), false);
+        self.changed = changed(&self.snapshot.0, self.list, false);
         if let (None, Some(send)) = (&self.changed, self.send.as_deref_mut()) {
-            self.changed = changed(&self.snapshot.1, &send.tensors_mut(), true);
+            self.changed = changed(&self.snapshot.1, send, true);
         }
     }
 
