@@ -28,7 +28,7 @@ for arg in "$@"; do
     esac
 done
 
-examples=(ring allreduce allgatherv nonblocking overlap training_step train_step planned_step numpy_allreduce)
+examples=(ring allreduce allgatherv nonblocking overlap training_step train_step planned_step halo numpy_allreduce)
 ranks=(${RANKS:-1 2 3 4})
 timeout_s=${TIMEOUT:-60}
 # shellcheck source=scripts/mpi-env.sh

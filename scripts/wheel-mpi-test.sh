@@ -242,7 +242,7 @@ echo "wheel-mpi-test: $impl: check done ($SECONDS s)"
 
 # 5. The multi-rank suites.
 # (About 20 s here.)
-for suite in mpi_cases immediate nonblocking fused plans agreement adversarial checked faults \
+for suite in mpi_cases immediate nonblocking fused plans exchanges agreement adversarial checked faults \
     device_cases canaries python_cases; do
     job 120 "suite $suite at 2 ranks" "$MPIRUN" "${MPIRUN_FLAGS[@]}" -n 2 "$bin" --suite "$suite" ||
         fail "suite $suite at 2 ranks: exit $? after $SECONDS s"

@@ -22,50 +22,22 @@
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 
-use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status};
+use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Op, MPI_Request, MPI_Status};
 
 use crate::error::{Error, Result};
 
 extern "C" {
     /// `MPI_IN_PLACE`, from `src/shim.c`.
     static dlpack_mpi_in_place: *mut c_void;
+}
+// The MPI-4 persistent collectives of `src/shim.c` (one line each: their C signatures).
+#[rustfmt::skip]
+extern "C" {
     fn dlpack_mpi_has_persistent_collectives() -> c_int;
-    fn dlpack_mpi_allreduce_init(
-        send: *const c_void,
-        recv: *mut c_void,
-        count: c_int,
-        datatype: MPI_Datatype,
-        op: mpi::ffi::MPI_Op,
-        comm: MPI_Comm,
-        request: *mut MPI_Request,
-    ) -> c_int;
-    fn dlpack_mpi_bcast_init(
-        buf: *mut c_void,
-        count: c_int,
-        datatype: MPI_Datatype,
-        root: c_int,
-        comm: MPI_Comm,
-        request: *mut MPI_Request,
-    ) -> c_int;
-    fn dlpack_mpi_reduce_scatter_block_init(
-        send: *const c_void,
-        recv: *mut c_void,
-        count: c_int,
-        datatype: MPI_Datatype,
-        op: mpi::ffi::MPI_Op,
-        comm: MPI_Comm,
-        request: *mut MPI_Request,
-    ) -> c_int;
-    fn dlpack_mpi_allgather_init(
-        send: *const c_void,
-        send_count: c_int,
-        send_type: MPI_Datatype,
-        recv: *mut c_void,
-        recv_count: c_int,
-        recv_type: MPI_Datatype,
-        comm: MPI_Comm,
-        request: *mut MPI_Request,
-    ) -> c_int;
+    fn dlpack_mpi_allreduce_init(send: *const c_void, recv: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int;
+    fn dlpack_mpi_bcast_init(buf: *mut c_void, count: c_int, datatype: MPI_Datatype, root: c_int, comm: MPI_Comm, request: *mut MPI_Request) -> c_int;
+    fn dlpack_mpi_reduce_scatter_block_init(send: *const c_void, recv: *mut c_void, count: c_int, datatype: MPI_Datatype, op: MPI_Op, comm: MPI_Comm, request: *mut MPI_Request) -> c_int;
+    fn dlpack_mpi_allgather_init(send: *const c_void, send_count: c_int, send_type: MPI_Datatype, recv: *mut c_void, recv_count: c_int, recv_type: MPI_Datatype, comm: MPI_Comm, request: *mut MPI_Request) -> c_int;
 }
 
 /// Whether this build's MPI has the MPI-4 persistent collectives (`MPI_Allreduce_init`
@@ -79,23 +51,11 @@ pub(crate) fn has_persistent_collectives() -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum PersistentInit {
     /// `MPI_Allreduce_init`.
-    AllReduce(
-        *const c_void,
-        *mut c_void,
-        c_int,
-        MPI_Datatype,
-        mpi::ffi::MPI_Op,
-    ),
+    AllReduce(*const c_void, *mut c_void, c_int, MPI_Datatype, MPI_Op),
     /// `MPI_Bcast_init`.
     Bcast(*mut c_void, c_int, MPI_Datatype, c_int),
     /// `MPI_Reduce_scatter_block_init`.
-    ReduceScatterBlock(
-        *const c_void,
-        *mut c_void,
-        c_int,
-        MPI_Datatype,
-        mpi::ffi::MPI_Op,
-    ),
+    ReduceScatterBlock(*const c_void, *mut c_void, c_int, MPI_Datatype, MPI_Op),
     /// `MPI_Allgather_init`.
     AllGather(
         *const c_void,

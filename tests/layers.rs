@@ -19,6 +19,7 @@ const ENGINE: &[(&str, u8)] = &[
     ("blocks", 1),
     ("bcast", 1),
     ("halfops", 1),
+    ("snapshot", 1),
     ("agree", 2),
     ("call", 2),
     ("stager", 2),
@@ -28,6 +29,7 @@ const ENGINE: &[(&str, u8)] = &[
     ("pending", 4),
     ("request", 5),
     ("plan", 5),
+    ("exchange", 5),
 ];
 
 /// The code of `path` without comments (line comments and doc comments), line by line; a

@@ -20,6 +20,7 @@ pub use engine::bcast::BroadcastBuffer;
 pub use engine::blocks::Blocks;
 pub(crate) use engine::checks::check_peer;
 pub use engine::checks::{any_source, any_tag};
+pub use engine::exchange::{Exchange, ExchangeRequest};
 pub use engine::halfops;
 pub use engine::packing::inner_block_bytes;
 pub use engine::plan::{Plan, PlanRequest};
@@ -727,6 +728,49 @@ pub trait TensorComm: Endpoint {
 
     // Plans: a collective agreed once, run step after step (planned.rs, engine/plan.rs).
     plans!();
+
+    // Exchanges: point-to-point messages matched once, run step after step
+    // (ops/exchange.rs, engine/exchange.rs).
+
+    /// Plans point-to-point messages between the same tensors, for halo exchanges and
+    /// pipeline stages: this rank sends `sends[i]` to rank `to[i].0` with tag `to[i].1`, and
+    /// receives `recvs[j]` from rank `from[j].0` with tag `from[j].1`, at every step.
+    /// Collective: every rank of the communicator calls it (with empty lists if it
+    /// exchanges nothing). The build checks every member, agrees in full, and cross-checks
+    /// both ends of every message (tag, dtype, element count); then each
+    /// [`Exchange::run`] or [`Exchange::start`] posts every receive and every send and
+    /// completes them, with no agreement, no check and no allocation. Members may be
+    /// strided (packed and unpacked in chunks that overlap the wire) and differ in shape
+    /// from their peer's, as long as dtype and element count match: the wire is the
+    /// elements in logical row-major order. Several members with the same peer and tag pair
+    /// in list order (MPI-4.1 §3.5). The messages go on the duplicate of this communicator
+    /// that its plans share, so they never meet an unplanned receive on this communicator;
+    /// two exchanges with the same (peer, tag) stepped in different orders on two ranks,
+    /// or in flight together, cross-match (give them distinct tags). Host memory only.
+    ///
+    /// # Errors
+    /// At the build, on every rank: [`Error::Member`] naming a member (the receive members
+    /// numbered after the send members) whose facts, rank ([`Error::InvalidRank`]: also
+    /// [`any_source`]) or tag ([`Error::InvalidTag`]: also [`any_tag`]) this rank refuses,
+    /// or a receive member that overlaps another member ([`Error::BuffersAlias`]);
+    /// [`Error::ListLengthMismatch`] when `to` or `from` does not have one entry per
+    /// member; [`Error::PeerRefused`] on the other ranks; [`Error::CollectiveMismatch`]
+    /// when a rank calls another collective, or when the messages do not pair (a receive
+    /// nobody sends, a send nobody receives, a dtype or element count that differs: in
+    /// words); [`Error::Intercommunicator`]. The steps' errors: [`Exchange::run`].
+    fn plan_exchange<'a, S, R>(
+        &'a self,
+        sends: &'a mut S,
+        to: &[(Rank, Tag)],
+        recvs: &'a mut R,
+        from: &[(Rank, Tag)],
+    ) -> Result<Exchange<'a, S, R>>
+    where
+        S: TensorListMut + ?Sized,
+        R: TensorListMut + ?Sized,
+    {
+        ops::exchange::plan_exchange(self, sends, to, recvs, from)
+    }
 
     // The earlier names, deprecated (hidden from the docs):
     renamed! {

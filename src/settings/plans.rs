@@ -62,7 +62,7 @@ pub enum PlanMechanism {
     /// [`crate::comm::Plan::start`]).
     Blocking,
     /// The MPI-4 persistent collectives (`MPI_Allreduce_init` at the build, `MPI_Startall`
-    /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5) and
+    /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5: declared by its `mpi.h` and found in the library loaded) and
     /// every bucket is a buffer of the plan's own; else as [`PlanMechanism::Blocking`]
     /// ([`crate::comm::Plan::is_persistent`] says which).
     Persistent,

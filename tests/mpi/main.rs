@@ -21,7 +21,7 @@
 //! - `--list`: prints the names of the selected suites, one a line, and exits 0 without
 //!   initializing MPI.
 //!
-//! Suites: `library` (first: the MPI library check of the first operations), `mpi_cases`, `immediate`, `nonblocking`, `fused`, `plans`, `agreement`, `mismatch`, `adversarial`, `checked`,
+//! Suites: `library` (first: the MPI library check of the first operations), `mpi_cases`, `immediate`, `nonblocking`, `fused`, `plans`, `exchanges`, `agreement`, `mismatch`, `adversarial`, `checked`,
 //! `faults`, `device_cases`, `canaries`; with feature `cuda`, `gpu`; with feature `python`, `python_cases` and
 //! `python_exchange` (last: the ML producers they import may start threads). Each prints
 //! what its own binary printed before (rank 0: `running … at N rank(s)`, `test NAME ... ok`
@@ -52,6 +52,7 @@ mod agreement;
 mod canaries;
 mod checked;
 mod device_cases;
+mod exchanges;
 mod faults;
 mod fused;
 #[cfg(feature = "cuda")]
@@ -84,6 +85,7 @@ const SUITES: &[(&str, Suite)] = &[
     ("nonblocking", nonblocking::run),
     ("fused", fused::run),
     ("plans", plans::run),
+    ("exchanges", exchanges::run),
     ("agreement", agreement::run),
     ("mismatch", mismatch::run),
     ("adversarial", adversarial::run),

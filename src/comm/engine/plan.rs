@@ -48,64 +48,11 @@ use super::call::{Batch, Form};
 use super::ledger;
 use super::progress;
 use super::signature::Signature;
+use super::snapshot::{changed, Snapshot};
 use super::stager::Endpoint;
-use crate::device::Device;
 use crate::dlpack::{Tensor, TensorListMut};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::settings::{plan_check, plan_mechanism, PlanCheck, PlanMechanism};
-
-/// What the plan was built from, for one member: compared after [`Plan::tensors_mut`].
-#[derive(Debug, Clone, PartialEq)]
-struct Snapshot {
-    first: usize,
-    dtype: DType,
-    shape: Vec<i64>,
-    strides: Option<Vec<i64>>,
-    device: Device,
-}
-
-impl Snapshot {
-    fn of(t: &dyn Tensor) -> Snapshot {
-        Snapshot {
-            first: t.first_element_ptr() as usize,
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            strides: t.strides_elems().map(<[i64]>::to_vec),
-            device: t.device(),
-        }
-    }
-
-    /// The first field in which `t` differs: `(field, planned, now)`.
-    fn differs(&self, t: &dyn Tensor) -> Option<(&'static str, String, String)> {
-        let first = t.first_element_ptr() as usize;
-        if first != self.first {
-            return Some((
-                "data pointer",
-                format!("{:#x}", self.first),
-                format!("{first:#x}"),
-            ));
-        }
-        if t.dtype() != self.dtype {
-            return Some(("dtype", self.dtype.to_string(), t.dtype().to_string()));
-        }
-        if t.shape() != self.shape.as_slice() {
-            return Some((
-                "shape",
-                format!("{:?}", self.shape),
-                format!("{:?}", t.shape()),
-            ));
-        }
-        if t.strides_elems() != self.strides.as_deref() {
-            let s = |v: Option<&[i64]>| v.map_or("none (C order)".into(), |v| format!("{v:?}"));
-            return Some(("strides", s(self.strides.as_deref()), s(t.strides_elems())));
-        }
-        if t.device() != self.device {
-            return Some(("device", self.device.to_string(), t.device().to_string()));
-        }
-        None
-    }
-}
 
 /// A collective planned once over the same tensors, run step after step (see the module
 /// docs): built by the `plan_*` methods of [`crate::comm::TensorComm`].
@@ -250,49 +197,6 @@ where
     })
 }
 
-/// The first member of `now` that differs from `then` (the list's length first), as
-/// [`Error::PlanChanged`]; `send`: the send list's (its fields are named so). Allocates
-/// nothing unless a member differs ([`TensorListMut::for_each_mut`]).
-fn changed<L: TensorListMut + ?Sized>(then: &[Snapshot], now: &mut L, send: bool) -> Option<Error> {
-    let name = |field: &'static str| -> &'static str {
-        if !send {
-            return field;
-        }
-        match field {
-            "list length" => "send list length",
-            "data pointer" => "send data pointer",
-            "dtype" => "send dtype",
-            "shape" => "send shape",
-            "strides" => "send strides",
-            _ => "send device",
-        }
-    };
-    let mut first: Option<Error> = None;
-    let len = now.for_each_mut(&mut |index, t| {
-        if first.is_some() {
-            return;
-        }
-        let Some(s) = then.get(index) else { return };
-        if let Some((field, planned, now)) = s.differs(&*t) {
-            first = Some(Error::PlanChanged {
-                index,
-                field: name(field),
-                planned,
-                now,
-            });
-        }
-    });
-    if len != then.len() {
-        return Some(Error::PlanChanged {
-            index: len.min(then.len()),
-            field: name("list length"),
-            planned: then.len().to_string(),
-            now: len.to_string(),
-        });
-    }
-    first
-}
-
 impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
     /// Runs one step, blocking: the members' current values, reduced or broadcast as the
     /// plan says, written back into them.
@@ -398,9 +302,9 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
         if self.changed.is_some() {
             return;
         }
-        self.changed = changed(&self.snapshot.0, self.list, false);
+        self.changed = changed(&self.snapshot.0, self.list, (0, false));
         if let (None, Some(send)) = (&self.changed, self.send.as_deref_mut()) {
-            self.changed = changed(&self.snapshot.1, send, true);
+            self.changed = changed(&self.snapshot.1, send, (0, true));
         }
     }
 

@@ -5,6 +5,7 @@
 //! [`crate::comm`]) call these.
 
 pub(crate) mod collective;
+pub(in crate::comm) mod exchange;
 pub(crate) mod fused;
 pub(crate) mod gathered;
 pub(crate) mod p2p;
