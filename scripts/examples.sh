@@ -80,51 +80,29 @@ for py_example in examples/train_step_mpi4py.py examples/train_step.py; do
     fi
 done
 
-# README.md shows examples/train_step.rs from its first `use` line: the two must not drift.
-readme_step=$(awk '/^```rust/ { block = ""; inside = 1; next }
-    /^```/ && inside { if (block ~ /acquire_all/) { printf "%s", block; exit } inside = 0; next }
-    inside { block = block $0 "\n" }' README.md)
-file_step=$(sed -n '/^use /,$p' examples/train_step.rs)
-if [[ "$readme_step" == "$file_step" ]]; then
-    echo "PASS README.md's training step is examples/train_step.rs"
-    passed=$((passed + 1))
-else
-    echo "FAIL README.md's training step differs from examples/train_step.rs:"
-    diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
-    failed=$((failed + 1))
-fi
-
-# README.md shows examples/planned_step.rs from its first `use` line too.
-readme_plan=$(awk '/^```rust/ { block = ""; inside = 1; next }
-    /^```/ && inside { if (block ~ /plan_all_reduce_tensors_in_place/) { printf "%s", block; exit } inside = 0; next }
-    inside { block = block $0 "\n" }' README.md)
-file_plan=$(sed -n '/^use /,$p' examples/planned_step.rs)
-if [[ "$readme_plan" == "$file_plan" ]]; then
-    echo "PASS README.md's planned step is examples/planned_step.rs"
-    passed=$((passed + 1))
-else
-    echo "FAIL README.md's planned step differs from examples/planned_step.rs:"
-    diff <(printf '%s\n' "$readme_plan") <(printf '%s\n' "$file_plan") | sed 's/^/    /' | head -n 20
-    failed=$((failed + 1))
-fi
-
-# README.md's Python section shows both Python steps from their `import numpy` line.
-for py_example in examples/train_step.py examples/train_step_mpi4py.py; do
-    marker="dlpack_mpi.Comm()"
-    [[ $py_example == examples/train_step_mpi4py.py ]] && marker="comm.Iallreduce"
-    readme_step=$(awk -v marker="$marker" '/^```python/ { block = ""; inside = 1; next }
+# readme_shows LANG MARKER FILE FIRST WHAT: README.md's first ```LANG block containing MARKER
+# must be FILE from its first line matching FIRST (the two must not drift).
+readme_shows() {
+    local lang=$1 marker=$2 file=$3 first=$4 what=$5 shown from_file
+    shown=$(awk -v lang="$lang" -v marker="$marker" '$0 ~ "^```" lang { block = ""; inside = 1; next }
         /^```/ && inside { if (index(block, marker)) { printf "%s", block; exit } inside = 0; next }
         inside { block = block $0 "\n" }' README.md)
-    file_step=$(sed -n '/^import numpy/,$p' "$py_example")
-    if [[ "$readme_step" == "$file_step" ]]; then
-        echo "PASS README.md's Python step is $py_example"
+    from_file=$(sed -n "/$first/,\$p" "$file")
+    if [[ "$shown" == "$from_file" ]]; then
+        echo "PASS README.md's $what is $file"
         passed=$((passed + 1))
     else
-        echo "FAIL README.md's Python step differs from $py_example:"
-        diff <(printf '%s\n' "$readme_step") <(printf '%s\n' "$file_step") | sed 's/^/    /' | head -n 20
+        echo "FAIL README.md's $what differs from $file:"
+        diff <(printf '%s\n' "$shown") <(printf '%s\n' "$from_file") | sed 's/^/    /' | head -n 20
         failed=$((failed + 1))
     fi
-done
+}
+
+readme_shows rust acquire_all examples/train_step.rs '^use ' "training step"
+readme_shows rust plan_all_reduce_tensors_in_place examples/planned_step.rs '^use ' "planned step"
+# README.md's Python section shows both Python steps from their `import numpy` line.
+readme_shows python "dlpack_mpi.Comm()" examples/train_step.py '^import numpy' "Python step"
+readme_shows python "comm.Iallreduce" examples/train_step_mpi4py.py '^import numpy' "Python step"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
