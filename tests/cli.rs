@@ -66,10 +66,11 @@ fn check_patterns_reports_and_summary() {
         text(&out.stderr)
     );
     // A substring: float32 and float32x4, of allreduce and of its nonblocking form
-    // iallreduce, and of fused-allreduce and ifused-allreduce (no broadcast layout); not
-    // allreduce-inplace; negative excluded; length 7 has no 0-d case: 2 × (2 × 5 + 2 × 4).
+    // iallreduce, and of fused-allreduce, ifused-allreduce and plan-allreduce (no broadcast
+    // layout); not allreduce-inplace nor plan-allreduce-max; negative excluded; length 7 has
+    // no 0-d case: 2 × (2 × 5 + 3 × 4).
     let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("PASS ")).collect();
-    assert_eq!(lines.len(), 36, "{stdout}");
+    assert_eq!(lines.len(), 44, "{stdout}");
     for l in &lines {
         assert!(l.contains("allreduce/float32"), "{l}");
         assert!(!l.contains("negative"), "{l}");
@@ -78,7 +79,7 @@ fn check_patterns_reports_and_summary() {
         assert!(l.ends_with(']'), "{l}");
     }
     assert!(
-        stdout.contains("36 passed, 0 failed, 0 skipped"),
+        stdout.contains("44 passed, 0 failed, 0 skipped"),
         "{stdout}"
     );
     // Not a terminal: no progress bar on standard error.
@@ -87,10 +88,10 @@ fn check_patterns_reports_and_summary() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["ranks"], 2);
-    assert_eq!(report["passed"], 36);
+    assert_eq!(report["passed"], 44);
     assert_eq!(report["failed"], 0);
     let cases = report["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 36);
+    assert_eq!(cases.len(), 44);
     assert!(cases.iter().all(|c| c["status"] == "pass" && c["len"] == 7));
     assert_eq!(cases[0]["name"], "allreduce/float32/contiguous/cpu/host/7");
     assert_eq!(
@@ -99,8 +100,8 @@ fn check_patterns_reports_and_summary() {
     );
 
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert_eq!(xml.matches("<testcase ").count(), 36, "{xml}");
-    assert!(xml.contains(r#"tests="36" failures="0""#), "{xml}");
+    assert_eq!(xml.matches("<testcase ").count(), 44, "{xml}");
+    assert!(xml.contains(r#"tests="44" failures="0""#), "{xml}");
     assert!(
         xml.contains(r#"name="allreduce/float32x4/step/cpu/host/7""#),
         "{xml}"
@@ -329,7 +330,7 @@ fn check_default_output_is_one_screen() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines.len() < 100, "{} lines: {stdout}", lines.len());
     assert!(
-        lines[0].starts_with("dlpack-mpi check: 884 cases at 4 rank(s)"),
+        lines[0].starts_with("dlpack-mpi check: 962 cases at 4 rank(s)"),
         "{stdout}"
     );
     // The mismatch section: each probe ended in errors on every rank, not a hang.
@@ -343,11 +344,12 @@ fn check_default_output_is_one_screen() {
     for case_line in ["PASS ", "SKIP ", "N/A ", "FAIL ", "KNOWN-BUG"] {
         assert!(!stdout.contains(case_line), "{case_line}: {stdout}");
     }
-    // 34 operations (16 blocking, 13 nonblocking collectives, 5 fused) × 26 dtypes; 12
-    // reductions × 10 transfer-only dtypes do not apply.
+    // 37 operations (16 blocking, 13 nonblocking collectives, 5 fused, 3 plans) × 26
+    // dtypes; 14 reductions × 10 transfer-only dtypes do not apply, nor the maximum of
+    // bool, complex64 and complex128.
     assert_eq!(
         lines.last().copied(),
-        Some("764 passed, 0 failed, 0 skipped, 120 not applicable"),
+        Some("819 passed, 0 failed, 0 skipped, 143 not applicable"),
         "{stdout}"
     );
     let ops: Vec<&str> = lines
@@ -355,13 +357,15 @@ fn check_default_output_is_one_screen() {
         .copied()
         .filter(|l| l.starts_with("  ") && l.ends_with(" not applicable"))
         .collect();
-    assert_eq!(ops.len(), 34, "{stdout}");
+    assert_eq!(ops.len(), 37, "{stdout}");
     assert!(ops[0].starts_with("  a send-recv "), "{}", ops[0]);
-    // A reduction, a nonblocking and a fused one: 16 dtypes reduce, 10 are transfer-only.
+    // A reduction, a nonblocking, a fused and a planned one: 16 dtypes reduce, 10 are
+    // transfer-only.
     for (i, op) in [
         (4, "e reduce"),
         (28, "C ireduce-scatter-block"),
         (32, "G fused-reduce-scatter"),
+        (34, "I plan-allreduce"),
     ] {
         let counts = " 16 passed    0 failed    0 skipped   0 known bugs   10 not applicable";
         let line = ops[i];
@@ -377,18 +381,19 @@ fn check_default_output_is_one_screen() {
             .find(|l| l.starts_with(&format!("  {dtype:<20} ")))
             .unwrap_or_else(|| panic!("no row {dtype}: {stdout}"))
     };
-    let cells = |dtype: &str| row(dtype)[23..57].to_string();
-    let letters = "abcdefghijklmnopqrstuvwxyzABCDEFGH";
+    let cells = |dtype: &str| row(dtype)[23..60].to_string();
+    let letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJK";
     let header = format!("  {:<20} {letters}  tensors made by", "");
     assert_eq!(row("").trim_end(), header.trim_end());
-    assert_eq!(cells("float32"), ".".repeat(34));
-    assert_eq!(cells("int8"), ".".repeat(34));
+    assert_eq!(cells("float32"), ".".repeat(37));
+    assert_eq!(cells("int8"), ".".repeat(37));
     // Transfer-only: moved by every operation, reduced by none (reduce, allreduce,
-    // allreduce-inplace, reduce-scatter-block, and their nonblocking forms).
+    // allreduce-inplace, reduce-scatter-block, their nonblocking forms, the fused ones and
+    // the plans').
     for dtype in ["complex32", "bcomplex32", "float8_e5m2", "float8_e8m0fnu"] {
         assert_eq!(
             cells(dtype),
-            "....---........-.---........---.--",
+            "....---........-.---........---.----.",
             "{dtype}"
         );
     }

@@ -16,9 +16,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_dlpack-mpi");
 
 /// `bench ARGS` at 2 ranks under mpirun.
 fn bench(args: &[&str]) -> Output {
+    bench_at(2, args)
+}
+
+/// `bench ARGS` at `ranks` ranks under mpirun.
+fn bench_at(ranks: u32, args: &[&str]) -> Output {
     let launcher = std::env::var("DLPACK_MPI_MPIRUN").unwrap_or_else(|_| "mpirun".into());
     Command::new(launcher)
-        .args(["-n", "2", BIN, "bench"])
+        .args(["-n", &ranks.to_string(), BIN, "bench"])
         .args(args)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -158,14 +163,16 @@ fn json_has_every_operation_with_percentiles_and_bus_bandwidth() {
     }
 }
 
-/// The JSON of `--op strided`, `overlap` and `fused` (tiny): their old keys, the common
-/// ones, p50 ≤ p99 over the rounds, and bandwidths where the time is a collective's alone.
+/// The JSON of `--op strided`, `overlap`, `fused` and `plan` (tiny): their old keys, the
+/// common ones, p50 ≤ p99 over the rounds, and bandwidths where the time is a collective's
+/// alone.
 #[test]
 fn json_of_strided_overlap_and_fused() {
     let runs = [
         "--op strided --strided-storage 32K --iters 1 --rounds 2",
         "--op overlap --sizes 64K --iters 4 --rounds 2 --overlap-slices 4",
         "--op fused --fused-scale 4096 --iters 2 --rounds 2",
+        "--op plan --fused-scale 4096 --iters 2 --rounds 2",
     ];
     for (k, args) in runs.iter().enumerate() {
         let (_, rows) = json_run(&format!("other{k}"), &args.split(' ').collect::<Vec<_>>());
@@ -176,13 +183,95 @@ fn json_of_strided_overlap_and_fused() {
             assert_eq!(o.contains_key("block_elems"), op == "strided", "{o:?}");
             assert_eq!(num(o, "samples"), 2.0, "one sample per round: {o:?}");
             assert!(num(o, "p50_us") <= num(o, "p99_us"), "{o:?}");
-            let has_bus = op == "fused" || o["path"] == "blocking";
+            let has_bus = op == "fused" || op == "plan" || o["path"] == "blocking";
             assert_eq!(!o["busbw_gbs"].is_null(), has_bus, "{o:?}");
             if has_bus {
                 assert_eq!(num(o, "busbw_factor"), 1.0, "{o:?}");
                 assert!(close(num(o, "busbw_gbs"), num(o, "algbw_gbs")), "{o:?}");
             }
         }
+    }
+}
+
+/// `--op plan` (tiny lists) at 1 and 2 ranks: one JSON object per case and path — the
+/// model lists and `256x1KiB` with the planned step (blocking and started), the unplanned
+/// fused all-reduce and the contiguous limit, and mpi4py's ways unless a line says why not;
+/// `8B` with the planned steps, raw `MPI_Allreduce` and the checked all-reduce — every
+/// time positive, every planned step's result checked (the verification line), the
+/// targets' lines printed.
+#[test]
+fn plan_json_rows_at_one_and_two_ranks() {
+    for ranks in [1u32, 2] {
+        let json = scratch(&format!("plan{ranks}.json"));
+        let args = "--op plan --fused-scale 4096 --iters 20 --rounds 2 --json";
+        let mut all: Vec<&str> = args.split(' ').collect();
+        all.push(json.to_str().unwrap());
+        let out = bench_at(ranks, &all);
+        let stdout = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+        let verified = "verification (one call per case and path after the timing, every \
+                        element checked): passed";
+        assert!(stdout.contains(verified), "{stdout}");
+        for line in [
+            "256x1KiB: planned / contiguous = ",
+            "resnet50: planned / fused = ",
+            "bert-base: planned / fused = ",
+            "8B: planned − raw = ",
+        ] {
+            assert!(stdout.contains(line), "{line}: {stdout}");
+        }
+        // mpi4py's ways run on the model lists, or a line says why not.
+        let fused_ways =
+            !stdout.contains("mpi4py-loop, mpi4py-concat, mpi4py-persistent: skipped (");
+        let persistent = fused_ways && !stdout.contains("mpi4py-persistent: skipped (");
+        let rows: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let got: Vec<(String, String)> = rows
+            .as_array()
+            .expect("a JSON array")
+            .iter()
+            .map(|o| {
+                let o = o.as_object().expect("an object");
+                assert_eq!(o["op"], "plan", "{o:?}");
+                assert_eq!(o["ranks"], ranks, "{o:?}");
+                assert_eq!(num(o, "samples"), 2.0, "one sample per round: {o:?}");
+                for k in ["median_us", "best_us", "p50_us", "p99_us", "algbw_gbs"] {
+                    assert!(num(o, k) > 0.0, "{k}: {o:?}");
+                }
+                assert!(num(o, "best_us") <= num(o, "median_us"), "{o:?}");
+                // nccl-tests' all-reduce factor, 2(n−1)/n: 0 at one rank, 1 at two.
+                let factor = 2.0 * f64::from(ranks - 1) / f64::from(ranks);
+                assert_eq!(num(o, "busbw_factor"), factor, "{o:?}");
+                let busbw = num(o, "algbw_gbs") * factor;
+                assert!(close(num(o, "busbw_gbs"), busbw), "{o:?}");
+                assert_eq!(num(o, "algbw_bytes"), num(o, "size_bytes"), "{o:?}");
+                let case = o["case"].as_str().unwrap().to_string();
+                (case, o["path"].as_str().unwrap().to_string())
+            })
+            .collect();
+        let list_paths = ["planned", "planned-start", "fused", "contiguous"];
+        let mut want: Vec<(String, String)> = Vec::new();
+        for case in ["resnet50", "bert-base", "256x1KiB", "8B"] {
+            let mut paths: Vec<&str> = match case {
+                "8B" => vec!["planned", "planned-start", "raw", "checked"],
+                _ => list_paths.to_vec(),
+            };
+            if case == "resnet50" || case == "bert-base" {
+                if fused_ways {
+                    paths.extend(["mpi4py-loop", "mpi4py-concat"]);
+                }
+                if persistent {
+                    paths.push("mpi4py-persistent");
+                }
+            }
+            want.extend(paths.iter().map(|p| (case.to_string(), p.to_string())));
+        }
+        assert_eq!(got, want, "{ranks} rank(s)");
+        let size = |case: &str| {
+            let o = rows.as_array().unwrap().iter().find(|o| o["case"] == case);
+            o.and_then(|o| o["size_bytes"].as_u64())
+        };
+        assert_eq!(size("8B"), Some(8));
+        assert_eq!(size("256x1KiB"), Some(256 << 10));
     }
 }
 

@@ -63,6 +63,9 @@ pub(crate) struct Signature<'a> {
     /// datatype or this crate's operations on `MPI_UINT16_T`, by `DLPACK_MPI_HALF_OPS`),
     /// since ranks that differ there pass different datatypes (MPICH: `MPI_ERR_TRUNCATE`).
     halves: u8,
+    /// A plan's buckets are device buckets (a device list on a `DeviceComm`): they carry no
+    /// identity, so their messages differ in size from a host list's.
+    device: bool,
 }
 
 /// The half dtypes a [`Signature`] can carry, with their bit in `halves`.
@@ -93,6 +96,7 @@ impl<'a> Signature<'a> {
             list: None,
             buckets: None,
             halves: 0,
+            device: false,
         }
     }
 
@@ -132,6 +136,13 @@ impl<'a> Signature<'a> {
     /// The per-rank counts every rank must pass (the same array on each).
     pub(crate) fn counts(mut self, counts: &'a [i64]) -> Self {
         self.counts = Some(counts);
+        self
+    }
+
+    /// A plan over a device list's buckets (see the field): ranks whose lists differ there
+    /// would send messages of different sizes.
+    pub(crate) fn device_buckets(mut self, device: bool) -> Self {
+        self.device = device;
         self
     }
 
@@ -220,6 +231,9 @@ impl<'a> Signature<'a> {
         for (d, native) in self.half_forms() {
             h.word(dtype_word(d) << 1 | u64::from(native));
         }
+        if self.device {
+            h.word(0xde71ce);
+        }
         i64::from_ne_bytes(h.0.to_ne_bytes())
     }
 
@@ -251,6 +265,9 @@ impl<'a> Signature<'a> {
         }
         if let Some((f, r)) = self.buckets {
             let _ = write!(s, " buckets {f}/{r} B");
+        }
+        if self.device {
+            s.push_str(" in device memory");
         }
         for (d, native) in self.half_forms() {
             let how = if native {

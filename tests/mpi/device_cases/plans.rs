@@ -115,7 +115,45 @@ fn planned_reduce_scatter_refused(w: &SimpleCommunicator) -> Outcome {
     }
 }
 
+/// A list on the host on rank 0 and on the device elsewhere: the plan's buckets would
+/// differ in size (host buckets carry the identity), so the build is a
+/// `CollectiveMismatch` naming the device memory on every rank, not an MPI error.
+fn planned_mixed_memory_is_refused(w: &SimpleCommunicator) -> Outcome {
+    let (me, p) = (w.rank(), w.size());
+    if p < 2 {
+        return Ok(());
+    }
+    let rt = SimulatedRuntime::new();
+    let dc = staged(w, &rt);
+    let o = if me == 0 {
+        Owned::new(vec![1.0f32; 7])
+    } else {
+        member(CUDA0, 0, 7, false, me)?
+    };
+    let mut ts = vec![take(&o, &rt)?];
+    match dc
+        .plan_all_reduce_tensors_in_place(&mut ts, ReduceOp::Sum)
+        .map(drop)
+    {
+        Err(Error::CollectiveMismatch {
+            difference,
+            arguments,
+            other_arguments,
+            ..
+        }) => {
+            let words = format!("{difference} {arguments} {other_arguments}");
+            ensure!(words.contains("in device memory"), "{words}");
+            Ok(())
+        }
+        other => Err(format!("rank {me}: {other:?}")),
+    }
+}
+
 pub(super) const CASES: &[(&str, Case)] = &[
+    (
+        "planned_mixed_memory_is_refused",
+        planned_mixed_memory_is_refused,
+    ),
     ("planned_staged", planned_staged),
     ("planned_direct", planned_direct),
     (

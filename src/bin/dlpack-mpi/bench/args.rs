@@ -53,6 +53,15 @@ pub enum Op {
     /// mpi4py-loop = one Allreduce(MPI.IN_PLACE) per member, mpi4py-concat = np.concatenate,
     /// one Allreduce, copied back. Not part of `all`.
     Fused,
+    /// Plans: the planned fused all-reduce (sum of f32, in place; built once per list by
+    /// plan_all_reduce_tensors_in_place, one plan.run() per iteration, and plan.start() then
+    /// wait) of --op fused's lists (divided by --fused-scale) and of one tensor of 8 bytes,
+    /// next to the unplanned fused all-reduce of the same members, one tensor of the same
+    /// total elements, mpi4py on the model lists (feature `python`: --op fused's two ways
+    /// and the persistent Allreduce_init + Startall/Waitall where mpi4py's MPI is MPI-4;
+    /// each skipped with a line otherwise) and, at 8 bytes, rsmpi's MPI_Allreduce on the
+    /// same buffer and the checked all_reduce_tensor_in_place. Not part of `all`.
+    Plan,
     /// latency, bandwidth, allreduce, allgatherv, alltoall, then strided (skipped when
     /// --max-size is below 64 MiB).
     All,
@@ -70,6 +79,7 @@ impl Op {
             Op::Strided => "strided",
             Op::Overlap => "overlap",
             Op::Fused => "fused",
+            Op::Plan => "plan",
             Op::All => "all",
         }
     }
@@ -270,9 +280,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_TIMEOUT_S,
           allow_hyphen_values = true, value_parser = parse_timeout)]
     pub timeout: f64,
-    /// `--op fused`: divide the element count of every member of the model lists
-    /// (ResNet-50, BERT-base) by this (rounded up; members become 1-D), for quick runs or
-    /// small machines; 1 = full size.
+    /// `--op fused` and `--op plan`: divide the element count of every member of the model
+    /// lists (ResNet-50, BERT-base) by this (rounded up; members become 1-D), for quick runs
+    /// or small machines; 1 = full size.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub fused_scale: u64,
 }

@@ -129,9 +129,9 @@ impl FusedRow {
 }
 
 /// A list of tensors: its name and every member's shape.
-struct List {
-    name: String,
-    shapes: Vec<Vec<i64>>,
+pub(super) struct List {
+    pub(super) name: String,
+    pub(super) shapes: Vec<Vec<i64>>,
 }
 
 /// Reads a shape list: one tensor a line, a name then its dimensions; `#` starts a comment.
@@ -183,8 +183,9 @@ fn model_list(name: &str, (file, text): (&str, &str), scale: u64) -> Result<List
     })
 }
 
-/// The cases: the two model lists (those that can be read) and `256x1KiB`.
-fn lists(scale: u64, root: bool) -> Vec<List> {
+/// The cases: the two model lists (those that can be read) and `256x1KiB` (also
+/// `--op plan`'s, which adds one).
+pub(super) fn lists(scale: u64, root: bool) -> Vec<List> {
     let mut out = Vec::new();
     for (name, file, text) in MODEL_LISTS {
         match model_list(name, (file, text), scale) {

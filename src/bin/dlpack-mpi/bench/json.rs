@@ -10,11 +10,11 @@ use super::common::Samples;
 #[derive(Debug, serde::Serialize)]
 pub struct JsonRow {
     /// The operation, as `--op` names it: `latency`, `bandwidth`, `allreduce`, `allgatherv`,
-    /// `alltoall`, `strided`, `overlap`, `fused`.
+    /// `alltoall`, `strided`, `overlap`, `fused`, `plan`.
     pub op: &'static str,
     /// The case: the operation's name for the sweeps (one object per size), the view for
     /// `strided` (`step 2`, `block 64`, …), `allreduce-16MiB-f32` / `post-8B` for `overlap`,
-    /// the list for `fused`.
+    /// the list for `fused` and `plan` (`plan`'s `8B` too).
     pub case: String,
     /// The path's name.
     pub path: &'static str,
@@ -23,7 +23,8 @@ pub struct JsonRow {
     pub block_elems: Option<usize>,
     /// The size as the operation defines it: the message (latency, bandwidth), the vector
     /// (all-reduce), each rank's block (all-gatherv, all-to-all, as `--sizes`), the view's
-    /// logical bytes (strided), the all-reduced tensor (overlap), the whole list (fused).
+    /// logical bytes (strided), the all-reduced tensor (overlap), the whole list (fused,
+    /// plan).
     pub size_bytes: u64,
     /// Ranks in the job.
     pub ranks: i32,

@@ -54,6 +54,15 @@
 //! one `Allreduce`, copied back), timed in Python. `--json` writes one object per (case,
 //! path).
 //!
+//! `--op plan` all-reduces the same lists (and one tensor of 8 bytes) through a plan
+//! ([`TensorComm::plan_all_reduce_tensors_in_place`], built once per list; `planned`:
+//! `plan.run()`, `planned-start`: `plan.start()?.wait()`) next to the unplanned fused
+//! all-reduce of the same members, one tensor of the same total elements, mpi4py's ways on
+//! the model lists (`--op fused`'s two and the persistent `Allreduce_init` with
+//! `Startall`/`Waitall` where mpi4py's MPI is MPI-4), and at 8 bytes rsmpi's
+//! `MPI_Allreduce` on the same buffer (`raw`) and the checked single-tensor all-reduce.
+//! `--json` writes one object per (case, path).
+//!
 //! `--device cuda` runs [`gpu`] instead: GPU tensors through `DeviceComm` next to a pinned
 //! copy of the same bytes and to host-memory MPI.
 //!
@@ -75,7 +84,9 @@
 //! 6. `host`, `strided`, `overlap`, `gpu`: the measurements (they print through the
 //!    reports); `fused_mpi4py`, the mpi4py paths of `fused` (uses `common` only), and
 //!    `fused`, which uses only `common`, `json`, `args` and `fused_mpi4py` and prints its
-//!    own table;
+//!    own table; `plan_mpi4py`, mpi4py's persistent path of `plan` (uses nothing of
+//!    `bench/`), and `plan`, which uses only `common`, `json`, `args`, `fused_mpi4py` and
+//!    `plan_mpi4py` and prints its own table;
 //! 7. this file: [`run`], which refuses what cannot be done (among it an `--iters` that
 //!    cannot end within `--timeout`), tries the output files, watches `--timeout` and
 //!    dispatches.
@@ -86,6 +97,8 @@
 //! [`TensorComm::send_tensor`]: dlpack_mpi::comm::TensorComm::send_tensor
 //! [`TensorComm::immediate_all_reduce_tensor`]:
 //!     dlpack_mpi::comm::TensorComm::immediate_all_reduce_tensor
+//! [`TensorComm::plan_all_reduce_tensors_in_place`]:
+//!     dlpack_mpi::comm::TensorComm::plan_all_reduce_tensors_in_place
 
 mod args;
 mod common;
@@ -96,6 +109,8 @@ mod host;
 mod json;
 mod overlap;
 mod overlap_report;
+mod plan;
+mod plan_mpi4py;
 mod report;
 mod sampled;
 mod strided;
@@ -150,17 +165,17 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
                 .into(),
         );
     }
-    if args.op == Op::Fused
+    if matches!(args.op, Op::Fused | Op::Plan)
         && (args.layout != BenchLayout::Contiguous
             || args.sizes.is_some()
             || args.csv.is_some()
             || args.plot.is_some())
     {
-        return Some(
-            "--op fused has fixed lists of contiguous tensors and writes --json only: --layout, \
-             --sizes, --csv and --plot do not apply"
-                .into(),
-        );
+        return Some(format!(
+            "--op {} has fixed lists of contiguous tensors and writes --json only: --layout, \
+             --sizes, --csv and --plot do not apply",
+            args.op.name()
+        ));
     }
     if args.op == Op::Overlap && args.layout != BenchLayout::Contiguous {
         return Some("--op overlap all-reduces contiguous tensors only (no --layout step)".into());
@@ -168,7 +183,7 @@ fn refuse(world: &SimpleCommunicator, args: &BenchArgs) -> Option<String> {
     if args.op == Op::Overlap && (args.csv.is_some() || args.plot.is_some()) {
         return Some("--op overlap writes --json, not --csv or --plot".into());
     }
-    if args.check && matches!(args.op, Op::Strided | Op::Overlap | Op::Fused) {
+    if args.check && matches!(args.op, Op::Strided | Op::Overlap | Op::Fused | Op::Plan) {
         return Some(format!(
             "--check checks every iteration of latency, bandwidth, allreduce, allgatherv and \
              alltoall (and of those in --op all), not --op {}",
@@ -188,7 +203,8 @@ const MIN_ITERATION_NS: u128 = 50;
 /// runs (`all`: the sweeps; strided is left out, as `all` may skip it), one path, `--rounds`
 /// rounds of the iterations of its smallest message ([`args::iters_for`]: the most
 /// iterations; strided at its storage's size, fused at its list of 256 × 1 KiB, overlap at
-/// its 8-byte post). A lower bound: every operation has more paths, and sizes, than this.
+/// its 8-byte post, plan at its 8-byte tensor). A lower bound: every operation has more
+/// paths, and sizes, than this.
 fn least_iterations(args: &BenchArgs, iters: u64) -> u128 {
     use args::iters_for;
     let max = args.max_size.unwrap_or(DEFAULT_MAX_SIZE) as usize;
@@ -211,7 +227,7 @@ fn least_iterations(args: &BenchArgs, iters: u64) -> u128 {
             .map(|&op| {
                 u128::from(match op {
                     Op::Strided => iters_for(iters, args.strided_storage),
-                    Op::Overlap => iters,
+                    Op::Overlap | Op::Plan => iters,
                     Op::Fused => iters_for(iters, 256 << 10),
                     _ => iters_for(iters, smallest(op.default_sizes(max))),
                 })
@@ -395,6 +411,8 @@ struct Measured {
     overlap: Vec<overlap_report::OverlapRow>,
     /// `--op fused`'s.
     fused: Vec<fused::FusedRow>,
+    /// `--op plan`'s.
+    plan: Vec<plan::PlanRow>,
 }
 
 /// Runs every operation `--op` names on the host: the rows, and whether every path
@@ -435,6 +453,10 @@ fn run_ops(world: &SimpleCommunicator, args: &BenchArgs) -> (Measured, bool) {
                 m.fused = r;
                 good
             }),
+            Op::Plan => plan::plan(world, args).map(|(r, good)| {
+                m.plan = r;
+                good
+            }),
             _ => host::sweep(world, args, op).map(|(mut r, good)| {
                 m.rows.append(&mut r);
                 good
@@ -462,6 +484,7 @@ fn write_files(ranks: i32, args: &BenchArgs, m: &Measured) -> Result<(), String>
         objects.extend(strided_report::json_rows(&m.strided, ranks));
         objects.extend(overlap_report::json_rows(&m.overlap, ranks));
         objects.extend(fused::json_rows(&m.fused, ranks));
+        objects.extend(plan::json_rows(&m.plan, ranks));
         crate::common::write_json(path, &objects)?;
     }
     if let Some(path) = &args.plot {

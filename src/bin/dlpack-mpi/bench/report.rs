@@ -193,7 +193,7 @@ pub fn print_host_intro(ranks: i32, library: &str, args: &BenchArgs) {
         args.rounds,
         mpi::time_resolution() * 1e6,
     );
-    if !matches!(args.op, Op::Strided | Op::Overlap | Op::Fused) {
+    if !matches!(args.op, Op::Strided | Op::Overlap | Op::Fused | Op::Plan) {
         println!(
             "paths: raw = rsmpi on &[f32] / &mut [f32]; dlpack = SendSpec/RecvSpec built per \
              message + rsmpi; reused = specs built once per round + rsmpi; checked = \

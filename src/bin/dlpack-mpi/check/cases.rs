@@ -4,7 +4,7 @@
 //! (`iallreduce`, …) runs its blocking collective's body with [`Call::Nonblocking`]: the
 //! same tensors and expected values, the operation posted in an rsmpi scope and completed
 //! there ([`super::nonblocking`]). The fused collectives over lists of tensors have their
-//! case in [`super::fused`].
+//! case in [`super::fused`], their plans in [`super::plans`].
 
 use std::fmt::Debug;
 
@@ -124,6 +124,9 @@ impl<S: AnyBits + PartialEq + Debug> At<'_, S> {
             | Op::FusedBcast
             | Op::FusedReduceScatter => {
                 super::fused::case((self.kind, self.cx, self.dc), (op, self.call), self.n)
+            }
+            Op::PlanAllreduce | Op::PlanAllreduceMax | Op::PlanBcast => {
+                super::plans::case((self.kind, self.cx, self.dc), op, self.n)
             }
             // The nonblocking collectives arrive here as their blocking ones (`Runner::run`).
             nonblocking => Err(format!("{} has no case body", nonblocking.name())),

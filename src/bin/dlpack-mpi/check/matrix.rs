@@ -47,13 +47,16 @@ pub(super) enum Op {
     FusedBcast,
     FusedReduceScatter,
     IfusedAllreduce,
+    PlanAllreduce,
+    PlanAllreduceMax,
+    PlanBcast,
 }
 
 impl Op {
     /// Every operation, in the order the matrix runs them: the blocking ones, then the
     /// nonblocking collectives in the same order (so that the blocking ones keep their
-    /// matrix columns), then the fused collectives over lists of tensors.
-    pub(super) const ALL: [Op; 34] = [
+    /// matrix columns), then the fused collectives over lists of tensors, then their plans.
+    pub(super) const ALL: [Op; 37] = [
         Op::SendRecv,
         Op::Sendrecv,
         Op::IsendIrecv,
@@ -88,6 +91,9 @@ impl Op {
         Op::FusedBcast,
         Op::FusedReduceScatter,
         Op::IfusedAllreduce,
+        Op::PlanAllreduce,
+        Op::PlanAllreduceMax,
+        Op::PlanBcast,
     ];
 
     /// The name of `--op` and of case names.
@@ -127,6 +133,9 @@ impl Op {
             Op::FusedBcast => "fused-bcast",
             Op::FusedReduceScatter => "fused-reduce-scatter",
             Op::IfusedAllreduce => "ifused-allreduce",
+            Op::PlanAllreduce => "plan-allreduce",
+            Op::PlanAllreduceMax => "plan-allreduce-max",
+            Op::PlanBcast => "plan-bcast",
         }
     }
 
@@ -142,15 +151,24 @@ impl Op {
         )
     }
 
+    /// Whether the case is a plan of a fused collective (`super::plans`).
+    pub(super) fn is_planned(self) -> bool {
+        matches!(
+            self,
+            Op::PlanAllreduce | Op::PlanAllreduceMax | Op::PlanBcast
+        )
+    }
+
     /// Whether the matrix has cases of this operation in `layout`: not those of a fused
     /// collective whose list is written in place (`fused-allreduce`, `fused-bcast`,
-    /// `ifused-allreduce`) in the broadcast layout, whose written tensors are contiguous
-    /// (the contiguous cases' lists, repeated values aside).
+    /// `ifused-allreduce`, and the plans) in the broadcast layout, whose written tensors
+    /// are contiguous (the contiguous cases' lists, repeated values aside).
     pub(super) fn runs_layout(self, layout: Layout) -> bool {
-        let in_place = matches!(
-            self,
-            Op::FusedAllreduce | Op::FusedBcast | Op::IfusedAllreduce
-        );
+        let in_place = self.is_planned()
+            || matches!(
+                self,
+                Op::FusedAllreduce | Op::FusedBcast | Op::IfusedAllreduce
+            );
         !(in_place && layout == Layout::Broadcast)
     }
 
@@ -328,6 +346,7 @@ mod tests {
         assert_eq!(posted.len(), 14);
         assert_eq!(Op::IfusedAllreduce.posts(), Some(Op::FusedAllreduce));
         assert_eq!(Op::ALL.iter().filter(|o| o.is_fused()).count(), 5);
+        assert_eq!(Op::ALL.iter().filter(|o| o.is_planned()).count(), 3);
         for op in Op::ALL {
             if let Some(blocking) = op.posts() {
                 assert_eq!(op.name(), format!("i{}", blocking.name()));
@@ -338,6 +357,7 @@ mod tests {
         let collectives = Op::ALL.iter().filter(|o| {
             o.posts().is_none()
                 && !o.is_fused()
+                && !o.is_planned()
                 && !matches!(o, Op::SendRecv | Op::Sendrecv | Op::IsendIrecv)
         });
         assert!(collectives.clone().all(|o| posted.contains(o)));

@@ -34,7 +34,9 @@
 //! 5. `kind`: one dtype's reference values, tensors and comparisons; the `Runner` trait.
 //! 6. `cases`: the case body of each operation.
 //! 7. `dtypes`: the table of dtypes; `fused`: the case of the fused collectives over lists
-//!    of tensors (`cases` calls it; its mixed lists take float32 and int32 from `dtypes`).
+//!    of tensors (`cases` calls it; its mixed lists take float32 and int32 from `dtypes`);
+//!    `plans`: the case of their plans, built once and run step after step, the members
+//!    written and checked between steps (the same lists as `fused`'s).
 //! 8. `select`: which cases run (`--op`…, `-k`/`-e`), agreed by every rank.
 //! 9. `setup`: devices, GPU runtime and each rank's GPU, and communicator, agreed by every
 //!    rank; `mismatch`: the probes of mismatched arguments across ranks (the agreement's
@@ -61,6 +63,7 @@ mod matrix;
 mod mismatch;
 mod nonblocking;
 mod placement;
+mod plans;
 mod producers;
 mod report;
 mod run;

@@ -147,19 +147,19 @@ fn check_names(kinds: &[Box<dyn Runner>], args: &CheckArgs) -> Result<(), String
     Ok(())
 }
 
-/// The lengths of the fused collectives' cases under the default `--len`: each case is a
-/// list with members of 0, 1 and 7 elements beside one of the case's length
-/// (`super::fused`), so length 0 (the empty list too, default buckets) and 1000 (small
-/// buckets) cover it.
+/// The lengths of the fused collectives' cases and their plans' under the default `--len`:
+/// each case is a list with members of 0, 1 and 7 elements beside one of the case's length
+/// (`super::fused`, `super::plans`), so length 0 (the empty list too, default buckets) and
+/// 1000 (small buckets) cover it.
 const FUSED_DEFAULT_LENS: [i64; 2] = [0, 1000];
 
 /// The lengths of `op`'s cases: `--len`, but when `--len` is the default
-/// [`FUSED_DEFAULT_LENS`] for a fused collective and [`NONBLOCKING_DEFAULT_LENS`] for a
-/// nonblocking one.
+/// [`FUSED_DEFAULT_LENS`] for a fused collective or its plan and
+/// [`NONBLOCKING_DEFAULT_LENS`] for a nonblocking one.
 fn lengths(op: Op, args: &CheckArgs) -> &[i64] {
     if args.len != DEFAULT_LENS {
         &args.len
-    } else if op.is_fused() {
+    } else if op.is_fused() || op.is_planned() {
         &FUSED_DEFAULT_LENS
     } else if op.posts().is_some() {
         &NONBLOCKING_DEFAULT_LENS

@@ -44,14 +44,18 @@ fn batch(op: Operation<'_>) -> Result<Box<dyn Batch>> {
 }
 
 /// The build's and each step's signatures of the plan `names` over `written` (the members
-/// the unplanned collective's signature lists), `with` adding the operation's arguments.
+/// the unplanned collective's signature lists), `with` adding the operation's arguments;
+/// with `staged`, whether the list is a device list the stager packs (its buckets carry no
+/// identity, so a plan of device memory on one rank against host memory on another would
+/// send messages of different sizes: the build names it instead, `in device memory`).
 fn signatures<L: TensorListMut + ?Sized>(
     (name, step): (&'static str, &'static str),
-    written: &mut L,
+    (written, staged): (&mut L, bool),
     with: impl Fn(Signature<'static>) -> Signature<'static>,
 ) -> (Signature<'static>, Signature<'static>) {
     let members = super::written(written);
-    let of = |n| with(signature(n, members.iter().copied()));
+    let device = check_devices(members.iter().copied(), staged).unwrap_or(false);
+    let of = |n| with(signature(n, members.iter().copied())).device_buckets(device);
     (of(name), of(step))
 }
 
@@ -83,7 +87,7 @@ where
             "a step of plan_all_reduce_tensors_in_place",
         )
     };
-    let sigs = signatures(names, recv, |s| s.reduce(op));
+    let sigs = signatures(names, (recv, staged), |s| s.reduce(op));
     build(tc, (recv, send), sigs, |recv, send| {
         ensure_matching()?;
         let on = on_device(recv, send, staged)?;
@@ -108,7 +112,7 @@ where
     let (size, is_root) = (comm.size(), comm.rank() == root);
     let staged = tc.stager().is_some();
     let names = ("plan_broadcast_tensors", "a step of plan_broadcast_tensors");
-    let sigs = signatures(names, list, |s| s.root(root));
+    let sigs = signatures(names, (list, staged), |s| s.root(root));
     build(tc, (list, None), sigs, |members, _| {
         ensure_matching()?;
         check_rank(root, size)?;
@@ -145,7 +149,7 @@ where
         "plan_reduce_scatter_block_tensors",
         "a step of plan_reduce_scatter_block_tensors",
     );
-    let sigs = signatures(names, recv, |s| s.reduce(op));
+    let sigs = signatures(names, (recv, staged), |s| s.reduce(op));
     build(tc, (recv, Some(send)), sigs, |recv, send| {
         ensure_matching()?;
         let send = send.ok_or_else(|| missing("reduce-scatter send list"))?;
