@@ -31,9 +31,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             g.as_mut_slice::<f32>()?.fill(rank + step as f32);
         }
         // ... and the sum starts at once, while the rest of the step computes:
-        let sum = plan.start()?;
-        // ... computation that does not touch the gradients ...
-        sum.wait()?;
+        mpi::request::scope(|scope| {
+            let sum = plan.start(scope)?;
+            // ... computation that does not touch the gradients ...
+            sum.wait()
+        })?;
         // The averaged gradients' SGD update (learning rate 1/8), the same on every rank.
         for (p, g) in params.iter_mut().zip(plan.tensors().iter()) {
             let g = g.as_slice::<f32>()?;

@@ -477,9 +477,9 @@ pub enum Error {
     /// in another order, or a refused step: the identity carried with its data differed, so
     /// no member was written from its packed buckets. `seen`: what this rank saw.
     #[error(
-        "this plan step did not meet the same plan on every rank: {seen}; no member was \
-         written from a packed bucket. Every rank must run the same plans' steps in the same \
-         order (DLPACK_MPI_PLAN_CHECK=each names the difference in words)"
+        "this plan step did not meet the same plan on every rank: {seen}; nothing was \
+         written from the mismatched data. Every rank must run the same plans' and exchanges' \
+         steps in the same order (a plan's DLPACK_MPI_PLAN_CHECK=each names it in words)"
     )]
     PlanMismatch {
         /// What this rank saw, in words.

@@ -5,6 +5,14 @@
 
 use super::{ManagedTensor, Tensor, TensorView};
 
+/// The argument that keeps [`TensorListMut::for_each_mut`] overridden by this crate's lists
+/// only: its type cannot be named outside the crate.
+pub(crate) mod sealed {
+    /// See the module.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Visit(pub(crate) ());
+}
+
 /// A list of tensors that are read, in order: what a fused collective sends (the send list
 /// of [`crate::comm::TensorComm::all_reduce_tensors`], for example).
 ///
@@ -50,8 +58,15 @@ pub trait TensorListMut {
     /// Calls `f` with each member's index and the member, in list order, and returns the
     /// number of members; without allocating for the slices, `Vec`s and arrays of this
     /// module (a plan compares its members so at each step after they were lent). The
-    /// default goes through [`TensorListMut::tensors_mut`].
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+    /// default goes through [`TensorListMut::tensors_mut`]; only this crate's lists
+    /// override it (its last argument cannot be named outside the crate), since a plan's
+    /// memory safety relies on what it visits.
+    #[doc(hidden)]
+    fn for_each_mut(
+        &mut self,
+        f: &mut dyn FnMut(usize, &mut dyn Tensor),
+        _: sealed::Visit,
+    ) -> usize {
         let members = self.tensors_mut();
         let n = members.len();
         for (i, t) in members.into_iter().enumerate() {
@@ -80,7 +95,11 @@ macro_rules! lists_mut {
                 self.iter_mut().map(|t| &mut **t as &mut dyn Tensor).collect()
             }
 
-            fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+            fn for_each_mut(
+                &mut self,
+                f: &mut dyn FnMut(usize, &mut dyn Tensor),
+                _: sealed::Visit,
+            ) -> usize {
                 self.iter_mut().enumerate().for_each(|(i, t)| f(i, &mut **t));
                 self.len()
             }
@@ -105,7 +124,11 @@ impl TensorListMut for [ManagedTensor<'_>] {
         self.iter_mut().map(|t| t as &mut dyn Tensor).collect()
     }
 
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+    fn for_each_mut(
+        &mut self,
+        f: &mut dyn FnMut(usize, &mut dyn Tensor),
+        _: sealed::Visit,
+    ) -> usize {
         self.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
         self.len()
     }
@@ -116,7 +139,11 @@ impl TensorListMut for [TensorView<'_>] {
         self.iter_mut().map(|t| t as &mut dyn Tensor).collect()
     }
 
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
+    fn for_each_mut(
+        &mut self,
+        f: &mut dyn FnMut(usize, &mut dyn Tensor),
+        _: sealed::Visit,
+    ) -> usize {
         self.iter_mut().enumerate().for_each(|(i, t)| f(i, t));
         self.len()
     }
@@ -156,8 +183,12 @@ where
         self.as_mut_slice().tensors_mut()
     }
 
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
-        self.as_mut_slice().for_each_mut(f)
+    fn for_each_mut(
+        &mut self,
+        f: &mut dyn FnMut(usize, &mut dyn Tensor),
+        v: sealed::Visit,
+    ) -> usize {
+        self.as_mut_slice().for_each_mut(f, v)
     }
 }
 
@@ -178,8 +209,12 @@ where
         self.as_mut_slice().tensors_mut()
     }
 
-    fn for_each_mut(&mut self, f: &mut dyn FnMut(usize, &mut dyn Tensor)) -> usize {
-        self.as_mut_slice().for_each_mut(f)
+    fn for_each_mut(
+        &mut self,
+        f: &mut dyn FnMut(usize, &mut dyn Tensor),
+        v: sealed::Visit,
+    ) -> usize {
+        self.as_mut_slice().for_each_mut(f, v)
     }
 }
 
@@ -208,7 +243,10 @@ mod tests {
             .collect();
         assert_eq!(firsts, muts);
         let mut visited = Vec::new();
-        let n = guards.for_each_mut(&mut |i, t| visited.push((i, t.first_element_ptr() as usize)));
+        let n = guards.for_each_mut(
+            &mut |i, t| visited.push((i, t.first_element_ptr() as usize)),
+            sealed::Visit(()),
+        );
         assert_eq!((n, visited), (2, vec![(0, firsts[0]), (1, firsts[1])]));
         let (x, y) = guards.split_at_mut(1);
         let mut refs = [&mut x[0], &mut y[0]];
@@ -225,7 +263,7 @@ mod tests {
         assert_eq!(counts(dyns.tensors()), [3, 4]);
         let mut sizes = Vec::new();
         assert_eq!(
-            dyns.for_each_mut(&mut |_, t| sizes.push(t.num_elements())),
+            dyns.for_each_mut(&mut |_, t| sizes.push(t.num_elements()), sealed::Visit(())),
             2
         );
         assert_eq!(sizes, [3, 4]);

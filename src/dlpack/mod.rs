@@ -40,7 +40,7 @@ mod acquire;
 #[cfg(feature = "cuda")]
 mod cudarc;
 mod guard;
-mod list;
+pub(crate) mod list;
 mod producers;
 
 pub use acquire::{

@@ -38,9 +38,12 @@ pub(super) static PLAN_CHECK: Setting<PlanCheck> =
 /// in the environment (read once), else [`PlanCheck::Identity`]. Every rank must use the
 /// same.
 ///
+/// Read at a plan's build, for the plan's life; the build's signature carries it, so ranks
+/// that differ get [`Error::CollectiveMismatch`] at the build.
+///
 /// # Errors
-/// [`Error::InvalidSetting`] when `DLPACK_MPI_PLAN_CHECK` holds another value; a step then
-/// agrees in full (the safe choice) and returns this error on the rank that read it.
+/// [`Error::InvalidSetting`] when `DLPACK_MPI_PLAN_CHECK` holds another value: the build
+/// refuses it (on every rank, through its agreement).
 pub fn plan_check() -> Result<PlanCheck> {
     PLAN_CHECK.get_or(PlanCheck::default)
 }
@@ -86,7 +89,8 @@ pub(super) static PLAN_MECHANISM: Setting<PlanMechanism> =
 
 /// Which MPI calls a plan's steps make: [`set_plan_mechanism`], else
 /// `DLPACK_MPI_PLAN_MECHANISM=auto|blocking|persistent` (read once), else
-/// [`PlanMechanism::Auto`]. Every rank must use the same.
+/// [`PlanMechanism::Auto`]. Every rank must use the same: the build's signature carries it
+/// (ranks that differ get [`Error::CollectiveMismatch`] at the build).
 ///
 /// # Errors
 /// [`Error::InvalidSetting`] for another value: a plan's build then refuses (on every

@@ -3,7 +3,7 @@
 //! the members' values changed between steps and every element checked every step (mixed
 //! dtypes, a strided member, a zero-size member, a member large enough for a bucket of its
 //! own, guard elements around each member untouched); a step allocates nothing (counted by
-//! the binary's allocator); a forgotten step is completed before the members are lent;
+//! the binary's allocator); a dropped or tested step is completed before the members are lent;
 //! nonblocking collectives pending while a step runs; plans that meet other plans' steps
 //! (`PlanMismatch` on every rank), a member replaced (`PlanChanged` there, `PlanMismatch` on
 //! the peers, no member written); refusals and lists that differ at the build (errors on
@@ -202,9 +202,11 @@ fn all_reduce_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
                 if k % 2 == 0 {
                     plan.run().map_err(s)?;
                 } else {
-                    let mut request = plan.start().map_err(s)?;
-                    let _ = request.test().map_err(s)?;
-                    request.wait().map_err(s)?;
+                    mpi::request::scope(|scope| -> Outcome {
+                        let mut request = plan.start(scope).map_err(s)?;
+                        let _ = request.test().map_err(s)?;
+                        request.wait().map_err(s)
+                    })?;
                 }
                 let want = |m: i64, i: usize| match op {
                     ReduceOp::Sum => (0..n).map(|q| value(q, k, m, i)).sum(),
@@ -229,9 +231,11 @@ fn broadcast_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
         for k in 0..4 {
             fill(p0.tensors_mut(), r, k);
             fill(p1.tensors_mut(), r, 10 + k);
-            let request = p0.start().map_err(s)?;
-            p1.run().map_err(s)?;
-            request.wait().map_err(s)?;
+            mpi::request::scope(|scope| -> Outcome {
+                let request = p0.start(scope).map_err(s)?;
+                p1.run().map_err(s)?;
+                request.wait().map_err(s)
+            })?;
             check(
                 p0.tensors(),
                 |m, i| value(0, k, m, i),
@@ -272,7 +276,7 @@ fn all_reduce_into_and_single_forms(w: &SimpleCommunicator) -> Outcome {
         if k % 2 == 0 {
             plan.run()
         } else {
-            plan.start().and_then(|q| q.wait())
+            mpi::request::scope(|scope| plan.start(scope).and_then(|q| q.wait()))
         }
         .map_err(s)?;
         let got = (
@@ -373,7 +377,7 @@ fn reduce_scatter_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
             if k % 2 == 0 {
                 plan.run()
             } else {
-                plan.start().and_then(|q| q.wait())
+                mpi::request::scope(|scope| plan.start(scope).and_then(|q| q.wait()))
             }
             .map_err(s)?;
             let got = (
@@ -436,7 +440,7 @@ fn all_gather_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
                 value(r, k, 0, i)
             });
             if k == 1 {
-                plan.start().and_then(|q| q.wait())
+                mpi::request::scope(|scope| plan.start(scope).and_then(|q| q.wait()))
             } else {
                 plan.run()
             }
@@ -456,7 +460,7 @@ fn all_gather_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
         if len == 9 {
             let (out, count) = crate::faults::allocations(|| -> Result<(), Error> {
                 plan.run()?;
-                plan.start()?.wait()
+                mpi::request::scope(|scope| plan.start(scope)?.wait())
             });
             out.map_err(s)?;
             ensure!(
@@ -536,7 +540,7 @@ fn persistent_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
             if k % 2 == 0 {
                 plan.run()
             } else {
-                plan.start().and_then(|q| q.wait())
+                mpi::request::scope(|scope| plan.start(scope).and_then(|q| q.wait()))
             }
             .map_err(s)?;
             let (x, y) = (
@@ -552,8 +556,10 @@ fn persistent_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
                 "step {k}: {y:?}"
             );
         }
-        let (out, count) =
-            crate::faults::allocations(|| plan.run().and_then(|()| plan.start()?.wait()));
+        let (out, count) = crate::faults::allocations(|| {
+            plan.run()
+                .and_then(|()| mpi::request::scope(|scope| plan.start(scope)?.wait()))
+        });
         out.map_err(s)?;
         ensure!(count == 0, "persistent steps allocated {count} times");
     }
@@ -584,7 +590,7 @@ fn persistent_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
         write::<i32>(&mut gather.send_tensors_mut().ok_or("no send")?[0], |i| {
             value(r, 2, 0, i)
         });
-        gather.start().and_then(|q| q.wait()).map_err(s)?;
+        mpi::request::scope(|scope| gather.start(scope).and_then(|q| q.wait())).map_err(s)?;
         let got = read::<i32>(&gather.tensors()[0]);
         let want: Vec<i32> = (0..n)
             .flat_map(|q| (0..3).map(move |i| value(q as i64, 2, 0, i) as i32))
@@ -640,7 +646,7 @@ fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
             plan.run()?;
             // The members lent and written between steps: compared at the next step.
             fill(plan.tensors_mut(), 0, k);
-            plan.start()?.wait()?;
+            mpi::request::scope(|scope| plan.start(scope)?.wait())?;
         }
         Ok(())
     });
@@ -658,7 +664,7 @@ fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
     let (out, count) = crate::faults::allocations(|| -> Result<(), Error> {
         for _ in 0..5 {
             rs.run()?;
-            rs.start()?.wait()?;
+            mpi::request::scope(|scope| rs.start(scope)?.wait())?;
         }
         Ok(())
     });
@@ -670,9 +676,11 @@ fn a_step_allocates_nothing(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
-/// A step whose request was forgotten is completed before the members are lent (and
-/// before the plan is dropped): its results are there.
-fn a_forgotten_step_completes(w: &SimpleCommunicator) -> Outcome {
+/// A step whose request was dropped uncompleted is waited for by the drop, and one tested
+/// to completion is finished by the next use of the plan: their results are there. (A
+/// request and its plan both forgotten abort at the scope's end, as rsmpi's requests do:
+/// not testable in-process.)
+fn a_dropped_step_completes(w: &SimpleCommunicator) -> Outcome {
     let (r, n) = (i64::from(w.rank()), i64::from(w.size()));
     let st = Storages::new()?;
     let mut list = guards_of(&st)?;
@@ -680,14 +688,21 @@ fn a_forgotten_step_completes(w: &SimpleCommunicator) -> Outcome {
         .plan_all_reduce_tensors_in_place(&mut list, ReduceOp::Sum)
         .map_err(s)?;
     fill(plan.tensors_mut(), r, 3);
-    std::mem::forget(plan.start().map_err(s)?);
+    mpi::request::scope(|scope| -> Outcome {
+        drop(plan.start(scope).map_err(s)?);
+        Ok(())
+    })?;
     check(
         plan.tensors(),
         |m, i| (0..n).map(|q| value(q, 3, m, i)).sum(),
-        "forgotten step",
+        "dropped step",
     )?;
     fill(plan.tensors_mut(), r, 4);
-    std::mem::forget(plan.start().map_err(s)?);
+    mpi::request::scope(|scope| -> Outcome {
+        let mut request = plan.start(scope).map_err(s)?;
+        while !request.test().map_err(s)? {}
+        Ok(())
+    })?;
     drop(plan);
     check(
         &list,
@@ -956,6 +971,113 @@ fn each_check_names_an_unplanned_call(w: &SimpleCommunicator) -> Outcome {
     Ok(())
 }
 
+/// Rank 0 starts each step while the others run it (and a nonblocking collective of this
+/// crate is pending on rank 0 only, waited after the step): every step is the same MPI
+/// call on every rank, so they meet and are exact.
+fn started_and_run_steps_meet(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (i64::from(w.rank()), i64::from(w.size()));
+    let x = ten(1.0);
+    let mut list = vec![acquire(&x, &AcquireOptions::default()).map_err(s)?];
+    let mut plan = w
+        .plan_all_reduce_tensors_in_place(&mut list, ReduceOp::Sum)
+        .map_err(s)?;
+    let mut other = Owned::new(vec![1.0f32; 3]);
+    let mut g = acquire(&other, &AcquireOptions::default()).map_err(s)?;
+    for k in 0..3 {
+        write::<f32>(&mut plan.tensors_mut()[0], |i| value(r, k, 0, i));
+        mpi::request::scope(|scope| -> Outcome {
+            let pending = w
+                .immediate_all_reduce_tensor_in_place(scope, &mut g, ReduceOp::Sum)
+                .map_err(s)?;
+            if r == 0 {
+                plan.start(scope).and_then(|q| q.wait()).map_err(s)?;
+                pending.wait().map_err(s)?;
+            } else {
+                pending.wait().map_err(s)?;
+                plan.run().map_err(s)?;
+            }
+            Ok(())
+        })?;
+        let got = read::<f32>(&plan.tensors()[0]);
+        let want: Vec<f32> = (0..10)
+            .map(|i| (0..n).map(|q| value(q, k, 0, i)).sum::<i64>() as f32)
+            .collect();
+        ensure!(got == want, "step {k}: {got:?}");
+    }
+    drop(g);
+    let want = (n as f32).powi(3);
+    ensure!(
+        other.as_slice().iter().all(|&v| v == want),
+        "pending sums: {:?}",
+        other.as_slice()
+    );
+    Ok(())
+}
+
+/// A plan setting that differs across ranks (the mechanism on rank 0 only) is a
+/// `CollectiveMismatch` naming it at the build, on every rank; under `PlanCheck::Each` on
+/// the world communicator, two plans of the same lists stepped crosswise are a
+/// `CollectiveMismatch` naming the plans' numbers, before data moves.
+fn plan_settings_and_plans_differ_in_words(w: &SimpleCommunicator) -> Outcome {
+    let (r, n) = (w.rank(), w.size());
+    let _back = (AutoAgain, IdentityAgain);
+    let (x, y) = (ten(1.0), ten(2.0));
+    let o = AcquireOptions::default();
+    let (mut lx, mut ly) = (
+        vec![acquire(&x, &o).map_err(s)?],
+        vec![acquire(&y, &o).map_err(s)?],
+    );
+    if n >= 2 {
+        if r == 0 {
+            set_plan_mechanism(PlanMechanism::Blocking);
+        }
+        match w
+            .plan_all_reduce_tensors_in_place(&mut lx, ReduceOp::Product)
+            .map(drop)
+        {
+            Err(Error::CollectiveMismatch {
+                arguments,
+                other_arguments,
+                ..
+            }) => {
+                let words = format!("{arguments} | {other_arguments}");
+                ensure!(words.contains("mechanism blocking"), "{words}");
+            }
+            other => return Err(format!("rank {r}: mechanisms that differ: {other:?}")),
+        }
+        set_plan_mechanism(PlanMechanism::Auto);
+    }
+    set_plan_check(PlanCheck::Each);
+    let mut px = w
+        .plan_all_reduce_tensors_in_place(&mut lx, ReduceOp::Product)
+        .map_err(s)?;
+    let mut py = w
+        .plan_all_reduce_tensors_in_place(&mut ly, ReduceOp::Product)
+        .map_err(s)?;
+    ensure!(px.checks().is_none(), "a product plan carries an identity");
+    if n >= 2 {
+        match if r == 0 { px.run() } else { py.run() } {
+            Err(Error::CollectiveMismatch { difference, .. }) => {
+                ensure!(difference.contains("plan number"), "{difference}")
+            }
+            other => return Err(format!("rank {r}: crossed same-signature plans: {other:?}")),
+        }
+        ensure!(
+            read::<f32>(&px.tensors()[0]) == [1.0; 10],
+            "a mismatched step moved data"
+        );
+        reset_out_of_step(w);
+    }
+    px.run().map_err(s)?;
+    py.run().map_err(s)?;
+    let (a, b) = (read::<f32>(&px.tensors()[0]), read::<f32>(&py.tensors()[0]));
+    ensure!(
+        a == [1.0; 10] && b == vec![2f32.powi(n); 10],
+        "in order: {a:?} {b:?}"
+    );
+    Ok(())
+}
+
 /// Each member's deleter runs once, after the plan and the list are gone.
 fn deleters_run_once(w: &SimpleCommunicator) -> Outcome {
     let raws: Vec<RawTensor> = (0..3)
@@ -1005,7 +1127,7 @@ const CASES: &[Case] = &[
     ("all_gather_steps_are_exact", all_gather_steps_are_exact),
     ("persistent_steps_are_exact", persistent_steps_are_exact),
     ("a_step_allocates_nothing", a_step_allocates_nothing),
-    ("a_forgotten_step_completes", a_forgotten_step_completes),
+    ("a_dropped_step_completes", a_dropped_step_completes),
     (
         "steps_beside_pending_collectives",
         steps_beside_pending_collectives,
@@ -1022,6 +1144,11 @@ const CASES: &[Case] = &[
     (
         "each_check_names_an_unplanned_call",
         each_check_names_an_unplanned_call,
+    ),
+    ("started_and_run_steps_meet", started_and_run_steps_meet),
+    (
+        "plan_settings_and_plans_differ_in_words",
+        plan_settings_and_plans_differ_in_words,
     ),
     ("deleters_run_once", deleters_run_once),
 ];

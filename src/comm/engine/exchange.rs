@@ -65,6 +65,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use mpi::ffi::{MPI_Comm, MPI_Datatype, MPI_Request, MPI_Status};
+use mpi::request::Scope;
 use mpi::topology::Rank;
 use mpi::Tag;
 
@@ -678,17 +679,25 @@ impl<'a, S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> Exchange<'a, S, R
         self.outcome(refused)
     }
 
-    /// Starts one step, nonblocking: the receives and the first chunks posted;
+    /// Starts one step, nonblocking, inside the rsmpi scope `scope` (as
+    /// [`crate::comm::Plan::start`]: registered with it until the step completes, so that a
+    /// request and an exchange both forgotten abort at the scope's end instead of leaving
+    /// MPI writing into freed members): the receives and the first chunks posted;
     /// [`ExchangeRequest::wait`] completes it (and the exchange stays borrowed until then).
     ///
     /// # Errors
     /// None yet: the step's errors come from [`ExchangeRequest::wait`].
-    pub fn start(&mut self) -> Result<ExchangeRequest<'_, 'a, S, R>> {
+    pub fn start<'s, Sc: Scope<'s> + Copy>(
+        &'s mut self,
+        scope: Sc,
+    ) -> Result<ExchangeRequest<'s, 'a, Sc, S, R>> {
         let refused = self.begin();
         self.post_ready();
+        scope.register();
         Ok(ExchangeRequest {
             exchange: self,
             refused: Some(refused),
+            scope,
         })
     }
 
@@ -726,26 +735,40 @@ impl<S: ?Sized, R: ?Sized> Drop for Exchange<'_, S, R> {
     }
 }
 
-/// One step of an [`Exchange`] in flight ([`Exchange::start`]); dropped uncompleted, it
-/// waits.
+/// One step of an [`Exchange`] in flight ([`Exchange::start`]), registered with its rsmpi
+/// scope `Sc` until it completes; dropped uncompleted, it waits.
 #[must_use = "a started step is complete only after wait (or drop, which waits)"]
-pub struct ExchangeRequest<'e, 'a, S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> {
+pub struct ExchangeRequest<'e, 'a, Sc, S, R>
+where
+    Sc: Scope<'e> + Copy,
+    S: TensorListMut + ?Sized,
+    R: TensorListMut + ?Sized,
+{
     exchange: &'e mut Exchange<'a, S, R>,
-    /// This rank's refusal of the step (taken by `wait`).
+    /// This rank's refusal of the step (taken by `wait`; `None` once completed).
     refused: Option<Result<()>>,
+    scope: Sc,
 }
 
-impl<S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> fmt::Debug
-    for ExchangeRequest<'_, '_, S, R>
+impl<'e, Sc, S, R> fmt::Debug for ExchangeRequest<'e, '_, Sc, S, R>
+where
+    Sc: Scope<'e> + Copy,
+    S: TensorListMut + ?Sized,
+    R: TensorListMut + ?Sized,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExchangeRequest")
             .field("exchange", &self.exchange)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-impl<S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> ExchangeRequest<'_, '_, S, R> {
+impl<'e, Sc, S, R> ExchangeRequest<'e, '_, Sc, S, R>
+where
+    Sc: Scope<'e> + Copy,
+    S: TensorListMut + ?Sized,
+    R: TensorListMut + ?Sized,
+{
     /// Waits for the step: the receive members hold what arrived.
     ///
     /// # Errors
@@ -753,7 +776,10 @@ impl<S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> ExchangeRequest<'_, '
     pub fn wait(mut self) -> Result<()> {
         let refused = self.refused.take().unwrap_or(Ok(()));
         self.exchange.drive(true);
-        self.exchange.outcome(refused)
+        let out = self.exchange.outcome(refused);
+        // SAFETY: registered by `Exchange::start`; the step has completed.
+        unsafe { self.scope.unregister() };
+        out
     }
 
     /// Whether the step has completed (then [`ExchangeRequest::wait`] returns at once):
@@ -768,10 +794,17 @@ impl<S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> ExchangeRequest<'_, '
     }
 }
 
-impl<S: TensorListMut + ?Sized, R: TensorListMut + ?Sized> Drop for ExchangeRequest<'_, '_, S, R> {
+impl<'e, Sc, S, R> Drop for ExchangeRequest<'e, '_, Sc, S, R>
+where
+    Sc: Scope<'e> + Copy,
+    S: TensorListMut + ?Sized,
+    R: TensorListMut + ?Sized,
+{
     fn drop(&mut self) {
-        if self.refused.is_some() {
+        if self.refused.take().is_some() {
             self.exchange.complete();
+            // SAFETY: registered by `Exchange::start`; the step has completed.
+            unsafe { self.scope.unregister() };
         }
     }
 }

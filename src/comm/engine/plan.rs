@@ -12,9 +12,12 @@
 //!
 //! **Steps.** [`Plan::run`] (blocking) and [`Plan::start`] (nonblocking, a [`PlanRequest`])
 //! run the batch again: no agreement, no per-member check, no allocation; each step packs
-//! the members' current values and unpacks the results into them. While nonblocking
-//! collectives of this crate wait for their agreements on this thread, a blocking step is
-//! posted and polled instead, so that they progress ([`progress::wait_raw`]).
+//! the members' current values and unpacks the results into them. Both post the same MPI
+//! calls, the nonblocking collectives (`MPI_Iallreduce`, …) or the persistent ones, and
+//! `run` waits at once: a blocking collective never matches a nonblocking one (MPI-4.1
+//! §6.12), so a rank that runs a step meets a rank that starts it, and neither depends on
+//! which nonblocking collectives of this crate each has pending (they progress while a
+//! step is waited for, [`progress::wait_raw`]).
 //!
 //! **Identity.** A plan's identity (its signature's fingerprint and its ordinal among the
 //! caller's communicator's plans) travels in spare elements of its first packed bucket,
@@ -40,11 +43,12 @@ use std::marker::PhantomData;
 
 use mpi::ffi::{MPI_Comm, MPI_Request};
 use mpi::raw::AsRaw;
+use mpi::request::Scope;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::FromRaw;
 
 use super::agree::agree;
-use super::call::{Batch, Form};
+use super::call::Batch;
 use super::ledger;
 use super::progress;
 use super::signature::Signature;
@@ -77,9 +81,11 @@ use crate::settings::{plan_check, plan_mechanism, PlanCheck, PlanMechanism};
 /// let mut plan = world.plan_all_reduce_tensors_in_place(&mut grads, ReduceOp::Sum)?;
 /// for step in 0..100 {
 ///     plan.tensors_mut()[0].as_mut_slice::<f32>()?.fill(step as f32); // compute
-///     let request = plan.start()?; // the sums, while …
-///     // … other work …
-///     request.wait()?;
+///     mpi::request::scope(|scope| {
+///         let request = plan.start(scope)?; // the sums, while …
+///         // … other work …
+///         request.wait()
+///     })?;
 ///     assert_eq!(plan.tensors()[0].as_slice::<f32>()?[0], step as f32 * world.size() as f32);
 /// }
 /// # Ok(()) }
@@ -101,6 +107,8 @@ pub struct Plan<'a, L: ?Sized, S: ?Sized = L> {
     lent: bool,
     /// The refusal of every step, once a member changed.
     changed: Option<Error>,
+    /// What each step checks (read at the build, the same on every rank).
+    check: PlanCheck,
     /// Whether the steps start MPI-4 persistent collectives.
     persistent: bool,
     /// The requests of the step in flight, and how many have completed.
@@ -121,6 +129,39 @@ impl<L: ?Sized, S: ?Sized> fmt::Debug for Plan<'_, L, S> {
             .field("changed", &self.changed)
             .finish_non_exhaustive()
     }
+}
+
+/// The plan settings every rank must share, in words for a plan's signature (empty for the
+/// defaults; an unreadable setting as its default here: the build refuses it).
+pub(in crate::comm) fn settings_words() -> &'static str {
+    let m = plan_mechanism().unwrap_or_default();
+    let c = plan_check().unwrap_or_default();
+    match (m, c) {
+        (PlanMechanism::Auto, PlanCheck::Identity) => "",
+        (PlanMechanism::Blocking, PlanCheck::Identity) => "mechanism blocking",
+        (PlanMechanism::Persistent, PlanCheck::Identity) => "mechanism persistent",
+        (PlanMechanism::Auto, PlanCheck::Each) => "checked at each step",
+        (PlanMechanism::Blocking, PlanCheck::Each) => "mechanism blocking, checked at each step",
+        (PlanMechanism::Persistent, PlanCheck::Each) => {
+            "mechanism persistent, checked at each step"
+        }
+    }
+}
+
+/// The caller's communicator `raw` as rsmpi's, never freed here: `MPI_COMM_WORLD` and
+/// `MPI_COMM_SELF` by their own constructors (rsmpi's `from_raw` refuses them).
+fn caller(raw: MPI_Comm) -> std::mem::ManuallyDrop<SimpleCommunicator> {
+    // SAFETY: constant handles of the MPI library.
+    let (world, this) = unsafe { (mpi::ffi::RSMPI_COMM_WORLD, mpi::ffi::RSMPI_COMM_SELF) };
+    std::mem::ManuallyDrop::new(if raw == world {
+        SimpleCommunicator::world()
+    } else if raw == this {
+        SimpleCommunicator::self_comm()
+    } else {
+        // SAFETY: the caller's communicator, borrowed by the plan for 'a (never freed
+        // while it lives), neither world nor self.
+        unsafe { SimpleCommunicator::from_raw(raw) }
+    })
 }
 
 /// One 64-bit mix of `a` and `b` (splitmix64's finalizer over their sum).
@@ -167,9 +208,11 @@ where
         let snapshot = (snap(&written), read.as_deref().map_or_else(Vec::new, snap));
         (prepare(&written, read.as_deref()), snapshot)
     };
-    let prepared = prepared.and_then(|b| plan_mechanism().map(|m| (b, m)));
-    let ((mut batch, mechanism), _) = agree(comm, &build, prepared)?;
+    // The settings as the signature said them (agreed), read once for the plan's life.
+    let prepared = prepared.and_then(|b| Ok((b, plan_mechanism()?, plan_check()?)));
+    let ((mut batch, mechanism, check), _) = agree(comm, &build, prepared)?;
     let (steps, ordinal) = ledger::plans(comm);
+    let step = step.plan_ordinal(ordinal);
     // Every rank decides alike: the same setting (agreed), batch and MPI library.
     let persistent = mechanism == PlanMechanism::Persistent
         // SAFETY: the batch's buffers live as long as the plan, which completes every step
@@ -189,6 +232,7 @@ where
         snapshot,
         lent: false,
         changed: None,
+        check,
         persistent,
         requests,
         done: 0,
@@ -207,31 +251,35 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
     /// agreement's errors; a device copy's.
     pub fn run(&mut self) -> Result<()> {
         let refused = self.begin()?;
-        if progress::active() {
-            self.post();
-            return self.finish(refused);
-        }
-        self.in_flight = true;
-        // SAFETY: the batch's buffers are its own or the members', which the plan borrows
-        // for 'a and compared with what it was built from (`begin`); every rank agreed on
-        // this plan at its build, and runs its steps on the plans' communicator in order.
-        unsafe { self.batch.run(self.steps, Form::Blocking) };
-        self.in_flight = false;
-        refused.and(self.batch.step_outcome())
+        // Always the nonblocking calls (or the persistent ones), waited for: every rank's
+        // step is then the same MPI call whether it runs or starts it and whatever
+        // nonblocking collectives it has pending (which it progresses while it waits), as
+        // MPI-4.1 §6.12 needs (a blocking and a nonblocking collective never match).
+        self.post();
+        self.finish(refused)
     }
 
-    /// Starts one step, nonblocking; [`PlanRequest::wait`] completes it (and the plan
-    /// stays borrowed until then).
+    /// Starts one step, nonblocking, inside the rsmpi scope `scope` (as the nonblocking
+    /// collectives are: `mpi::request::scope(|scope| …)`); [`PlanRequest::wait`] completes
+    /// it (and the plan stays borrowed until then). The step is registered with the scope
+    /// until it completes, so that a request and a plan both forgotten (`mem::forget`)
+    /// abort at the scope's end, as rsmpi's own requests do, before the members' storage
+    /// can be freed under MPI (the plan, borrowed for the scope's lifetime, outlives it).
     ///
     /// # Errors
     /// Under [`PlanCheck::Each`], the agreement's (before anything is posted). The step's
     /// own errors come from [`PlanRequest::wait`].
-    pub fn start(&mut self) -> Result<PlanRequest<'_, 'a, L, S>> {
+    pub fn start<'s, Sc: Scope<'s> + Copy>(
+        &'s mut self,
+        scope: Sc,
+    ) -> Result<PlanRequest<'s, 'a, Sc, L, S>> {
         let refused = self.begin()?;
         self.post();
+        scope.register();
         Ok(PlanRequest {
             plan: self,
             refused: Some(refused),
+            scope,
         })
     }
 
@@ -282,13 +330,11 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
             self.compare();
         }
         let refused = self.changed.clone().map_or(Ok(()), Err);
-        let refused = match plan_check() {
-            Ok(PlanCheck::Identity) => refused,
-            each => {
-                // SAFETY: the caller's communicator, borrowed by the plan for 'a; not freed.
-                let caller = unsafe { SimpleCommunicator::from_raw(self.caller) };
-                let caller = std::mem::ManuallyDrop::new(caller);
-                agree(&*caller, &self.step, refused.and(each.map(drop)))?;
+        let refused = match self.check {
+            PlanCheck::Identity => refused,
+            PlanCheck::Each => {
+                let caller = caller(self.caller);
+                agree(&*caller, &self.step, refused)?;
                 Ok(())
             }
         };
@@ -377,32 +423,50 @@ impl<L: ?Sized, S: ?Sized> Drop for Plan<'_, L, S> {
     }
 }
 
-/// One step of a [`Plan`] in flight ([`Plan::start`]); dropped uncompleted, it waits.
+/// One step of a [`Plan`] in flight ([`Plan::start`]), registered with its rsmpi scope
+/// `Sc` until it completes; dropped uncompleted, it waits.
 #[must_use = "a started step is complete only after wait (or drop, which waits)"]
-pub struct PlanRequest<'p, 'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized = L> {
+pub struct PlanRequest<'p, 'a, Sc, L, S = L>
+where
+    Sc: Scope<'p> + Copy,
+    L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
+{
     plan: &'p mut Plan<'a, L, S>,
-    /// This rank's refusal of the step (taken by `wait`).
+    /// This rank's refusal of the step (taken by `wait`; `None` once completed).
     refused: Option<Result<()>>,
+    scope: Sc,
 }
 
-impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> fmt::Debug
-    for PlanRequest<'_, '_, L, S>
+impl<'p, Sc, L, S> fmt::Debug for PlanRequest<'p, '_, Sc, L, S>
+where
+    Sc: Scope<'p> + Copy,
+    L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanRequest")
             .field("plan", &self.plan)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> PlanRequest<'_, '_, L, S> {
+impl<'p, Sc, L, S> PlanRequest<'p, '_, Sc, L, S>
+where
+    Sc: Scope<'p> + Copy,
+    L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
+{
     /// Waits for the step: the members hold its results.
     ///
     /// # Errors
     /// As [`Plan::run`].
     pub fn wait(mut self) -> Result<()> {
         let refused = self.refused.take().unwrap_or(Ok(()));
-        self.plan.finish(refused)
+        let out = self.plan.finish(refused);
+        // SAFETY: registered by `Plan::start`; the step has completed.
+        unsafe { self.scope.unregister() };
+        out
     }
 
     /// Whether the step has completed (then [`PlanRequest::wait`] returns at once);
@@ -415,10 +479,17 @@ impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> PlanRequest<'_, '_, L
     }
 }
 
-impl<L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Drop for PlanRequest<'_, '_, L, S> {
+impl<'p, Sc, L, S> Drop for PlanRequest<'p, '_, Sc, L, S>
+where
+    Sc: Scope<'p> + Copy,
+    L: TensorListMut + ?Sized,
+    S: TensorListMut + ?Sized,
+{
     fn drop(&mut self) {
-        if self.refused.is_some() {
+        if self.refused.take().is_some() {
             let _ = self.plan.complete();
+            // SAFETY: registered by `Plan::start`; the step has completed.
+            unsafe { self.scope.unregister() };
         }
     }
 }

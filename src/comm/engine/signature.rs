@@ -66,6 +66,10 @@ pub(crate) struct Signature<'a> {
     /// A plan's buckets are device buckets (a device list on a `DeviceComm`): they carry no
     /// identity, so their messages differ in size from a host list's.
     device: bool,
+    /// A plan's settings that every rank must share (`DLPACK_MPI_PLAN_MECHANISM`, `…_CHECK`),
+    /// in words; and a step's plan, by its ordinal among its communicator's plans.
+    plan: Option<&'static str>,
+    ordinal: Option<u64>,
 }
 
 /// The half dtypes a [`Signature`] can carry, with their bit in `halves`.
@@ -97,6 +101,8 @@ impl<'a> Signature<'a> {
             buckets: None,
             halves: 0,
             device: false,
+            plan: None,
+            ordinal: None,
         }
     }
 
@@ -143,6 +149,21 @@ impl<'a> Signature<'a> {
     /// would send messages of different sizes.
     pub(crate) fn device_buckets(mut self, device: bool) -> Self {
         self.device = device;
+        self
+    }
+
+    /// A plan's settings in words (`mechanism persistent`, `checked at each step`; empty
+    /// for the defaults): ranks that differ there would make different MPI calls per step.
+    pub(crate) fn plan_settings(mut self, words: &'static str) -> Self {
+        self.plan = Some(words);
+        self
+    }
+
+    /// A step of the plan built `ordinal`-th on its communicator: two plans of the same
+    /// lists differ by it ([`crate::settings::PlanCheck::Each`] names a step of one against
+    /// a step of the other).
+    pub(crate) fn plan_ordinal(mut self, ordinal: u64) -> Self {
+        self.ordinal = Some(ordinal);
         self
     }
 
@@ -234,6 +255,10 @@ impl<'a> Signature<'a> {
         if self.device {
             h.word(0xde71ce);
         }
+        if let Some(words) = self.plan {
+            words.bytes().for_each(|b| h.word(u64::from(b)));
+        }
+        h.opt(self.ordinal);
         i64::from_ne_bytes(h.0.to_ne_bytes())
     }
 
@@ -268,6 +293,12 @@ impl<'a> Signature<'a> {
         }
         if self.device {
             s.push_str(" in device memory");
+        }
+        if let Some(words) = self.plan.filter(|w| !w.is_empty()) {
+            let _ = write!(s, " {words}");
+        }
+        if let Some(n) = self.ordinal {
+            let _ = write!(s, " (the communicator's plan number {n})");
         }
         for (d, native) in self.half_forms() {
             let how = if native {

@@ -84,20 +84,24 @@ pub(in crate::comm) fn changed<L: TensorListMut + ?Sized>(
         }
     };
     let mut first: Option<Error> = None;
-    let len = now.for_each_mut(&mut |index, t| {
-        if first.is_some() {
-            return;
-        }
-        let Some(s) = then.get(index) else { return };
-        if let Some((field, planned, now)) = s.differs(&*t) {
-            first = Some(Error::PlanChanged {
-                index: base + index,
-                field: name(field),
-                planned,
-                now,
-            });
-        }
-    });
+    let visit = crate::dlpack::list::sealed::Visit(());
+    let len = now.for_each_mut(
+        &mut |index, t| {
+            if first.is_some() {
+                return;
+            }
+            let Some(s) = then.get(index) else { return };
+            if let Some((field, planned, now)) = s.differs(&*t) {
+                first = Some(Error::PlanChanged {
+                    index: base + index,
+                    field: name(field),
+                    planned,
+                    now,
+                });
+            }
+        },
+        visit,
+    );
     if len != then.len() {
         return Some(Error::PlanChanged {
             index: base + len.min(then.len()),

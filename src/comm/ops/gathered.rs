@@ -21,7 +21,7 @@ use mpi::Count;
 
 use crate::comm::engine::call::{free_persistent, start_persistent, Batch, Buf, Call, Form};
 use crate::comm::engine::checks::{check_count, check_intra, check_pair};
-use crate::comm::engine::plan::{build, Plan};
+use crate::comm::engine::plan::{build, settings_words, Plan};
 use crate::comm::engine::progress;
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::Endpoint;
@@ -364,9 +364,13 @@ where
     let ranks = usize::try_from(comm.size()).unwrap_or(1);
     let sigs = {
         let first = send.tensors_mut();
-        let of = |name| match first.first() {
-            Some(t) => Signature::of_tensor(name, &**t),
-            None => Signature::of(name),
+        let words = settings_words();
+        let of = |name| {
+            match first.first() {
+                Some(t) => Signature::of_tensor(name, &**t),
+                None => Signature::of(name),
+            }
+            .plan_settings(words)
         };
         (
             of("plan_all_gather_tensor"),

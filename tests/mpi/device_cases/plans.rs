@@ -50,7 +50,9 @@ fn steps(
             if k % 2 == 0 {
                 call!(plan.run());
             } else {
-                call!(plan.start().and_then(|q| q.wait()));
+                call!(mpi::request::scope(|scope| plan
+                    .start(scope)
+                    .and_then(|q| q.wait())));
             }
             ensure_eq!((crossings(rt), on_device(rt)), per_step);
             for (m, (t, &(n, st))) in plan.tensors().iter().zip(SHAPES).enumerate() {

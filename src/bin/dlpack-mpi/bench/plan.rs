@@ -18,7 +18,7 @@
 //! case, before the warm-up, and kept for every round):
 //!
 //! - **planned**: `plan.run()` (blocking step);
-//! - **planned-start**: `plan.start()?.wait()` (the nonblocking step, waited at once);
+//! - **planned-start**: `plan.start(scope)?.wait()` (the nonblocking step in an rsmpi scope, waited at once);
 //! - **fused**: `all_reduce_tensors_in_place` over the plan's members (lent by
 //!   `Plan::tensors_mut`: every check and the agreement at every call);
 //! - **contiguous** (lists): `all_reduce_tensor_in_place` of one tensor of the list's total
@@ -308,7 +308,9 @@ impl Steps<'_, '_, '_> {
             PlanPath::PlannedStart => {
                 let plan = &mut *self.plan;
                 timed(world, || {
-                    (0..iters).try_for_each(|_| plan.start().and_then(|step| step.wait()))
+                    (0..iters).try_for_each(|_| {
+                        mpi::request::scope(|scope| plan.start(scope).and_then(|step| step.wait()))
+                    })
                 })?
             }
             PlanPath::Fused => {
@@ -569,7 +571,7 @@ fn print_header(ranks: i32, args: &BenchArgs, mpi4py: &Loaded) {
     );
     println!(
         "paths: planned = plan_all_reduce_tensors_in_place built once per case, then \
-         plan.run() per iteration; planned-start = plan.start()?.wait(); fused = \
+         plan.run() per iteration; planned-start = plan.start(scope)?.wait(); fused = \
          all_reduce_tensors_in_place over the same members; contiguous = \
          all_reduce_tensor_in_place of one tensor of the same total elements (the limit); \
          8B: raw = rsmpi all_reduce_into (MPI_Allreduce) into the planned member's elements, \

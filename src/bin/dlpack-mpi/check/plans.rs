@@ -647,7 +647,7 @@ fn run_plan(
             let step = if k % 2 == 0 {
                 plan.run()
             } else {
-                plan.start().and_then(|request| request.wait())
+                mpi::request::scope(|scope| plan.start(scope).and_then(|request| request.wait()))
             };
             if let Err(err) = step {
                 let r = dc.comm().rank();

@@ -10,7 +10,7 @@ use mpi::topology::{Communicator, Rank};
 use super::{check_devices, signature, Fused};
 use crate::comm::engine::call::{Batch, Operation};
 use crate::comm::engine::checks::{check_intra, check_rank, missing};
-use crate::comm::engine::plan::{build, Plan};
+use crate::comm::engine::plan::{build, settings_words, Plan};
 use crate::comm::engine::signature::Signature;
 use crate::comm::engine::stager::Endpoint;
 use crate::dlpack::{Tensor, TensorListMut};
@@ -55,7 +55,12 @@ fn signatures<L: TensorListMut + ?Sized>(
 ) -> (Signature<'static>, Signature<'static>) {
     let members = super::written(written);
     let device = check_devices(members.iter().copied(), staged).unwrap_or(false);
-    let of = |n| with(signature(n, members.iter().copied())).device_buckets(device);
+    let words = settings_words();
+    let of = |n| {
+        with(signature(n, members.iter().copied()))
+            .device_buckets(device)
+            .plan_settings(words)
+    };
     (of(name), of(step))
 }
 
