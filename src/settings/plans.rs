@@ -53,20 +53,27 @@ pub fn set_plan_check(check: PlanCheck) {
     PLAN_CHECK.set(check);
 }
 
-/// Which MPI calls a plan's steps make (chosen at its build; every rank must use the same).
+/// Which MPI calls a plan's steps make (chosen at its build; every rank must use the same:
+/// the build's signature carries it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PlanMechanism {
-    /// This MPI's faster one, as measured (`docs/PERFORMANCE.md`, "Plans"): the blocking
-    /// and nonblocking collectives under every MPI measured so far (Open MPI 4.1 has no
-    /// persistent collectives; Open MPI 5 and MPICH 5's were not faster). The default.
+    /// The MPI-4 persistent collectives where this MPI has them and every bucket is a
+    /// buffer of the plan's own, else the nonblocking collectives waited for: one kind of
+    /// MPI call for `run` and `start` on every rank, whatever each rank has pending. The
+    /// default (`docs/PERFORMANCE.md`, "Plans", has what it costs per MPI).
     #[default]
     Auto,
-    /// The blocking collective per bucket (`MPI_Allreduce`, …; `MPI_Iallreduce` for
-    /// [`crate::comm::Plan::start`]).
+    /// `run` makes the blocking collectives (`MPI_Allreduce`, …; the fastest under Open MPI
+    /// 4.1, whose nonblocking collectives are slower), `start` the nonblocking ones. The
+    /// caller's contract: every rank steps the plan the same way (all `run` or all
+    /// `start`), and no nonblocking collective of this crate is pending on any rank while
+    /// a step runs; otherwise ranks wait for each other (a blocking and a nonblocking
+    /// collective never match, MPI-4.1 §6.12).
     Blocking,
     /// The MPI-4 persistent collectives (`MPI_Allreduce_init` at the build, `MPI_Startall`
-    /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5: declared by its `mpi.h` and found in the library loaded) and
-    /// every bucket is a buffer of the plan's own; else as [`PlanMechanism::Blocking`]
+    /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5:
+    /// declared by its `mpi.h` and found in the library loaded) and every bucket is a
+    /// buffer of the plan's own; else as [`PlanMechanism::Auto`]
     /// ([`crate::comm::Plan::is_persistent`] says which).
     Persistent,
 }

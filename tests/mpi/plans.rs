@@ -630,6 +630,20 @@ fn persistent_steps_are_exact(w: &SimpleCommunicator) -> Outcome {
         !plan.is_persistent(),
         "a plan reducing a member in place was made persistent"
     );
+    drop(plan);
+    // PlanMechanism::Blocking on every rank: `run` makes the blocking collectives.
+    set_plan_mechanism(PlanMechanism::Blocking);
+    let mut plan = w
+        .plan_all_reduce_tensors_in_place(&mut list, ReduceOp::Sum)
+        .map_err(s)?;
+    ensure!(!plan.is_persistent(), "a blocking plan is persistent");
+    for k in 0..3 {
+        write::<f32>(&mut plan.tensors_mut()[0], |i| value(r, k, 0, i));
+        plan.run().map_err(s)?;
+        let x = read::<f32>(&plan.tensors()[0]);
+        let want: Vec<f32> = (0..5).map(|i| sum(k, 0, i) as f32).collect();
+        ensure!(x == want, "blocking step {k}: {x:?}");
+    }
     Ok(())
 }
 

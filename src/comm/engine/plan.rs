@@ -48,7 +48,7 @@ use mpi::topology::SimpleCommunicator;
 use mpi::traits::FromRaw;
 
 use super::agree::agree;
-use super::call::Batch;
+use super::call::{Batch, Form};
 use super::ledger;
 use super::progress;
 use super::signature::Signature;
@@ -111,6 +111,8 @@ pub struct Plan<'a, L: ?Sized, S: ?Sized = L> {
     check: PlanCheck,
     /// Whether the steps start MPI-4 persistent collectives.
     persistent: bool,
+    /// Whether `run` makes the blocking collectives ([`PlanMechanism::Blocking`]).
+    blocking: bool,
     /// The requests of the step in flight, and how many have completed.
     requests: Vec<MPI_Request>,
     done: usize,
@@ -214,10 +216,11 @@ where
     let (steps, ordinal) = ledger::plans(comm);
     let step = step.plan_ordinal(ordinal);
     // Every rank decides alike: the same setting (agreed), batch and MPI library.
-    let persistent = mechanism == PlanMechanism::Persistent
+    let persistent = mechanism != PlanMechanism::Blocking
         // SAFETY: the batch's buffers live as long as the plan, which completes every step
         // before it drops the batch (which frees the requests while inactive).
         && unsafe { batch.persist(steps) };
+    let blocking = mechanism == PlanMechanism::Blocking;
     #[allow(clippy::cast_sign_loss)]
     let id = mix(build.fingerprint() as u64, ordinal) | 1;
     let requests = Vec::with_capacity(batch.requests());
@@ -234,6 +237,7 @@ where
         changed: None,
         check,
         persistent,
+        blocking,
         requests,
         done: 0,
         in_flight: false,
@@ -251,10 +255,21 @@ impl<'a, L: TensorListMut + ?Sized, S: TensorListMut + ?Sized> Plan<'a, L, S> {
     /// agreement's errors; a device copy's.
     pub fn run(&mut self) -> Result<()> {
         let refused = self.begin()?;
-        // Always the nonblocking calls (or the persistent ones), waited for: every rank's
-        // step is then the same MPI call whether it runs or starts it and whatever
-        // nonblocking collectives it has pending (which it progresses while it waits), as
-        // MPI-4.1 §6.12 needs (a blocking and a nonblocking collective never match).
+        if self.blocking {
+            // `PlanMechanism::Blocking`: the caller's contract (every rank runs its steps,
+            // none starts them, with no nonblocking collective of this crate pending).
+            self.in_flight = true;
+            // SAFETY: the batch's buffers are its own or the members', which the plan
+            // borrows for 'a and compared with the build's (`begin`); every rank agreed on
+            // this plan and its mechanism at its build, and steps it in the same order.
+            unsafe { self.batch.run(self.steps, Form::Blocking) };
+            self.in_flight = false;
+            return refused.and(self.batch.step_outcome());
+        }
+        // The nonblocking calls (or the persistent ones), waited for: every rank's step is
+        // then the same MPI call whether it runs or starts it and whatever nonblocking
+        // collectives it has pending (which it progresses while it waits), as MPI-4.1
+        // §6.12 needs (a blocking and a nonblocking collective never match).
         self.post();
         self.finish(refused)
     }
