@@ -77,7 +77,7 @@ MPI_Datatype dlpack_mpi_native_half(int which)
  * wrapper returns MPI_ERR_OTHER, and writes no request, where this build's mpi.h has none
  * (dlpack_mpi_has_persistent_collectives says which). */
 #if MPI_VERSION >= 4 || (defined(OMPI_MAJOR_VERSION) && OMPI_MAJOR_VERSION >= 5)
-#define DLPACK_MPI_PERSISTENT 1
+#define HAVE_PERSISTENT_COLLECTIVES 1
 /* Weak references: a binary built against an MPI that has them still loads, and refuses
  * with its own words (the library check), when an older release of the same soname is
  * loaded in its place (Debian's Open MPI 4.1 libmpi.so.40 under an Open MPI 5 build); the
@@ -87,12 +87,12 @@ MPI_Datatype dlpack_mpi_native_half(int which)
 #pragma weak MPI_Reduce_scatter_block_init
 #pragma weak MPI_Allgather_init
 #else
-#define DLPACK_MPI_PERSISTENT 0
+#define HAVE_PERSISTENT_COLLECTIVES 0
 #endif
 
 int dlpack_mpi_has_persistent_collectives(void)
 {
-#if DLPACK_MPI_PERSISTENT
+#if HAVE_PERSISTENT_COLLECTIVES
     return MPI_Allreduce_init != 0 && MPI_Bcast_init != 0 && MPI_Reduce_scatter_block_init != 0
         && MPI_Allgather_init != 0;
 #else
@@ -103,7 +103,7 @@ int dlpack_mpi_has_persistent_collectives(void)
 int dlpack_mpi_allreduce_init(const void *send, void *recv, int count, MPI_Datatype type,
                               MPI_Op op, MPI_Comm comm, MPI_Request *request)
 {
-#if DLPACK_MPI_PERSISTENT
+#if HAVE_PERSISTENT_COLLECTIVES
     if (!dlpack_mpi_has_persistent_collectives())
         return MPI_ERR_OTHER;
     return MPI_Allreduce_init(send, recv, count, type, op, comm, MPI_INFO_NULL, request);
@@ -116,7 +116,7 @@ int dlpack_mpi_allreduce_init(const void *send, void *recv, int count, MPI_Datat
 int dlpack_mpi_bcast_init(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
                           MPI_Request *request)
 {
-#if DLPACK_MPI_PERSISTENT
+#if HAVE_PERSISTENT_COLLECTIVES
     if (!dlpack_mpi_has_persistent_collectives())
         return MPI_ERR_OTHER;
     return MPI_Bcast_init(buf, count, type, root, comm, MPI_INFO_NULL, request);
@@ -130,7 +130,7 @@ int dlpack_mpi_reduce_scatter_block_init(const void *send, void *recv, int count
                                          MPI_Datatype type, MPI_Op op, MPI_Comm comm,
                                          MPI_Request *request)
 {
-#if DLPACK_MPI_PERSISTENT
+#if HAVE_PERSISTENT_COLLECTIVES
     if (!dlpack_mpi_has_persistent_collectives())
         return MPI_ERR_OTHER;
     return MPI_Reduce_scatter_block_init(send, recv, count, type, op, comm, MPI_INFO_NULL,
@@ -145,7 +145,7 @@ int dlpack_mpi_allgather_init(const void *send, int send_count, MPI_Datatype sen
                               void *recv, int recv_count, MPI_Datatype recv_type,
                               MPI_Comm comm, MPI_Request *request)
 {
-#if DLPACK_MPI_PERSISTENT
+#if HAVE_PERSISTENT_COLLECTIVES
     if (!dlpack_mpi_has_persistent_collectives())
         return MPI_ERR_OTHER;
     return MPI_Allgather_init(send, send_count, send_type, recv, recv_count, recv_type, comm,

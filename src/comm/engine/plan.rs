@@ -71,6 +71,7 @@ use crate::settings::{plan_check, plan_mechanism, PlanCheck, PlanMechanism};
 /// use dlpack_mpi::comm::TensorComm;
 /// use dlpack_mpi::dlpack::{acquire, AcquireOptions, Owned, Tensor};
 /// use dlpack_mpi::dtype::ReduceOp;
+/// use mpi::traits::*;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let universe = mpi::initialize().unwrap();
