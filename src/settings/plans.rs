@@ -57,10 +57,10 @@ pub fn set_plan_check(check: PlanCheck) {
 /// the build's signature carries it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PlanMechanism {
-    /// The MPI-4 persistent collectives where this MPI has them and every bucket is a
-    /// buffer of the plan's own, else the nonblocking collectives waited for: one kind of
-    /// MPI call for `run` and `start` on every rank, whatever each rank has pending. The
-    /// default (`docs/PERFORMANCE.md`, "Plans", has what it costs per MPI).
+    /// The nonblocking collectives (`MPI_Iallreduce`, …), waited for by `run`: one kind of
+    /// MPI call for `run` and `start` on every rank, whatever each rank has pending, and two
+    /// plans' steps crossed between ranks meet (and their identity names it). The default
+    /// (`docs/PERFORMANCE.md`, "Plans", has what it costs per MPI).
     #[default]
     Auto,
     /// `run` makes the blocking collectives (`MPI_Allreduce`, …; the fastest under Open MPI
@@ -74,7 +74,9 @@ pub enum PlanMechanism {
     /// at each step, MPI-4.1 §6.13) where this MPI has them (MPICH ≥ 4, Open MPI ≥ 5:
     /// declared by its `mpi.h` and found in the library loaded) and every bucket is a
     /// buffer of the plan's own; else as [`PlanMechanism::Auto`]
-    /// ([`crate::comm::Plan::is_persistent`] says which).
+    /// ([`crate::comm::Plan::is_persistent`] says which). A persistent collective matches
+    /// only its own initialization on the other ranks: two plans' steps crossed between
+    /// ranks then wait for each other instead of being named.
     Persistent,
 }
 

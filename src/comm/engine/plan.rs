@@ -217,7 +217,7 @@ where
     let (steps, ordinal) = ledger::plans(comm);
     let step = step.plan_ordinal(ordinal);
     // Every rank decides alike: the same setting (agreed), batch and MPI library.
-    let persistent = mechanism != PlanMechanism::Blocking
+    let persistent = mechanism == PlanMechanism::Persistent
         // SAFETY: the batch's buffers live as long as the plan, which completes every step
         // before it drops the batch (which frees the requests while inactive).
         && unsafe { batch.persist(steps) };
